@@ -1,0 +1,36 @@
+# Two commands: `make demo` runs the main job on embedded defaults; `make test` installs
+# what the tests need and runs lint, types and the whole suite.
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: install demo test lint types pytest bench clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml constraints.txt
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[test]'
+	@touch $(STAMP)
+
+demo: $(STAMP)
+	@PATH="$(CURDIR)/$(BIN):$$PATH" bash examples/demo.sh
+
+lint: $(STAMP)
+	$(BIN)/ruff check src tests bench examples
+	$(BIN)/ruff format --check src tests bench examples
+
+types: $(STAMP)
+	$(BIN)/mypy
+
+pytest: $(STAMP)
+	$(BIN)/pytest -n 2 -q
+
+test: lint types pytest
+
+bench: $(STAMP)
+	$(BIN)/python bench/check.py
+
+clean:
+	rm -rf $(VENV) .plangate .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -1,0 +1,52 @@
+"""plangate: a governed agent runtime. Plans are typed, checked, approved, then run."""
+
+from plangate.check import RULES, CheckResult, check
+from plangate.errors import (
+    CatalogueError,
+    ConditionError,
+    InputError,
+    ParamsError,
+    PlanError,
+    PlangateError,
+    PolicyError,
+    RefError,
+    ToolDefinitionError,
+    UsageError,
+)
+from plangate.plan import LIMITS, SCHEMA_VERSION, Limits, Plan, Step, plan_json_schema
+from plangate.policy import POLICY_RULES, Policy, PolicyDecision
+from plangate.tools import Catalogue, RunContext, Tool, tool
+from plangate.violations import Violation
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "LIMITS",
+    "POLICY_RULES",
+    "RULES",
+    "SCHEMA_VERSION",
+    "Catalogue",
+    "CatalogueError",
+    "CheckResult",
+    "ConditionError",
+    "InputError",
+    "Limits",
+    "ParamsError",
+    "Plan",
+    "PlanError",
+    "PlangateError",
+    "Policy",
+    "PolicyDecision",
+    "PolicyError",
+    "RefError",
+    "RunContext",
+    "Step",
+    "Tool",
+    "ToolDefinitionError",
+    "UsageError",
+    "Violation",
+    "__version__",
+    "check",
+    "plan_json_schema",
+    "tool",
+]

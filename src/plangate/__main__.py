@@ -1,0 +1,3 @@
+from plangate.cli import main
+
+main()

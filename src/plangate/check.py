@@ -1,0 +1,288 @@
+"""The checker: a compiler pass over a whole plan, before anything runs.
+
+``check`` reports every problem at once, each with its step, a stable rule name and a
+plain message. Rule names (see ``RULES``) are part of the public contract.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from plangate import _jsontypes as jt
+from plangate import expr, references
+from plangate.errors import ConditionError, PlanError, RefError
+from plangate.graph import PlanGraph, step_refs
+from plangate.plan import Plan, Step, expected_types
+from plangate.policy import Policy, PolicyDecision
+from plangate.tools import Catalogue, Tool
+from plangate.violations import Violation
+
+RULES: dict[str, str] = {
+    "plan-schema": "the input is not a plan of the plan's shape, or is over a plan limit",
+    "duplicate-step-id": "two steps share an id",
+    "unknown-tool": "the step names a tool that is not in the catalogue",
+    "missing-param": "a required parameter is missing",
+    "unknown-param": "a parameter the tool does not take",
+    "param-type": "a parameter value does not fit the tool's parameter schema",
+    "ref-syntax": "a malformed ${...} reference",
+    "ref-self": "a step refers to its own output",
+    "ref-missing-step": "a reference to a step that does not exist",
+    "ref-forward": "a reference to a step that comes later in the plan",
+    "ref-path": "a reference to a field the referenced tool's output does not have",
+    "ref-type": "a referenced value's type does not fit the parameter",
+    "cycle": "steps that depend on each other in a circle",
+    "expected-output": "expected_output cannot match what the tool returns",
+    "condition-syntax": "a condition that does not parse",
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class CheckResult:
+    """Everything ``check`` found; ``ok`` when nothing at all."""
+
+    violations: tuple[Violation, ...]
+    plan_hash: str | None
+    decision: PolicyDecision | None = None
+
+    @property
+    def ok(self) -> bool:
+        return not self.violations
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "ok": self.ok,
+            "plan_hash": self.plan_hash,
+            "violations": [v.to_dict() for v in self.violations],
+            "policy": self.decision.to_dict() if self.decision else None,
+        }
+
+
+def check(
+    plan: Plan | Mapping[str, Any] | str | bytes,
+    catalogue: Catalogue,
+    policy: Policy | None = None,
+    *,
+    user: str | None = None,
+    role: str | None = None,
+) -> CheckResult:
+    """Check a plan against the catalogue and, when given, the policy; return every violation.
+
+    ``plan`` may be a :class:`Plan`, decoded JSON or JSON text; input that is not a plan
+    is reported as ``plan-schema`` violations rather than raised.
+    """
+    if not isinstance(plan, Plan):
+        try:
+            plan = Plan.parse(plan)
+        except PlanError as exc:
+            found = exc.problems or ()
+            violations = [Violation(rule="plan-schema", message=str(p), step=p.step, source="plan") for p in found]
+            return CheckResult(violations=tuple(violations or [_unreadable(exc)]), plan_hash=None)
+    graph = PlanGraph.of(plan)
+    violations = _Checker(plan, catalogue).run()
+    decision = None
+    if policy is not None:
+        decision = policy.evaluate(plan, catalogue, user=user, role=role, graph=graph)
+        violations.extend(decision.violations)
+    position = {step_id: index for index, step_id in enumerate(graph.order)}
+    violations.sort(key=lambda v: -1 if v.step is None else position.get(v.step, -1))
+    return CheckResult(violations=tuple(violations), plan_hash=plan.hash, decision=decision)
+
+
+def _unreadable(exc: PlanError) -> Violation:
+    return Violation(rule="plan-schema", message=exc.summary, source="plan")
+
+
+@dataclass
+class _Checker:
+    plan: Plan
+    catalogue: Catalogue
+    out: list[Violation] = field(default_factory=list)
+    position: dict[int, int] = field(default_factory=dict)
+    forward: list[tuple[int, int]] = field(default_factory=list)
+
+    def flag(self, step: Step, rule: str, message: str) -> None:
+        self.out.append(Violation(rule=rule, message=message, step=step.id))
+
+    def run(self) -> list[Violation]:
+        for index, step in enumerate(self.plan.steps):
+            if step.id in self.position:
+                self.flag(step, "duplicate-step-id", f"id {step.id} is already used by an earlier step")
+            else:
+                self.position[step.id] = index
+        for index, step in enumerate(self.plan.steps):
+            self.step(index, step)
+        self.cycles()
+        return self.out
+
+    def step(self, index: int, step: Step) -> None:
+        tool = self.catalogue.get(step.tool)
+        if tool is None:
+            close = difflib.get_close_matches(step.tool, self.catalogue.names, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            self.flag(step, "unknown-tool", f"no tool named {step.tool!r} in the catalogue{hint}")
+        self.param_refs(index, step, tool)
+        self.condition(index, step)
+        if tool is not None:
+            self.params(step, tool)
+            self.expected_output(step, tool)
+        self.rollback(index, step)
+
+    def target(self, index: int, step: Step, ref: references.Ref, where: str) -> Tool | bool | None:
+        """The referenced step's tool (None: unknown tool), or False when the reference is bad."""
+        if ref.step == step.id:
+            self.flag(step, "ref-self", f"{where}: {ref} refers to this step's own output")
+            return False
+        at = self.position.get(ref.step)
+        if at is None:
+            self.flag(step, "ref-missing-step", f"{where}: {ref} refers to step {ref.step}, which does not exist")
+            return False
+        if at > index:
+            self.flag(step, "ref-forward", f"{where}: {ref} refers to step {ref.step}, which comes later")
+            self.forward.append((step.id, ref.step))
+            return False
+        return self.catalogue.get(self.plan.steps[at].tool)
+
+    def output_at(self, index: int, step: Step, ref: references.Ref, where: str) -> jt.Located | None:
+        source = self.target(index, step, ref, where)
+        if not isinstance(source, Tool):
+            return None if source is False else jt.Located(unknown=True)
+        located = jt.locate(source.output_schema, source.output_schema, ref.path)
+        if located.error is not None:
+            self.flag(
+                step, "ref-path", f"{where}: {ref}: the output of step {ref.step} ({source.name}) {located.error}"
+            )
+            return None
+        return located if not located.unknown else jt.Located(unknown=True)
+
+    def param_refs(self, index: int, step: Step, tool: Tool | None) -> None:
+        for found in references.find(step.params):
+            if not isinstance(found, references.Found):
+                loc, error = found
+                self.flag(step, "ref-syntax", f"param {_where(loc)!r}: {error}")
+                continue
+            where = f"param {_where(found.loc)!r}"
+            located = self.output_at(index, step, found.ref, where)
+            if located is None or tool is None:
+                continue
+            root = tool.params_schema
+            wanted = jt.locate(root, root, found.loc)
+            if wanted.error is not None:
+                continue  # an unknown parameter: reported by the parameter check
+            accepted = wanted.types(root)
+            if not found.whole:
+                if jt.not_accepted(frozenset({"string"}), accepted):
+                    self.flag(
+                        step,
+                        "param-type",
+                        f"{where} takes {jt.describe(accepted)}, but its value is text "
+                        f"with {found.ref} inside; write the reference alone to pass its value",
+                    )
+                continue
+            given = located.types(self._source_root(found.ref))
+            bad = jt.not_accepted(given, accepted)
+            if bad:
+                self.flag(
+                    step, "ref-type", f"{where} takes {jt.describe(accepted)}, but {found.ref} is {jt.describe(given)}"
+                )
+
+    def _source_root(self, ref: references.Ref) -> Mapping[str, Any]:
+        tool = self.catalogue.get(self.plan.steps[self.position[ref.step]].tool)
+        return tool.output_schema if tool is not None else {}
+
+    def condition(self, index: int, step: Step) -> None:
+        if step.condition is None:
+            return
+        try:
+            parsed = expr.parse(step.condition)
+        except ConditionError as exc:
+            self.flag(step, "condition-syntax", f"condition {step.condition!r}: {exc}")
+            return
+        for ref in parsed.refs:
+            self.output_at(index, step, ref, "condition")
+
+    def params(self, step: Step, tool: Tool) -> None:
+        by_param: dict[str, list[str]] = {}
+        for err in tool.param_errors(step.params):
+            kind, given = err["type"], err.get("input")
+            name = str(err["loc"][0]) if err["loc"] else "?"
+            if kind == "missing":
+                self.flag(step, "missing-param", f"param {name!r} is required by {tool.name!r}, but missing")
+            elif kind == "extra_forbidden":
+                takes = ", ".join(tool.param_names) or "no parameters"
+                self.flag(step, "unknown-param", f"{tool.name!r} takes no param {name!r} (it takes: {takes})")
+            elif not (isinstance(given, str) and references.has_refs(given)):
+                by_param.setdefault(name, []).append(f"{err['msg']}")
+        for name, messages in by_param.items():
+            value = _short(step.params.get(name))
+            reasons = "; or ".join(dict.fromkeys(messages))
+            self.flag(step, "param-type", f"param {name!r} = {value}: {reasons}")
+
+    def expected_output(self, step: Step, tool: Tool) -> None:
+        expected = expected_types(step.expected_output)
+        returns = jt.types_of(tool.output_schema, tool.output_schema)
+        if expected is None or returns is None:
+            return
+        numeric = {"number", "integer"}
+        if not expected & returns and not (expected & numeric and returns & numeric):
+            self.flag(
+                step,
+                "expected-output",
+                f"expects {jt.describe(expected)}, but {tool.name!r} returns {jt.describe(returns)}",
+            )
+
+    def rollback(self, index: int, step: Step) -> None:
+        if step.rollback is None or not references.has_refs(step.rollback):
+            return
+        try:
+            refs = references.scan(step.rollback)
+        except RefError as exc:
+            self.flag(step, "ref-syntax", f"rollback: {exc}")
+            return
+        for ref in refs:
+            if ref.step != step.id:
+                self.target(index, step, ref, "rollback")
+
+    def cycles(self) -> None:
+        """Forward references are already errors; report those that close a circle too."""
+        edges: dict[int, set[int]] = {}
+        for step in self.plan.steps:
+            targets = {r.step for r in step_refs(step)} & self.position.keys()
+            edges.setdefault(step.id, set()).update(targets - {step.id})
+        reported: set[frozenset[int]] = set()
+        for source, later in self.forward:
+            path = _path(edges, later, source)
+            if path is not None and frozenset(path) not in reported:
+                reported.add(frozenset(path))
+                ring = " -> ".join(str(s) for s in [source, *path])
+                step = self.plan.steps[self.position[source]]
+                self.flag(step, "cycle", f"steps depend on each other in a circle: {ring}")
+
+
+def _path(edges: Mapping[int, set[int]], start: int, goal: int) -> list[int] | None:
+    """A dependency path from ``start`` to ``goal`` (both included), if there is one."""
+    parents: dict[int, int | None] = {start: None}
+    stack = [start]
+    while stack:
+        node = stack.pop()
+        if node == goal:
+            path = [node]
+            while (prev := parents[path[-1]]) is not None:
+                path.append(prev)
+            return path[::-1]
+        for nxt in edges.get(node, ()):
+            if nxt not in parents:
+                parents[nxt] = node
+                stack.append(nxt)
+    return None
+
+
+def _where(loc: tuple[str | int, ...]) -> str:
+    return ".".join(str(part) for part in loc)
+
+
+def _short(value: Any) -> str:
+    shown = repr(value)
+    return shown if len(shown) <= 60 else shown[:57] + "..."

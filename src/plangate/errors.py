@@ -1,0 +1,94 @@
+"""Every exception plangate raises, in one place.
+
+Three families, so callers can tell a mistake from a failure from a signal::
+
+    PlangateError
+    ├── UsageError                 misuse or bad configuration: fix the code or the file
+    │   ├── ToolDefinitionError    a function that cannot become a tool
+    │   ├── CatalogueError         a catalogue that cannot be built or loaded
+    │   └── PolicyError            a policy file that cannot be read or is malformed
+    ├── InputError                 untrusted input that is rejected (nothing was done)
+    │   ├── PlanError              a plan that is not JSON or not of the plan's shape
+    │   ├── ParamsError            tool parameters that do not fit the tool's schema
+    │   ├── ReferenceError_        a ``${N.path}`` reference that cannot be resolved
+    │   └── ConditionError         a condition that does not parse or cannot be evaluated
+    └── (run failures and control-flow signals join here with the engine)
+
+Exceptions never log and never do I/O: they carry data, callers decide what to show.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+class PlangateError(Exception):
+    """Base class of every error plangate raises on purpose."""
+
+
+class UsageError(PlangateError):
+    """The caller or a configuration file is wrong; retrying the same thing cannot help."""
+
+
+class ToolDefinitionError(UsageError):
+    """A Python function cannot be turned into a tool (missing type hints, ``*args``...)."""
+
+
+class CatalogueError(UsageError):
+    """A catalogue cannot be built (duplicate names, a module that cannot be imported...)."""
+
+
+class PolicyError(UsageError):
+    """A policy file cannot be read, is not YAML, or does not follow the policy format."""
+
+
+class InputError(PlangateError):
+    """Untrusted input was rejected before anything happened."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Problem:
+    """One thing wrong with an input: where (``location``), and what, in plain words."""
+
+    location: str
+    message: str
+    step: int | None = None
+
+    def __str__(self) -> str:
+        return f"{self.location}: {self.message}" if self.location else self.message
+
+
+class PlanError(InputError):
+    """The input is not a plan: not JSON, too large, or not of the plan's shape.
+
+    ``problems`` lists every problem found, not just the first.
+    """
+
+    def __init__(self, summary: str, problems: list[Problem] | None = None) -> None:
+        self.summary = summary
+        self.problems: tuple[Problem, ...] = tuple(problems or ())
+        lines = [summary, *(f"  {p}" for p in self.problems)]
+        super().__init__("\n".join(lines))
+
+
+class ParamsError(InputError):
+    """Parameters do not fit a tool's parameter schema; ``problems`` names each one."""
+
+    def __init__(self, tool: str, problems: list[Problem]) -> None:
+        self.tool = tool
+        self.problems = tuple(problems)
+        detail = "; ".join(str(p) for p in problems)
+        super().__init__(f"invalid parameters for tool {tool!r}: {detail}")
+
+
+class RefError(InputError):
+    """A ``${N.path}`` reference is malformed or points at something that does not exist."""
+
+
+class ConditionError(InputError):
+    """A step condition does not parse, or cannot be evaluated on the outputs it reads."""
+
+    def __init__(self, message: str, *, column: int | None = None) -> None:
+        self.column = column
+        where = f"at column {column}: " if column is not None else ""
+        super().__init__(f"{where}{message}")

@@ -1,0 +1,187 @@
+"""The Plan: the typed, hashed, versioned artefact everything else hangs on.
+
+A plan is data: JSON on the wire and on disk, a validated pydantic model in memory.
+Its identity is the SHA-256 of its canonical JSON form (keys sorted, no white space,
+UTF-8, defaults filled in), so two plans that say the same thing have the same hash
+whatever their layout, and any change to what a plan says changes the hash.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError, model_validator
+
+from plangate._jsontypes import JSON_TYPES
+from plangate.errors import PlanError, Problem
+from plangate.tools._tool import NAME, problems
+
+SCHEMA_VERSION = 1
+SCHEMA_ID = f"urn:plangate:plan:{SCHEMA_VERSION}"
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Hard limits on any plan, enforced when it is parsed (before any check runs)."""
+
+    max_bytes: int = 1_048_576
+    max_steps: int = 500
+    max_string: int = 65_536
+    max_depth: int = 32
+    max_condition: int = 1_000
+    max_step_id: int = 999_999
+
+
+LIMITS = Limits()
+EXPECTED_OUTPUT_PATTERN = r"^(any|(" + "|".join(JSON_TYPES) + r")(\|(" + "|".join(JSON_TYPES) + r"))*)$"
+
+
+class Step(BaseModel):
+    """One call of one tool, with the reason for it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    id: int = Field(
+        ge=1, le=LIMITS.max_step_id, description="Unique positive integer; other steps refer to it as ${id}."
+    )
+    tool: str = Field(pattern=NAME.pattern, description="Name of a tool in the catalogue.")
+    params: dict[str, JsonValue] = Field(
+        default_factory=dict,
+        description="Arguments for the tool. A value that is exactly ${N} or ${N.field.sub} takes step N's "
+        "output (or a field of it) with its type; inside a longer string it is inserted as text.",
+    )
+    rationale: str = Field(min_length=1, description="Why this step is needed, for the reviewer.")
+    expected_output: str = Field(
+        default="any",
+        pattern=EXPECTED_OUTPUT_PATTERN,
+        description="JSON type the output must have: string, number, integer, boolean, object, array, "
+        "null, several joined by '|', or any.",
+    )
+    condition: str | None = Field(
+        default=None,
+        max_length=LIMITS.max_condition,
+        description="Optional expression over earlier outputs, e.g. '${1.total} > 100'; the step runs only "
+        "when it is true. Operators: and or not == != < <= > >= in + - * / %.",
+    )
+    rollback: str | None = Field(
+        default=None, description="How to undo this step, or why it cannot be undone (for the reviewer)."
+    )
+
+
+class Plan(BaseModel):
+    """A task broken into steps over catalogue tools; checked, approved, then executed."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        frozen=True,
+        strict=True,
+        json_schema_extra={"$id": SCHEMA_ID},
+        title="plangate plan",
+    )
+
+    schema_version: Literal[1] = Field(default=1, description="Version of this plan format.")
+    task: str = Field(min_length=1, description="What the plan achieves, in one sentence.")
+    category: str = Field(
+        min_length=1, max_length=100, description="Kind of work (e.g. refunds); the policy decides approval by it."
+    )
+    steps: list[Step] = Field(min_length=1, max_length=LIMITS.max_steps, description="The steps, in order.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _within_limits(cls, data: Any) -> Any:
+        _check_size(data)
+        return data
+
+    @classmethod
+    def parse(cls, data: str | bytes | Mapping[str, Any]) -> Plan:
+        """A plan from JSON text or decoded JSON; raises :class:`PlanError` listing every problem."""
+        if isinstance(data, str | bytes):
+            data = loads(data)
+        try:
+            return cls.model_validate(data)
+        except ValidationError as exc:
+            raise PlanError("not a valid plan:", _plan_problems(data, exc)) from None
+
+    def canonical_json(self) -> str:
+        """Keys sorted, no white space, UTF-8 text, every default filled in."""
+        return canonical(self.model_dump(mode="json"))
+
+    @cached_property
+    def hash(self) -> str:
+        """SHA-256 of the canonical JSON form, as 64 hex digits."""
+        return hashlib.sha256(self.canonical_json().encode()).hexdigest()
+
+    def step(self, step_id: int) -> Step:
+        for step in self.steps:
+            if step.id == step_id:
+                return step
+        raise KeyError(f"plan has no step {step_id}")
+
+
+def canonical(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
+def plan_json_schema() -> dict[str, Any]:
+    """The plan's JSON Schema: the one a planning model is given."""
+    schema = Plan.model_json_schema()
+    return {"$schema": "https://json-schema.org/draft/2020-12/schema", **schema}
+
+
+def loads(text: str | bytes) -> Any:
+    """Decode JSON text within the plan limits; raises :class:`PlanError` in plain words."""
+    if len(text) > LIMITS.max_bytes:
+        raise PlanError(f"the plan is {len(text)} bytes; the limit is {LIMITS.max_bytes}")
+    try:
+        return json.loads(text, parse_constant=_reject_constant)
+    except json.JSONDecodeError as exc:
+        raise PlanError(f"not JSON: line {exc.lineno} column {exc.colno}: {exc.msg}") from None
+    except UnicodeDecodeError as exc:
+        raise PlanError(f"not UTF-8 text: {exc.reason} at byte {exc.start}") from None
+    except (RecursionError, ValueError) as exc:
+        raise PlanError(f"not JSON: {exc}") from None
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _check_size(data: Any) -> None:
+    """Enforce depth and string-length limits without recursion (deep input cannot crash us)."""
+    stack: list[tuple[Any, int]] = [(data, 0)]
+    while stack:
+        value, depth = stack.pop()
+        if depth > LIMITS.max_depth:
+            raise PlanError(f"the plan is nested deeper than {LIMITS.max_depth} levels")
+        if isinstance(value, str) and len(value) > LIMITS.max_string:
+            raise PlanError(f"a string of {len(value)} characters is over the limit of {LIMITS.max_string}")
+        if isinstance(value, Mapping):
+            stack.extend((v, depth + 1) for v in value.values())
+            stack.extend((k, depth + 1) for k in value)
+        elif isinstance(value, list | tuple):
+            stack.extend((v, depth + 1) for v in value)
+
+
+def _plan_problems(data: Any, exc: ValidationError) -> list[Problem]:
+    found = problems(exc.errors(include_url=False))
+    steps = data.get("steps") if isinstance(data, Mapping) else None
+    out: list[Problem] = []
+    for problem, err in zip(found, exc.errors(include_url=False), strict=True):
+        step_id = None
+        loc = err["loc"]
+        if len(loc) >= 2 and loc[0] == "steps" and isinstance(loc[1], int) and isinstance(steps, list):
+            raw = steps[loc[1]] if loc[1] < len(steps) else None
+            candidate = raw.get("id") if isinstance(raw, Mapping) else None
+            step_id = candidate if isinstance(candidate, int) and not isinstance(candidate, bool) else None
+        out.append(Problem(location=problem.location or "plan", message=problem.message, step=step_id))
+    return out
+
+
+def expected_types(expected: str) -> frozenset[str] | None:
+    """The JSON types an ``expected_output`` allows (``None``: any)."""
+    return None if expected == "any" else frozenset(expected.split("|"))

@@ -1,0 +1,400 @@
+"""The declarative policy: YAML rules held against a plan before anyone approves it.
+
+Evaluation is a pure function of (plan, catalogue, policy, requester) that returns every
+violation, plus the approval decision: whether a person must approve, and why. The
+format is documented, with an example of every rule, in ``docs/policy.md``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from fnmatch import fnmatchcase
+from functools import cached_property
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from plangate import references
+from plangate.errors import PolicyError
+from plangate.graph import PlanGraph
+from plangate.plan import Plan, Step, canonical
+from plangate.tools import Catalogue, Effect, Tool
+from plangate.tools._tool import problems
+from plangate.violations import Violation
+
+POLICY_FORMAT = 1
+MAX_POLICY_BYTES = 1_048_576
+RULE_NAME = r"^[a-z0-9][a-z0-9_.-]{0,99}$"
+Approval = Literal["human", "auto"]
+
+POLICY_RULES: dict[str, str] = {
+    "max-steps": "the plan has more steps than limits.max_steps",
+    "max-external-calls": "more steps call outside than limits.max_external_calls",
+    "unknown-role": "the requester has no role, or one the policy does not define",
+    "tool-not-allowed": "the requester's role may not use the step's tool",
+    "missing-scope": "the tool needs a scope the requester's role does not hold",
+    "resource-conflict": "two steps write the same resource and neither depends on the other",
+    "deny:NAME": "a parameter value matches the deny rule NAME's pattern",
+    "sequence:NAME": "a step the sequence rule NAME forbids comes after (or uses) a step it names",
+}
+
+
+class _Rules(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class StepMatch(_Rules):
+    """Which steps a rule is about; every field given must hold."""
+
+    tools: list[str] | None = None
+    tags: list[str] | None = None
+    effects: list[Effect] | None = None
+    external: bool | None = None
+    resources: list[str] | None = None
+
+    def matches(self, step: Step, tool: Tool | None, resource: str | None) -> bool:
+        if self.tools is not None and not any(fnmatchcase(step.tool, p) for p in self.tools):
+            return False
+        if tool is None:
+            return (
+                self.tools is not None and not (self.tags or self.effects or self.resources) and self.external is None
+            )
+        if self.tags is not None and not set(self.tags) & set(tool.tags):
+            return False
+        if self.effects is not None and tool.effect not in self.effects:
+            return False
+        if self.external is not None and tool.external != self.external:
+            return False
+        return self.resources is None or (resource is not None and _resource_match(resource, self.resources))
+
+
+class Role(_Rules):
+    tools: list[str] = Field(default_factory=lambda: ["*"], description="Tool name patterns this role may use.")
+    scopes: list[str] = Field(default_factory=list, description="Scopes held; patterns such as 'invoices:*'.")
+    description: str | None = None
+
+
+class Limits(_Rules):
+    max_steps: int | None = Field(default=None, ge=1)
+    max_external_calls: int | None = Field(default=None, ge=0)
+
+
+class DenyRule(_Rules):
+    name: str = Field(pattern=RULE_NAME)
+    pattern: str
+    message: str | None = None
+    tools: list[str] = Field(default_factory=lambda: ["*"])
+    params: list[str] = Field(default_factory=lambda: ["*"])
+    resources: list[str] | None = None
+
+    @field_validator("pattern")
+    @classmethod
+    def _compiles(cls, value: str) -> str:
+        try:
+            re.compile(value)
+        except re.error as exc:
+            raise ValueError(f"not a valid regular expression: {exc}") from None
+        return value
+
+    @cached_property
+    def regex(self) -> re.Pattern[str]:
+        return re.compile(self.pattern)
+
+
+class SequenceRule(_Rules):
+    name: str = Field(pattern=RULE_NAME)
+    after: StepMatch
+    forbid: StepMatch
+    scope: Literal["order", "dataflow"] = "order"
+    unless_approved_by: str | None = None
+    message: str | None = None
+
+
+class ResourceRules(_Rules):
+    exclusive_writes: bool = True
+
+
+class ApprovalRules(_Rules):
+    default: Approval = "human"
+    auto: list[str] = Field(default_factory=list, description="Categories that may be approved automatically.")
+    human: list[str] = Field(default_factory=list, description="Categories that always need a person.")
+    escalate: list[Effect] = Field(
+        default_factory=lambda: list[Effect](["irreversible"]), description="Effects that always need a person."
+    )
+
+
+class Policy(_Rules):
+    """A parsed, validated policy. Load one with :meth:`Policy.load` or :meth:`Policy.from_yaml`."""
+
+    version: Literal[1] = Field(description="Policy format version.")
+    name: str = Field(min_length=1, max_length=200)
+    revision: str | None = Field(default=None, description="The policy's own version label.")
+    description: str | None = None
+    limits: Limits = Field(default_factory=Limits)
+    roles: dict[str, Role] = Field(default_factory=dict)
+    users: dict[str, str] = Field(default_factory=dict, description="User name -> role.")
+    default_role: str | None = None
+    deny: list[DenyRule] = Field(default_factory=list)
+    sequences: list[SequenceRule] = Field(default_factory=list)
+    resources: ResourceRules = Field(default_factory=ResourceRules)
+    approval: ApprovalRules = Field(default_factory=ApprovalRules)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Policy:
+        known = set(self.roles)
+        for user, role in self.users.items():
+            if role not in known:
+                raise ValueError(f"user {user!r} has role {role!r}, which is not under roles")
+        if self.default_role is not None and self.default_role not in known:
+            raise ValueError(f"default_role {self.default_role!r} is not under roles")
+        names = [r.name for r in self.deny] + [r.name for r in self.sequences]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"rule names must be unique; repeated: {', '.join(dupes)}")
+        return self
+
+    @classmethod
+    def from_yaml(cls, text: str, source: str = "policy") -> Policy:
+        if len(text) > MAX_POLICY_BYTES:
+            raise PolicyError(f"{source}: {len(text)} bytes is over the limit of {MAX_POLICY_BYTES}")
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            raise PolicyError(f"{source}: not valid YAML: {exc}") from None
+        return cls.from_data(data, source)
+
+    @classmethod
+    def from_data(cls, data: Any, source: str = "policy") -> Policy:
+        if not isinstance(data, dict):
+            raise PolicyError(f"{source}: a policy is a mapping with at least 'version' and 'name'")
+        try:
+            return cls.model_validate(data)
+        except ValidationError as exc:
+            lines = [f"  {p}" for p in problems(exc.errors(include_url=False))]
+            raise PolicyError("\n".join([f"{source}: not a valid policy:", *lines])) from None
+
+    @classmethod
+    def load(cls, path: str | Path) -> Policy:
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise PolicyError(f"cannot read policy {str(path)!r}: {exc}") from None
+        return cls.from_yaml(text, source=str(path))
+
+    @cached_property
+    def hash(self) -> str:
+        """SHA-256 of the policy's canonical JSON form: recorded with every decision."""
+        return hashlib.sha256(canonical(self.model_dump(mode="json")).encode()).hexdigest()
+
+    def evaluate(
+        self,
+        plan: Plan,
+        catalogue: Catalogue,
+        *,
+        user: str | None = None,
+        role: str | None = None,
+        graph: PlanGraph | None = None,
+    ) -> PolicyDecision:
+        """Every violation of this policy, and whether a person must approve the plan."""
+        return _Evaluation(self, plan, catalogue, graph or PlanGraph.of(plan), user, role).run()
+
+
+@dataclass(frozen=True, kw_only=True)
+class PolicyDecision:
+    """What the policy said about one plan version."""
+
+    policy: str
+    revision: str | None
+    policy_hash: str
+    role: str | None
+    violations: tuple[Violation, ...]
+    approval: Approval
+    reasons: tuple[str, ...]
+    required_approvals: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "policy": self.policy,
+            "revision": self.revision,
+            "policy_hash": self.policy_hash,
+            "role": self.role,
+            "approval": self.approval,
+            "reasons": list(self.reasons),
+            "required_approvals": list(self.required_approvals),
+            "violations": [v.to_dict() for v in self.violations],
+        }
+
+
+def _resource_match(resource: str, patterns: Sequence[str]) -> bool:
+    return any(fnmatchcase(resource, p) for p in patterns)
+
+
+def _resources_clash(a: str, b: str) -> bool:
+    """Equal, or equal once a part only known at run time (``*``) takes the other's value."""
+    return a == b or ("*" in a and fnmatchcase(b, a)) or ("*" in b and fnmatchcase(a, b))
+
+
+@dataclass
+class _Evaluation:
+    policy: Policy
+    plan: Plan
+    catalogue: Catalogue
+    graph: PlanGraph
+    user: str | None
+    role: str | None
+    violations: list[Violation] = field(default_factory=list)
+    reasons: list[str] = field(default_factory=list)
+    named: list[str] = field(default_factory=list)
+
+    def run(self) -> PolicyDecision:
+        steps = self.plan.steps
+        tools = [self.catalogue.get(s.tool) for s in steps]
+        resources = [t.resource_for(s.params) if t else None for s, t in zip(steps, tools, strict=True)]
+        role = self._role()
+        self._limits(tools)
+        if role is not None:
+            self._role_rules(role, tools)
+        self._deny(resources)
+        if self.policy.resources.exclusive_writes:
+            self._resource_conflicts(tools, resources)
+        self._sequences(tools, resources)
+        approval = self._approval(tools)
+        return PolicyDecision(
+            policy=self.policy.name,
+            revision=self.policy.revision,
+            policy_hash=self.policy.hash,
+            role=role,
+            violations=tuple(self.violations),
+            approval=approval,
+            reasons=tuple(self.reasons),
+            required_approvals=tuple(dict.fromkeys(self.named)),
+        )
+
+    def _flag(self, rule: str, message: str, step: int | None = None) -> None:
+        self.violations.append(Violation(rule=rule, message=message, step=step, source="policy"))
+
+    def _role(self) -> str | None:
+        policy = self.policy
+        role = self.role or policy.users.get(self.user or "") or policy.default_role
+        if role is None and policy.roles:
+            who = f"user {self.user!r}" if self.user else "the requester"
+            self._flag("unknown-role", f"{who} has no role, and the policy has no default_role")
+        elif role is not None and role not in policy.roles:
+            self._flag("unknown-role", f"role {role!r} is not defined (roles: {', '.join(policy.roles) or 'none'})")
+            return None
+        return role
+
+    def _limits(self, tools: list[Tool | None]) -> None:
+        limits = self.policy.limits
+        if limits.max_steps is not None and len(self.plan.steps) > limits.max_steps:
+            self._flag("max-steps", f"the plan has {len(self.plan.steps)} steps; the limit is {limits.max_steps}")
+        external = [s.id for s, t in zip(self.plan.steps, tools, strict=True) if t is not None and t.external]
+        if limits.max_external_calls is not None and len(external) > limits.max_external_calls:
+            self._flag(
+                "max-external-calls",
+                f"{len(external)} steps call outside (steps {_ids(external)}); "
+                f"the limit is {limits.max_external_calls}",
+            )
+
+    def _role_rules(self, name: str, tools: list[Tool | None]) -> None:
+        role = self.policy.roles[name]
+        for step, tool in zip(self.plan.steps, tools, strict=True):
+            if not any(fnmatchcase(step.tool, p) for p in role.tools):
+                self._flag("tool-not-allowed", f"role {name!r} may not use tool {step.tool!r}", step.id)
+            elif tool is not None:
+                missing = [s for s in tool.scopes if not any(fnmatchcase(s, held) for held in role.scopes)]
+                if missing:
+                    self._flag(
+                        "missing-scope",
+                        f"tool {step.tool!r} needs scope {', '.join(missing)}, which role {name!r} does not hold",
+                        step.id,
+                    )
+
+    def _deny(self, resources: list[str | None]) -> None:
+        for rule in self.policy.deny:
+            for step, resource in zip(self.plan.steps, resources, strict=True):
+                if not any(fnmatchcase(step.tool, p) for p in rule.tools):
+                    continue
+                if rule.resources is not None and (resource is None or not _resource_match(resource, rule.resources)):
+                    continue
+                for where, text in self._matching_strings(step, rule):
+                    why = rule.message or f"matches the denied pattern {rule.pattern!r}"
+                    self._flag(f"deny:{rule.name}", f"param {where!r} {why} (value {_short(text)})", step.id)
+                    break
+
+    @staticmethod
+    def _matching_strings(step: Step, rule: DenyRule) -> Iterator[tuple[str, str]]:
+        for name, value in step.params.items():
+            if not any(fnmatchcase(name, p) for p in rule.params):
+                continue
+            for loc, text in references.walk(value, (name,)):
+                if rule.regex.search(text):
+                    yield ".".join(str(part) for part in loc), text
+
+    def _resource_conflicts(self, tools: list[Tool | None], resources: list[str | None]) -> None:
+        writers = [
+            (step.id, resource)
+            for step, tool, resource in zip(self.plan.steps, tools, resources, strict=True)
+            if tool is not None and tool.effect != "read" and resource is not None
+        ]
+        for index, (later, res_b) in enumerate(writers):
+            for earlier, res_a in writers[:index]:
+                if _resources_clash(res_a, res_b) and not self.graph.ordered(earlier, later):
+                    self._flag(
+                        "resource-conflict",
+                        f"steps {earlier} and {later} both write {res_b!r} and neither depends on the other, "
+                        "so they could run at the same time; make one reference the other",
+                        later,
+                    )
+
+    def _sequences(self, tools: list[Tool | None], resources: list[str | None]) -> None:
+        rows = list(zip(self.plan.steps, tools, resources, strict=True))
+        for rule in self.policy.sequences:
+            firsts = [s.id for s, t, r in rows if rule.after.matches(s, t, r)]
+            for position, (step, tool, resource) in enumerate(rows):
+                if not firsts or not rule.forbid.matches(step, tool, resource):
+                    continue
+                before = {s.id for s, _, _ in rows[:position]}
+                if rule.scope == "dataflow":
+                    before &= self.graph.ancestors.get(step.id, frozenset())
+                culprits = [f for f in firsts if f in before]
+                if culprits:
+                    self._sequence_hit(rule, step, culprits)
+
+    def _sequence_hit(self, rule: SequenceRule, step: Step, culprits: list[int]) -> None:
+        link = "uses the output of" if rule.scope == "dataflow" else "comes after"
+        text = rule.message or f"step {step.id} ({step.tool}) {link} step(s) {_ids(culprits)}"
+        if rule.unless_approved_by is None:
+            self._flag(f"sequence:{rule.name}", text, step.id)
+        else:
+            self.named.append(rule.unless_approved_by)
+            self.reasons.append(f"{text}: needs approval by {rule.unless_approved_by!r} (sequence:{rule.name})")
+
+    def _approval(self, tools: list[Tool | None]) -> Approval:
+        """Human unless the category is cleared and nothing escalates; every reason is kept."""
+        rules = self.policy.approval
+        category = self.plan.category
+        if any(fnmatchcase(category, p) for p in rules.human):
+            self.reasons.append(f"category {category!r} always needs a person")
+        elif rules.default == "human" and not any(fnmatchcase(category, p) for p in rules.auto):
+            self.reasons.append(f"category {category!r} is not cleared for automatic approval")
+        for step, tool in zip(self.plan.steps, tools, strict=True):
+            if tool is not None and tool.effect in rules.escalate:
+                self.reasons.append(f"step {step.id} ({step.tool}) is {tool.effect}")
+        if self.reasons:
+            return "human"
+        self.reasons.append(f"category {category!r} is cleared for automatic approval")
+        return "auto"
+
+
+def _ids(ids: Sequence[int]) -> str:
+    return ", ".join(str(i) for i in ids)
+
+
+def _short(text: str) -> str:
+    return repr(text) if len(text) <= 60 else repr(text[:57] + "...")

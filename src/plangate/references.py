@@ -1,0 +1,185 @@
+"""``${N}`` and ``${N.a.b}`` references between plan steps.
+
+A parameter value that is exactly one reference takes the referenced value with its
+type (``"${1.total}"`` becomes the number ``12.5``); a reference inside a longer string
+is interpolated as text (strings as they are, anything else as compact JSON). ``$${``
+writes a literal ``${``. Path segments are object keys or list indices.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from plangate.errors import RefError
+
+# One token of a string: an escaped "$${", a "${...}" group, or a "${" never closed.
+_TOKEN = re.compile(r"\$\$\{|\$\{([^}]*)\}|\$\{")
+_BODY = re.compile(r"(\d{1,9})((?:\.[A-Za-z0-9_-]+)*)")
+
+Loc = tuple[str | int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Ref:
+    """A reference to step ``step``'s output, then into it along ``path``."""
+
+    step: int
+    path: tuple[str, ...]
+
+    @property
+    def text(self) -> str:
+        return "${" + ".".join((str(self.step), *self.path)) + "}"
+
+    def __str__(self) -> str:
+        return self.text
+
+
+@dataclass(frozen=True, slots=True)
+class Found:
+    """A reference found in a value: where it sits and whether it is the whole value."""
+
+    loc: Loc
+    ref: Ref
+    whole: bool
+
+
+def scan(text: str) -> list[Ref]:
+    """Every reference in ``text``, in order. Raises :class:`RefError` on a malformed one."""
+    refs: list[Ref] = []
+    for match in _TOKEN.finditer(text):
+        token = match.group(0)
+        if token == "$${":
+            continue
+        body = match.group(1)
+        if body is None:
+            raise RefError(f"unclosed reference at column {match.start() + 1}: missing '}}'")
+        refs.append(_parse_body(body))
+    return refs
+
+
+def _parse_body(body: str) -> Ref:
+    parsed = _BODY.fullmatch(body)
+    if parsed is None:
+        raise RefError(
+            f"malformed reference '${{{body}}}': write ${{N}} or ${{N.field}} "
+            "where N is a step id (use $${ for a literal '${')"
+        )
+    path = tuple(part for part in parsed.group(2).split(".") if part)
+    return Ref(int(parsed.group(1)), path)
+
+
+def whole_ref(value: object) -> Ref | None:
+    """The reference when ``value`` is a string made of exactly one reference."""
+    if isinstance(value, str) and value.startswith("${") and value.endswith("}"):
+        body = value[2:-1]
+        if "}" not in body and "${" not in body:
+            try:
+                return _parse_body(body)
+            except RefError:
+                return None
+    return None
+
+
+def has_refs(value: str) -> bool:
+    return "${" in value
+
+
+def walk(value: Any, loc: Loc = ()) -> Iterator[tuple[Loc, str]]:
+    """Every string inside a JSON value (keys excluded), with its location."""
+    stack: list[tuple[Loc, Any]] = [(loc, value)]
+    while stack:
+        here, item = stack.pop()
+        if isinstance(item, str):
+            yield here, item
+        elif isinstance(item, Mapping):
+            stack.extend(((*here, k), v) for k, v in reversed(list(item.items())))
+        elif isinstance(item, list):
+            stack.extend(((*here, i), v) for i, v in reversed(list(enumerate(item))))
+
+
+def find(value: Any, loc: Loc = ()) -> Iterator[Found | tuple[Loc, RefError]]:
+    """Every reference inside a JSON value, or the error for a malformed one."""
+    for here, text in walk(value, loc):
+        if not has_refs(text):
+            continue
+        ref = whole_ref(text)
+        if ref is not None:
+            yield Found(here, ref, whole=True)
+            continue
+        try:
+            found = scan(text)
+        except RefError as exc:
+            yield here, exc
+            continue
+        yield from (Found(here, r, whole=False) for r in found)
+
+
+def lookup(ref: Ref, outputs: Mapping[int, Any]) -> Any:
+    """The value ``ref`` points at in the recorded ``outputs`` (step id -> JSON output)."""
+    if ref.step not in outputs:
+        raise RefError(f"{ref}: step {ref.step} has no recorded output")
+    value = outputs[ref.step]
+    for depth, key in enumerate(ref.path):
+        where = ".".join((str(ref.step), *ref.path[:depth])) or str(ref.step)
+        if isinstance(value, Mapping):
+            if key not in value:
+                raise RefError(f"{ref}: the output of {where} has no field {key!r}")
+            value = value[key]
+        elif isinstance(value, list) and key.isdigit():
+            index = int(key)
+            if index >= len(value):
+                raise RefError(f"{ref}: index {index} is past the end of {where}")
+            value = value[index]
+        else:
+            raise RefError(f"{ref}: {where} is {_kind(value)}, not an object or list")
+    return value
+
+
+def resolve(value: Any, outputs: Mapping[int, Any]) -> Any:
+    """``value`` with every reference replaced by what it points at in ``outputs``."""
+    if isinstance(value, str):
+        return _resolve_text(value, outputs)
+    if isinstance(value, Mapping):
+        return {k: resolve(v, outputs) for k, v in value.items()}
+    if isinstance(value, list):
+        return [resolve(v, outputs) for v in value]
+    return value
+
+
+def _resolve_text(text: str, outputs: Mapping[int, Any]) -> Any:
+    if not has_refs(text):
+        return text
+    ref = whole_ref(text)
+    if ref is not None:
+        return lookup(ref, outputs)
+
+    def render(match: re.Match[str]) -> str:
+        if match.group(0) == "$${":
+            return "${"
+        body = match.group(1)
+        if body is None:
+            raise RefError(f"unclosed reference at column {match.start() + 1}")
+        return as_text(lookup(_parse_body(body), outputs))
+
+    return _TOKEN.sub(render, text)
+
+
+def as_text(value: Any) -> str:
+    """How a value reads when interpolated into a string."""
+    if isinstance(value, str):
+        return value
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False, sort_keys=True)
+
+
+def _kind(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int | float):
+        return "a number"
+    return "a string" if isinstance(value, str) else type(value).__name__

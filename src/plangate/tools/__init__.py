@@ -1,0 +1,7 @@
+"""Tools: typed functions with governance metadata, and the catalogue that holds them."""
+
+from plangate.tools._catalogue import Catalogue
+from plangate.tools._context import RunContext
+from plangate.tools._tool import EFFECTS, Effect, Tool, tool
+
+__all__ = ["EFFECTS", "Catalogue", "Effect", "RunContext", "Tool", "tool"]

@@ -1,0 +1,24 @@
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunContext:
+    """What a tool may know about the step it runs in.
+
+    A tool asks for it by declaring a parameter named ``ctx`` (or annotated
+    ``RunContext``); that parameter is not part of the tool's schema, so a plan can
+    never set it. ``now`` comes from the engine's clock, so a replay sees the same time.
+    """
+
+    plan_id: str
+    step_id: int
+    now: datetime
+    attempt: int = 1
+
+    @property
+    def idempotency_key(self) -> str:
+        """``plan_id:step_id``: the same on every attempt of the same step."""
+        return f"{self.plan_id}:{self.step_id}"

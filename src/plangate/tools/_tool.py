@@ -1,0 +1,256 @@
+"""Turn a typed Python function into a governed tool."""
+
+from __future__ import annotations
+
+import inspect
+import re
+import string
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal, TypeVar, get_args, get_type_hints, overload
+
+import pydantic_core
+from pydantic import BaseModel, ConfigDict, Field, PydanticUserError, TypeAdapter, ValidationError, create_model
+
+from plangate.errors import ParamsError, Problem, ToolDefinitionError
+from plangate.tools import _docstring
+from plangate.tools._context import RunContext
+
+Effect = Literal["read", "write", "irreversible"]
+EFFECTS: tuple[Effect, ...] = get_args(Effect)
+NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.\-]{0,199}")
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class Tool:
+    """A typed function plus the governance metadata a policy and an engine need.
+
+    Build one with :func:`tool`. Calling the tool calls the function unchanged.
+    """
+
+    name: str
+    fn: Callable[..., Any]
+    description: str
+    effect: Effect
+    scopes: tuple[str, ...]
+    external: bool
+    resource: str | None
+    idempotent: bool
+    compensate: str | None
+    untrusted_output: bool
+    tags: tuple[str, ...]
+    params_schema: dict[str, Any]
+    output_schema: dict[str, Any]
+    is_async: bool
+    ctx_param: str | None
+    _params: type[BaseModel] = field(repr=False)
+    _output: TypeAdapter[Any] = field(repr=False)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.fn(*args, **kwargs)
+
+    @property
+    def param_names(self) -> tuple[str, ...]:
+        return tuple(self.params_schema.get("properties", {}))
+
+    def param_errors(self, params: Mapping[str, Any]) -> list[pydantic_core.ErrorDetails]:
+        """Every way ``params`` (JSON values) fails the parameter schema; empty when valid."""
+        try:
+            self._params.__pydantic_validator__.validate_json(pydantic_core.to_json(params), strict=True)
+        except ValidationError as exc:
+            return exc.errors(include_url=False)
+        return []
+
+    def validate_params(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        """The keyword arguments to call the function with; raises :class:`ParamsError`."""
+        try:
+            model = self._params.model_validate_json(pydantic_core.to_json(params), strict=True)
+        except ValidationError as exc:
+            raise ParamsError(self.name, problems(exc.errors(include_url=False))) from None
+        return {info.alias or name: getattr(model, name) for name, info in type(model).model_fields.items()}
+
+    def dump_output(self, value: Any) -> Any:
+        """Check a return value against the declared output type and turn it into JSON data."""
+        checked = self._output.validate_python(value)
+        return self._output.dump_python(checked, mode="json")
+
+    def resource_for(self, params: Mapping[str, Any]) -> str | None:
+        """The resource this call touches; ``*`` stands for a part not known before run time."""
+        if self.resource is None or "{" not in self.resource:
+            return self.resource
+        parts: list[str] = []
+        for literal, name, _, _ in string.Formatter().parse(self.resource):
+            parts.append(literal)
+            if name is not None:
+                value = params.get(name)
+                known = isinstance(value, str | int | float) and "${" not in str(value)
+                parts.append(str(value) if known else "*")
+        return "".join(parts)
+
+    def describe(self) -> dict[str, Any]:
+        """The tool as data: what a planning model and a reviewer are shown."""
+        return {
+            "name": self.name,
+            "description": self.description,
+            "effect": self.effect,
+            "idempotent": self.idempotent,
+            "external": self.external,
+            "scopes": list(self.scopes),
+            "resource": self.resource,
+            "compensate": self.compensate,
+            "untrusted_output": self.untrusted_output,
+            "tags": list(self.tags),
+            "params": self.params_schema,
+            "output": self.output_schema,
+        }
+
+
+def problems(errors: Iterable[pydantic_core.ErrorDetails], prefix: str = "") -> list[Problem]:
+    """Plain-words problems from pydantic's error details."""
+    return [Problem(location=prefix + _loc(err["loc"]), message=_message(err)) for err in errors]
+
+
+def _loc(loc: tuple[int | str, ...]) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+def _message(err: pydantic_core.ErrorDetails) -> str:
+    if err["type"] == "missing":
+        return "required, but missing"
+    if err["type"] == "extra_forbidden":
+        return "not a known field"
+    shown = repr(err.get("input"))
+    shown = shown if len(shown) <= 60 else shown[:57] + "..."
+    return f"{err['msg']} (got {shown})"
+
+
+@overload
+def tool(fn: F, /) -> Tool: ...
+@overload
+def tool(fn: F, /, **meta: Any) -> Tool: ...
+@overload
+def tool(fn: None = None, /, **meta: Any) -> Callable[[F], Tool]: ...
+
+
+def tool(fn: Callable[..., Any] | None = None, /, **meta: Any) -> Tool | Callable[[Callable[..., Any]], Tool]:
+    """Make a tool from a typed function: ``@tool``, ``@tool(effect="write")`` or ``tool(fn, ...)``.
+
+    Metadata (all keyword-only):
+
+    - ``name``, ``description``: default to the function's name and docstring.
+    - ``effect``: ``"read"`` (default), ``"write"`` or ``"irreversible"``.
+    - ``idempotent``: safe to repeat with the same idempotency key; defaults to true for
+      ``read`` tools and false otherwise.
+    - ``scopes``: permission scopes the caller must hold, e.g. ``["refunds:write"]``.
+    - ``external``: calls something outside the organisation (email, a third-party API).
+    - ``resource``: what it touches, e.g. ``"invoice:{invoice_id}"``; ``{param}`` is
+      filled from the step's parameters.
+    - ``compensate``: name of the tool that undoes it.
+    - ``untrusted_output``: its output is text from outside and may carry instructions.
+    - ``tags``: free labels a policy can match, e.g. ``["pii"]``.
+    """
+    if fn is None:
+        return lambda f: _build(f, **meta)
+    return _build(fn, **meta)
+
+
+def _build(
+    fn: Callable[..., Any],
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    effect: Effect = "read",
+    idempotent: bool | None = None,
+    scopes: Iterable[str] = (),
+    external: bool = False,
+    resource: str | None = None,
+    compensate: str | None = None,
+    untrusted_output: bool = False,
+    tags: Iterable[str] = (),
+) -> Tool:
+    if isinstance(fn, Tool):
+        raise ToolDefinitionError(f"{fn.name!r} is already a tool")
+    if not callable(fn):
+        raise ToolDefinitionError(f"a tool must be a function, not {type(fn).__name__}")
+    tool_name: str = name or str(getattr(fn, "__name__", ""))
+    where = f"tool {tool_name!r}"
+    if not NAME.fullmatch(tool_name):
+        raise ToolDefinitionError(f"{where}: a tool name is a letter or '_' then letters, digits, '_', '.', '-'")
+    if effect not in EFFECTS:
+        raise ToolDefinitionError(f"{where}: effect must be one of {', '.join(EFFECTS)}, not {effect!r}")
+    summary, param_docs = _docstring.parse(fn.__doc__)
+    params_model, ctx_param, output_type = _signature(fn, where, param_docs)
+    try:
+        params_schema = params_model.model_json_schema()
+        output = TypeAdapter(output_type)
+        output_schema = output.json_schema(mode="serialization")
+    except (PydanticUserError, TypeError, ValueError) as exc:
+        raise ToolDefinitionError(f"{where}: its types cannot be described as JSON Schema: {exc}") from None
+    params_schema.pop("title", None)
+    _check_resource(resource, params_schema, where)
+    return Tool(
+        name=tool_name,
+        fn=fn,
+        description=(description if description is not None else summary).strip(),
+        effect=effect,
+        scopes=tuple(scopes),
+        external=bool(external),
+        resource=resource,
+        idempotent=(effect == "read") if idempotent is None else bool(idempotent),
+        compensate=compensate,
+        untrusted_output=bool(untrusted_output),
+        tags=tuple(tags),
+        params_schema=params_schema,
+        output_schema=output_schema,
+        is_async=inspect.iscoroutinefunction(fn),
+        ctx_param=ctx_param,
+        _params=params_model,
+        _output=output,
+    )
+
+
+def _signature(fn: Callable[..., Any], where: str, docs: Mapping[str, str]) -> tuple[type[BaseModel], str | None, Any]:
+    try:
+        hints = get_type_hints(fn, include_extras=True)
+        sig = inspect.signature(fn)
+    except (NameError, TypeError, ValueError) as exc:
+        raise ToolDefinitionError(f"{where}: cannot read its type hints: {exc}") from None
+    if "return" not in hints:
+        raise ToolDefinitionError(f"{where}: add a return type hint (use '-> None' if it returns nothing)")
+    fields: dict[str, Any] = {}
+    ctx_param: str | None = None
+    for index, param in enumerate(sig.parameters.values()):
+        hint = hints.get(param.name)
+        if param.name == "ctx" or hint is RunContext:
+            ctx_param = param.name
+            continue
+        if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD, param.POSITIONAL_ONLY):
+            raise ToolDefinitionError(f"{where}: parameter {param.name!r} must be a plain named parameter")
+        if hint is None:
+            raise ToolDefinitionError(f"{where}: parameter {param.name!r} has no type hint")
+        default = ... if param.default is param.empty else param.default
+        # Internal field names avoid clashes with BaseModel's own attributes ("json", "copy"...).
+        fields[f"p{index}"] = (hint, Field(default, alias=param.name, description=docs.get(param.name)))
+    config = ConfigDict(extra="forbid", strict=True, validate_by_name=False)
+    model_name = re.sub(r"\W", "_", fn.__name__) + "_params"
+    try:
+        model = create_model(model_name, __config__=config, **fields)
+    except (PydanticUserError, TypeError) as exc:
+        raise ToolDefinitionError(f"{where}: its parameter types are not supported: {exc}") from None
+    return model, ctx_param, hints["return"]
+
+
+def _check_resource(resource: str | None, params_schema: Mapping[str, Any], where: str) -> None:
+    if resource is None:
+        return
+    try:
+        names = [n for _, n, _, _ in string.Formatter().parse(resource) if n is not None]
+    except ValueError as exc:
+        raise ToolDefinitionError(f"{where}: resource {resource!r} is not a valid template: {exc}") from None
+    unknown = [n for n in names if n not in params_schema.get("properties", {})]
+    if unknown:
+        raise ToolDefinitionError(f"{where}: resource {resource!r} names unknown parameter(s) {unknown}")

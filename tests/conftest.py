@@ -1,0 +1,41 @@
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from plangate import Catalogue, Policy
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = ROOT / "examples"
+
+
+@pytest.fixture(autouse=True)
+def example_db(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """Every test gets its own example-business database."""
+    path = tmp_path / "business.db"
+    monkeypatch.setenv("PLANGATE_EXAMPLE_DB", str(path))
+    yield path
+
+
+@pytest.fixture(scope="session")
+def catalogue() -> Catalogue:
+    return Catalogue.from_module(EXAMPLES / "business.py")
+
+
+@pytest.fixture(scope="session")
+def policy() -> Policy:
+    return Policy.load(EXAMPLES / "policy.yaml")
+
+
+def load_plan(name: str) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads((EXAMPLES / "plans" / f"{name}.json").read_text())
+    return data
+
+
+@pytest.fixture
+def refund_plan() -> dict[str, Any]:
+    return load_plan("refund")
