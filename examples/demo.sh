@@ -22,6 +22,7 @@ say "A plan the checker rejects: every problem at once, each with its step and r
 run plangate check examples/plans/broken.json --tools "$TOOLS" --policy "$POLICY" --as alice
 
 say "Not a plan at all: a clear error, exit 2"
-printf '{"task": "refund", "steps": [' > .plangate-demo-bad.json
-run plangate check .plangate-demo-bad.json --tools "$TOOLS"
-rm -f .plangate-demo-bad.json
+bad=$(mktemp --suffix=.json)
+printf '{"task": "refund", "steps": [' > "$bad"
+run plangate check "$bad" --tools "$TOOLS"
+rm -f "$bad"

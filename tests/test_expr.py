@@ -39,7 +39,7 @@ def test_evaluates(source: str, expected: bool) -> None:
 
 
 def test_references_are_collected() -> None:
-    assert parse("${1.total} > ${2} and ${3.a.b} == 1").refs == [Ref(1, ("total",)), Ref(2, ()), Ref(3, ("a", "b"))]
+    assert parse("${1.total} > ${2} and ${3.a.b} == 1").refs == (Ref(1, ("total",)), Ref(2, ()), Ref(3, ("a", "b")))
 
 
 @pytest.mark.parametrize(

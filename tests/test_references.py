@@ -22,8 +22,13 @@ def test_malformed_references_are_refused(bad: str) -> None:
 
 
 def test_whole_value_references_keep_their_type_and_strings_interpolate() -> None:
-    params = {"amount": "${1.total}", "body": "We refunded ${1.total} to ${1.customer.email}.", "n": 3,
-              "nested": ["${1.lines.1.sku}", {"k": "${2}"}], "literal": "costs $${1.total}"}
+    params = {
+        "amount": "${1.total}",
+        "body": "We refunded ${1.total} to ${1.customer.email}.",
+        "n": 3,
+        "nested": ["${1.lines.1.sku}", {"k": "${2}"}],
+        "literal": "costs $${1.total}",
+    }
     assert resolve(params, OUTPUTS) == {
         "amount": 12.5,
         "body": "We refunded 12.5 to a@x.",

@@ -76,18 +76,35 @@ def test_schemas_from_plain_types_unions_lists_typeddicts_dataclasses_and_models
     assert {b.get("type") for b in props["label"]["anyOf"]} == {"string", "null"}
     assert {b["type"] for b in props["key"]["anyOf"]} == {"integer", "string"}
     assert props["tags"] == {"items": {"type": "string"}, "title": "Tags", "type": "array"}
-    assert set(everything.params_schema["required"]) == {"count", "ratio", "label", "key", "tags", "address", "price",
-                                                          "order"}
+    assert set(everything.params_schema["required"]) == {
+        "count",
+        "ratio",
+        "label",
+        "key",
+        "tags",
+        "address",
+        "price",
+        "order",
+    }
     defs = everything.params_schema["$defs"]
     assert set(defs) >= {"Address", "Money", "Order", "Colour"}
     assert everything.params_schema["additionalProperties"] is False
     assert everything.output_schema["type"] == "object"
 
-    kwargs = everything.validate_params({
-        "count": 1, "ratio": 2, "label": None, "key": "k", "tags": ["a"],
-        "address": {"street": "Main", "city": "Paris"}, "price": {"amount": 1.5, "currency": "EUR"},
-        "order": {"id": 7, "items": []}, "colour": "blue", "when": "2026-11-29T10:00:00Z",
-    })
+    kwargs = everything.validate_params(
+        {
+            "count": 1,
+            "ratio": 2,
+            "label": None,
+            "key": "k",
+            "tags": ["a"],
+            "address": {"street": "Main", "city": "Paris"},
+            "price": {"amount": 1.5, "currency": "EUR"},
+            "order": {"id": 7, "items": []},
+            "colour": "blue",
+            "when": "2026-11-29T10:00:00Z",
+        }
+    )
     assert isinstance(kwargs["price"], Money) and isinstance(kwargs["order"], Order)
     assert kwargs["colour"] is Colour.BLUE and isinstance(kwargs["when"], datetime)
     assert kwargs["address"] == {"street": "Main", "city": "Paris"}
@@ -199,7 +216,10 @@ def test_params_that_shadow_model_attributes_work() -> None:
 
     assert shadow.param_names == ("json", "copy", "model_config")
     assert shadow.validate_params({"json": "a", "copy": 1, "model_config": "c"}) == {
-        "json": "a", "copy": 1, "model_config": "c"}
+        "json": "a",
+        "copy": 1,
+        "model_config": "c",
+    }
 
 
 @pytest.mark.parametrize(

@@ -82,16 +82,13 @@ def describe(types: Types) -> str:
 
 @dataclass(frozen=True, slots=True)
 class Located:
-    """What a path inside a schema leads to: the schemas it may be, or why it cannot be."""
+    """What a path inside a schema leads to: the JSON types it may have, or why it cannot be."""
 
-    schemas: tuple[Schema, ...] = ()
-    unknown: bool = False
+    types: Types = None
     error: str | None = None
 
-    def types(self, root: Schema) -> Types:
-        if self.unknown:
-            return None
-        return union(types_of(s, root) for s in self.schemas)
+
+UNKNOWN = Located()
 
 
 def locate(schema: Schema, root: Schema, path: Iterable[str | int]) -> Located:
@@ -104,7 +101,7 @@ def locate(schema: Schema, root: Schema, path: Iterable[str | int]) -> Located:
         for candidate in _branches(current, root):
             step = _child(candidate, root, str(key))
             if step is _ANY:
-                return Located(unknown=True)
+                return UNKNOWN
             if isinstance(step, str):
                 reasons.append(step)
             else:
@@ -116,7 +113,7 @@ def locate(schema: Schema, root: Schema, path: Iterable[str | int]) -> Located:
             return Located(error=f"{where}may lack {key!r}: in one of its forms it {reasons[0]}")
         current = nxt
         walked.append(str(key))
-    return Located(schemas=tuple(current))
+    return Located(types=union(types_of(s, root) for s in current))
 
 
 _ANY: Any = object()

@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from plangate import _jsontypes as jt
-from plangate import expr, references
-from plangate.errors import ConditionError, PlanError, RefError
-from plangate.graph import PlanGraph, step_refs
+from plangate import references
+from plangate.errors import PlanError
+from plangate.graph import PlanGraph
 from plangate.plan import Plan, Step, expected_types
 from plangate.policy import Policy, PolicyDecision
 from plangate.tools import Catalogue, Tool
@@ -44,12 +44,17 @@ class CheckResult:
     """Everything ``check`` found; ``ok`` when nothing at all."""
 
     violations: tuple[Violation, ...]
-    plan_hash: str | None
+    plan: Plan | None
     decision: PolicyDecision | None = None
 
     @property
     def ok(self) -> bool:
         return not self.violations
+
+    @property
+    def plan_hash(self) -> str | None:
+        """The checked plan's content hash (``None`` when the input was not a plan)."""
+        return self.plan.hash if self.plan is not None else None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -79,7 +84,7 @@ def check(
         except PlanError as exc:
             found = exc.problems or ()
             violations = [Violation(rule="plan-schema", message=str(p), step=p.step, source="plan") for p in found]
-            return CheckResult(violations=tuple(violations or [_unreadable(exc)]), plan_hash=None)
+            return CheckResult(violations=tuple(violations or [_unreadable(exc)]), plan=None)
     graph = PlanGraph.of(plan)
     violations = _Checker(plan, catalogue).run()
     decision = None
@@ -88,7 +93,7 @@ def check(
         violations.extend(decision.violations)
     position = {step_id: index for index, step_id in enumerate(graph.order)}
     violations.sort(key=lambda v: -1 if v.step is None else position.get(v.step, -1))
-    return CheckResult(violations=tuple(violations), plan_hash=plan.hash, decision=decision)
+    return CheckResult(violations=tuple(violations), plan=plan, decision=decision)
 
 
 def _unreadable(exc: PlanError) -> Violation:
@@ -148,30 +153,27 @@ class _Checker:
     def output_at(self, index: int, step: Step, ref: references.Ref, where: str) -> jt.Located | None:
         source = self.target(index, step, ref, where)
         if not isinstance(source, Tool):
-            return None if source is False else jt.Located(unknown=True)
-        located = jt.locate(source.output_schema, source.output_schema, ref.path)
+            return None if source is False else jt.UNKNOWN
+        located = source.output_at(ref.path)
         if located.error is not None:
             self.flag(
                 step, "ref-path", f"{where}: {ref}: the output of step {ref.step} ({source.name}) {located.error}"
             )
             return None
-        return located if not located.unknown else jt.Located(unknown=True)
+        return located
 
     def param_refs(self, index: int, step: Step, tool: Tool | None) -> None:
-        for found in references.find(step.params):
-            if not isinstance(found, references.Found):
-                loc, error = found
-                self.flag(step, "ref-syntax", f"param {_where(loc)!r}: {error}")
-                continue
+        for loc, error in step.refs.bad_params:
+            self.flag(step, "ref-syntax", f"param {_where(loc)!r}: {error}")
+        for found in step.refs.params:
             where = f"param {_where(found.loc)!r}"
             located = self.output_at(index, step, found.ref, where)
             if located is None or tool is None:
                 continue
-            root = tool.params_schema
-            wanted = jt.locate(root, root, found.loc)
+            wanted = tool.param_at(found.loc)
             if wanted.error is not None:
                 continue  # an unknown parameter: reported by the parameter check
-            accepted = wanted.types(root)
+            accepted = wanted.types
             if not found.whole:
                 if jt.not_accepted(frozenset({"string"}), accepted):
                     self.flag(
@@ -181,27 +183,20 @@ class _Checker:
                         f"with {found.ref} inside; write the reference alone to pass its value",
                     )
                 continue
-            given = located.types(self._source_root(found.ref))
+            given = located.types
             bad = jt.not_accepted(given, accepted)
             if bad:
                 self.flag(
                     step, "ref-type", f"{where} takes {jt.describe(accepted)}, but {found.ref} is {jt.describe(given)}"
                 )
 
-    def _source_root(self, ref: references.Ref) -> Mapping[str, Any]:
-        tool = self.catalogue.get(self.plan.steps[self.position[ref.step]].tool)
-        return tool.output_schema if tool is not None else {}
-
     def condition(self, index: int, step: Step) -> None:
-        if step.condition is None:
-            return
-        try:
-            parsed = expr.parse(step.condition)
-        except ConditionError as exc:
-            self.flag(step, "condition-syntax", f"condition {step.condition!r}: {exc}")
-            return
-        for ref in parsed.refs:
-            self.output_at(index, step, ref, "condition")
+        analysis = step.refs
+        if analysis.condition_error is not None:
+            self.flag(step, "condition-syntax", f"condition {step.condition!r}: {analysis.condition_error}")
+        elif analysis.condition is not None:
+            for ref in analysis.condition.refs:
+                self.output_at(index, step, ref, "condition")
 
     def params(self, step: Step, tool: Tool) -> None:
         by_param: dict[str, list[str]] = {}
@@ -222,7 +217,7 @@ class _Checker:
 
     def expected_output(self, step: Step, tool: Tool) -> None:
         expected = expected_types(step.expected_output)
-        returns = jt.types_of(tool.output_schema, tool.output_schema)
+        returns = tool.output_at(()).types
         if expected is None or returns is None:
             return
         numeric = {"number", "integer"}
@@ -234,22 +229,19 @@ class _Checker:
             )
 
     def rollback(self, index: int, step: Step) -> None:
-        if step.rollback is None or not references.has_refs(step.rollback):
-            return
-        try:
-            refs = references.scan(step.rollback)
-        except RefError as exc:
-            self.flag(step, "ref-syntax", f"rollback: {exc}")
-            return
-        for ref in refs:
+        if step.refs.rollback_error is not None:
+            self.flag(step, "ref-syntax", f"rollback: {step.refs.rollback_error}")
+        for ref in step.refs.rollback:
             if ref.step != step.id:
                 self.target(index, step, ref, "rollback")
 
     def cycles(self) -> None:
         """Forward references are already errors; report those that close a circle too."""
+        if not self.forward:
+            return
         edges: dict[int, set[int]] = {}
         for step in self.plan.steps:
-            targets = {r.step for r in step_refs(step)} & self.position.keys()
+            targets = step.refs.depends_on & self.position.keys()
             edges.setdefault(step.id, set()).update(targets - {step.id})
         reported: set[frozenset[int]] = set()
         for source, later in self.forward:

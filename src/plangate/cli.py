@@ -118,8 +118,8 @@ def summary(plan: Plan, result: CheckResult) -> str:
     decision = result.decision
     if decision is None:
         return f"ok: plan {plan.hash} ({steps}) passes the check (no policy given)"
-    who = "approved automatically" if decision.approval == "auto" else "needs a person's approval"
-    named = f" and approval by {', '.join(decision.required_approvals)}" if decision.required_approvals else ""
+    who = "may be approved automatically" if decision.approval == "auto" else "needs approval by a person"
+    named = f" and by {', '.join(decision.required_approvals)}" if decision.required_approvals else ""
     return (
         f"ok: plan {plan.hash} ({steps}) passes the check and policy {decision.policy!r}; "
         f"{who}{named}: {'; '.join(decision.reasons)}"

@@ -5,7 +5,7 @@ ${2.blocked}``. It is parsed here by a hand-written recursive-descent parser int
 tree and evaluated by walking that tree; Python's ``eval`` is never involved, names
 cannot be looked up, and nothing can be called.
 
-Grammar (lowest precedence first)::
+Grammar (lowest precedence first; comparisons do not chain)::
 
     expr  := and ("or" and)*
     and   := not ("and" not)*
@@ -16,6 +16,8 @@ Grammar (lowest precedence first)::
     unary := "-" unary | atom
     atom  := NUMBER | STRING | "true" | "false" | "null" | REF | "(" expr ")"
            | "[" [expr ("," expr)*] "]"
+
+It is parsed by precedence climbing over a table of binding powers.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 from plangate.errors import ConditionError, RefError
@@ -37,8 +40,9 @@ _TOKENS = re.compile(
       | (?P<num>\d+(?:\.\d+)?(?:[eE][+-]?\d+)?)
       | (?P<str>"(?:[^"\\]|\\.)*"|'(?:[^'\\]|\\.)*')
       | (?P<op>==|!=|<=|>=|[<>+\-*/%(),\[\]])
-      | (?P<word>[A-Za-z_][A-Za-z0-9_]*)""",
-    re.VERBOSE,
+      | (?P<word>[A-Za-z_][A-Za-z0-9_]*)
+      | (?P<bad>.)""",
+    re.VERBOSE | re.DOTALL,
 )
 _KEYWORDS = {"and", "or", "not", "in", "true", "false", "null"}
 _ESCAPES = {"n": "\n", "t": "\t", "\\": "\\", '"': '"', "'": "'"}
@@ -88,10 +92,7 @@ class Condition:
 
     source: str
     tree: Node
-
-    @property
-    def refs(self) -> list[Ref]:
-        return list(_refs(self.tree))
+    refs: tuple[Ref, ...]
 
     def evaluate(self, lookup: Callable[[Ref], Any]) -> bool:
         """Evaluate against outputs; ``lookup`` gives the value a reference points at."""
@@ -101,35 +102,61 @@ class Condition:
         return value
 
 
+@lru_cache(maxsize=2048)
 def parse(source: str) -> Condition:
-    """Parse a condition; raises :class:`ConditionError` naming the column at fault."""
+    """Parse a condition; raises :class:`ConditionError` naming the column at fault.
+
+    Parsed conditions are immutable, so the same text is parsed once and shared.
+    """
     if len(source) > MAX_LENGTH:
         raise ConditionError(f"the condition is {len(source)} characters; the limit is {MAX_LENGTH}")
     parser = _Parser(_tokenize(source))
-    tree = parser.expr(0)
+    tree = parser.expr(0, 0)
     parser.expect_end()
-    return Condition(source, tree)
+    return Condition(source, tree, tuple(_refs(tree)))
 
 
 def _tokenize(source: str) -> list[_Tok]:
     tokens: list[_Tok] = []
-    pos = 0
-    while pos < len(source):
-        match = _TOKENS.match(source, pos)
-        if match is None:
-            raise ConditionError(f"unexpected character {source[pos]!r}", column=pos + 1)
-        kind = match.lastgroup or ""
-        if kind == "word" and match.group(0) not in _KEYWORDS:
+    for match in _TOKENS.finditer(source):
+        kind = match.lastgroup
+        if kind == "ws":
+            continue
+        text = match.group()
+        if kind == "bad":
+            raise ConditionError(f"unexpected character {text!r}", column=match.start() + 1)
+        if kind == "word" and text not in _KEYWORDS:
             raise ConditionError(
-                f"unknown name {match.group(0)!r}: conditions read step outputs as ${{N.field}}"
+                f"unknown name {text!r}: conditions read step outputs as ${{N.field}}"
                 " and know only and, or, not, in, true, false, null",
-                column=pos + 1,
+                column=match.start() + 1,
             )
-        if kind != "ws":
-            tokens.append(_Tok(kind, match.group(0), pos + 1))
-        pos = match.end()
+        tokens.append(_Tok(kind or "", text, match.start() + 1))
     tokens.append(_Tok("end", "", len(source) + 1))
     return tokens
+
+
+# Binding power of each binary operator: a precedence-climbing parser needs only this table.
+_BINARY = {
+    "or": 1,
+    "and": 2,
+    "==": 4,
+    "!=": 4,
+    "<": 4,
+    "<=": 4,
+    ">": 4,
+    ">=": 4,
+    "in": 4,
+    "not in": 4,
+    "+": 5,
+    "-": 5,
+    "*": 6,
+    "/": 6,
+    "%": 6,
+}
+_NOT_POWER = 3  # "not" binds looser than comparisons: not a == b is not (a == b)
+_COMPARISON = 4
+_LITERALS = {"true": True, "false": False, "null": None}
 
 
 class _Parser:
@@ -137,110 +164,87 @@ class _Parser:
         self.tokens = tokens
         self.pos = 0
 
-    @property
-    def tok(self) -> _Tok:
-        return self.tokens[self.pos]
-
-    def take(self, *texts: str) -> _Tok | None:
-        tok = self.tok
-        if tok.kind in ("op", "word") and tok.text in texts:
-            self.pos += 1
-            return tok
-        return None
-
     def fail(self, expected: str) -> ConditionError:
-        found = "the end" if self.tok.kind == "end" else repr(self.tok.text)
-        return ConditionError(f"expected {expected}, found {found}", column=self.tok.col)
+        tok = self.tokens[self.pos]
+        found = "the end" if tok.kind == "end" else repr(tok.text)
+        return ConditionError(f"expected {expected}, found {found}", column=tok.col)
+
+    def expect(self, text: str) -> None:
+        if self.tokens[self.pos].text != text or self.tokens[self.pos].kind not in ("op", "word"):
+            raise self.fail(repr(text))
+        self.pos += 1
 
     def expect_end(self) -> None:
-        if self.tok.kind != "end":
+        if self.tokens[self.pos].kind != "end":
             raise self.fail("the end of the condition")
 
-    def expr(self, depth: int) -> Node:
+    def binary_op(self) -> str | None:
+        tok = self.tokens[self.pos]
+        if tok.kind not in ("op", "word"):
+            return None
+        if tok.text == "not" and self.tokens[self.pos + 1].text == "in":
+            return "not in"
+        return tok.text if tok.text in _BINARY else None
+
+    def expr(self, min_power: int, depth: int) -> Node:
         if depth > MAX_DEPTH:
-            raise ConditionError(f"nested deeper than {MAX_DEPTH} levels", column=self.tok.col)
-        node = self.and_(depth)
-        while self.take("or"):
-            node = Binary("or", node, self.and_(depth))
-        return node
-
-    def and_(self, depth: int) -> Node:
-        node = self.not_(depth)
-        while self.take("and"):
-            node = Binary("and", node, self.not_(depth))
-        return node
-
-    def not_(self, depth: int) -> Node:
-        if self.take("not"):
-            if depth > MAX_DEPTH:
-                raise ConditionError(f"nested deeper than {MAX_DEPTH} levels", column=self.tok.col)
-            return Unary("not", self.not_(depth + 1))
-        return self.cmp(depth)
-
-    def cmp(self, depth: int) -> Node:
-        left = self.sum(depth)
-        op = self.take("==", "!=", "<", "<=", ">", ">=", "in")
-        if op is not None:
-            return Binary(op.text, left, self.sum(depth))
-        if self.tok.text == "not" and self.tokens[self.pos + 1].text == "in":
-            self.pos += 2
-            return Binary("not in", left, self.sum(depth))
+            raise ConditionError(f"nested deeper than {MAX_DEPTH} levels", column=self.tokens[self.pos].col)
+        left = self.prefix(depth)
+        while (op := self.binary_op()) is not None and _BINARY[op] >= min_power:
+            power = _BINARY[op]
+            self.pos += 2 if op == "not in" else 1
+            right = self.expr(power + 1, depth + 1)
+            if power == _COMPARISON and isinstance(left, Binary) and _BINARY.get(left.op) == _COMPARISON:
+                raise ConditionError(
+                    f"comparisons cannot be chained: use 'and' before {op!r}", column=self.tokens[self.pos - 1].col
+                )
+            left = Binary(op, left, right)
         return left
 
-    def sum(self, depth: int) -> Node:
-        node = self.prod(depth)
-        while (op := self.take("+", "-")) is not None:
-            node = Binary(op.text, node, self.prod(depth))
-        return node
-
-    def prod(self, depth: int) -> Node:
-        node = self.unary(depth)
-        while (op := self.take("*", "/", "%")) is not None:
-            node = Binary(op.text, node, self.unary(depth))
-        return node
-
-    def unary(self, depth: int) -> Node:
-        if self.take("-"):
+    def prefix(self, depth: int) -> Node:
+        tok = self.tokens[self.pos]
+        if tok.kind == "word" and tok.text == "not":
+            self.pos += 1
+            return Unary("not", self.expr(_NOT_POWER, depth + 1))
+        if tok.kind == "op" and tok.text == "-":
+            self.pos += 1
             if depth > MAX_DEPTH:
-                raise ConditionError(f"nested deeper than {MAX_DEPTH} levels", column=self.tok.col)
-            return Unary("-", self.unary(depth + 1))
-        return self.atom(depth)
+                raise ConditionError(f"nested deeper than {MAX_DEPTH} levels", column=tok.col)
+            return Unary("-", self.prefix(depth + 1))
+        return self.atom(tok, depth)
 
-    def atom(self, depth: int) -> Node:
-        tok = self.tok
+    def atom(self, tok: _Tok, depth: int) -> Node:
+        self.pos += 1
         if tok.kind == "num":
-            self.pos += 1
-            number = float(tok.text)
-            return Literal(int(tok.text) if tok.text.isdigit() else number)
+            return Literal(int(tok.text) if tok.text.isdigit() else float(tok.text))
         if tok.kind == "str":
-            self.pos += 1
             return Literal(_unquote(tok))
         if tok.kind == "ref":
-            self.pos += 1
             try:
                 return RefNode(_parse_body(tok.text[2:-1]))
             except RefError as exc:
                 raise ConditionError(str(exc), column=tok.col) from None
-        if tok.kind == "word" and tok.text in ("true", "false", "null"):
-            self.pos += 1
-            return Literal({"true": True, "false": False, "null": None}[tok.text])
-        if self.take("("):
-            node = self.expr(depth + 1)
-            if not self.take(")"):
-                raise self.fail("')'")
+        if tok.kind == "word" and tok.text in _LITERALS:
+            return Literal(_LITERALS[tok.text])
+        if tok.kind == "op" and tok.text == "(":
+            node = self.expr(0, depth + 1)
+            self.expect(")")
             return node
-        if self.take("["):
+        if tok.kind == "op" and tok.text == "[":
             return self.list_(depth)
+        self.pos -= 1
         raise self.fail("a value (number, string, true, false, null, ${N.field} or '(')")
 
     def list_(self, depth: int) -> Node:
         items: list[Node] = []
-        if not self.take("]"):
-            items.append(self.expr(depth + 1))
-            while self.take(","):
-                items.append(self.expr(depth + 1))
-            if not self.take("]"):
-                raise self.fail("',' or ']'")
+        if self.tokens[self.pos].text != "]":
+            items.append(self.expr(0, depth + 1))
+            while self.tokens[self.pos].text == "," and self.tokens[self.pos].kind == "op":
+                self.pos += 1
+                items.append(self.expr(0, depth + 1))
+        if self.tokens[self.pos].text != "]" or self.tokens[self.pos].kind != "op":
+            raise self.fail("',' or ']'")
+        self.pos += 1
         return ListNode(tuple(items))
 
 

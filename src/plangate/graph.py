@@ -2,23 +2,9 @@
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
 from dataclasses import dataclass
 
-from plangate import expr, references
-from plangate.errors import ConditionError
-from plangate.plan import Plan, Step
-
-
-def step_refs(step: Step) -> Iterator[references.Ref]:
-    """Every well-formed reference a step makes, in its parameters and its condition."""
-    for found in references.find(step.params):
-        if isinstance(found, references.Found):
-            yield found.ref
-    if step.condition is not None:
-        with contextlib.suppress(ConditionError):
-            yield from expr.parse(step.condition).refs
+from plangate.plan import Plan
 
 
 @dataclass(frozen=True)
@@ -42,7 +28,7 @@ class PlanGraph:
         for step in plan.steps:
             if step.id in seen:
                 continue
-            direct = frozenset(r.step for r in step_refs(step) if r.step in seen)
+            direct = step.refs.depends_on & seen
             deps[step.id] = direct
             ancestors[step.id] = direct.union(*(ancestors[d] for d in direct))
             seen.add(step.id)

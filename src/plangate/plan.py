@@ -12,13 +12,14 @@ import hashlib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
-from functools import cached_property
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError, model_validator
+from pydantic import ConfigDict, Field, JsonValue, ValidationError, model_validator
 
+from plangate import expr, references
+from plangate._frozen import Frozen, cached
 from plangate._jsontypes import JSON_TYPES
-from plangate.errors import PlanError, Problem
+from plangate.errors import ConditionError, PlanError, Problem, RefError
 from plangate.tools._tool import NAME, problems
 
 SCHEMA_VERSION = 1
@@ -41,7 +42,56 @@ LIMITS = Limits()
 EXPECTED_OUTPUT_PATTERN = r"^(any|(" + "|".join(JSON_TYPES) + r")(\|(" + "|".join(JSON_TYPES) + r"))*)$"
 
 
-class Step(BaseModel):
+@dataclass(frozen=True, kw_only=True)
+class StepRefs:
+    """What a step's references and condition say, worked out once per step."""
+
+    params: tuple[references.Found, ...] = ()
+    bad_params: tuple[tuple[references.Loc, RefError], ...] = ()
+    condition: expr.Condition | None = None
+    condition_error: ConditionError | None = None
+    rollback: tuple[references.Ref, ...] = ()
+    rollback_error: RefError | None = None
+    depends_on: frozenset[int] = frozenset()
+    """The steps whose outputs this step reads (in its parameters or its condition)."""
+
+
+def _analyse(step: Step) -> StepRefs:
+    params: list[references.Found] = []
+    bad: list[tuple[references.Loc, RefError]] = []
+    for found in references.find(step.params):
+        if isinstance(found, references.Found):
+            params.append(found)
+        else:
+            bad.append(found)
+    condition, condition_error = None, None
+    if step.condition is not None:
+        try:
+            condition = expr.parse(step.condition)
+        except ConditionError as exc:
+            condition_error = exc
+    rollback: list[references.Ref] = []
+    rollback_error = None
+    if step.rollback is not None and references.has_refs(step.rollback):
+        try:
+            rollback = references.scan(step.rollback)
+        except RefError as exc:
+            rollback_error = exc
+    reads = {found.ref.step for found in params}
+    if condition is not None:
+        reads.update(ref.step for ref in condition.refs)
+    return StepRefs(
+        depends_on=frozenset(reads),
+        params=tuple(params),
+        bad_params=tuple(bad),
+        condition=condition,
+        condition_error=condition_error,
+        rollback=tuple(rollback),
+        rollback_error=rollback_error,
+    )
+
+
+class Step(Frozen):
     """One call of one tool, with the reason for it."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
@@ -49,7 +99,7 @@ class Step(BaseModel):
     id: int = Field(
         ge=1, le=LIMITS.max_step_id, description="Unique positive integer; other steps refer to it as ${id}."
     )
-    tool: str = Field(pattern=NAME.pattern, description="Name of a tool in the catalogue.")
+    tool: str = Field(pattern=f"^{NAME.pattern}$", description="Name of a tool in the catalogue.")
     params: dict[str, JsonValue] = Field(
         default_factory=dict,
         description="Arguments for the tool. A value that is exactly ${N} or ${N.field.sub} takes step N's "
@@ -72,8 +122,13 @@ class Step(BaseModel):
         default=None, description="How to undo this step, or why it cannot be undone (for the reviewer)."
     )
 
+    @cached
+    def refs(self) -> StepRefs:
+        """The step's references and parsed condition (computed on first use, then kept)."""
+        return _analyse(self)
 
-class Plan(BaseModel):
+
+class Plan(Frozen):
     """A task broken into steps over catalogue tools; checked, approved, then executed."""
 
     model_config = ConfigDict(
@@ -111,7 +166,7 @@ class Plan(BaseModel):
         """Keys sorted, no white space, UTF-8 text, every default filled in."""
         return canonical(self.model_dump(mode="json"))
 
-    @cached_property
+    @cached
     def hash(self) -> str:
         """SHA-256 of the canonical JSON form, as 64 hex digits."""
         return hashlib.sha256(self.canonical_json().encode()).hexdigest()
@@ -138,6 +193,8 @@ def loads(text: str | bytes) -> Any:
     if len(text) > LIMITS.max_bytes:
         raise PlanError(f"the plan is {len(text)} bytes; the limit is {LIMITS.max_bytes}")
     try:
+        if isinstance(text, bytes):
+            text = text.decode("utf-8")
         return json.loads(text, parse_constant=_reject_constant)
     except json.JSONDecodeError as exc:
         raise PlanError(f"not JSON: line {exc.lineno} column {exc.colno}: {exc.msg}") from None

@@ -11,15 +11,16 @@ import hashlib
 import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from fnmatch import fnmatchcase
-from functools import cached_property
+from fnmatch import fnmatchcase, translate
+from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
 from plangate import references
+from plangate._frozen import Frozen, cached
 from plangate.errors import PolicyError
 from plangate.graph import PlanGraph
 from plangate.plan import Plan, Step, canonical
@@ -44,8 +45,8 @@ POLICY_RULES: dict[str, str] = {
 }
 
 
-class _Rules(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+class _Rules(Frozen):
+    pass
 
 
 class StepMatch(_Rules):
@@ -58,7 +59,7 @@ class StepMatch(_Rules):
     resources: list[str] | None = None
 
     def matches(self, step: Step, tool: Tool | None, resource: str | None) -> bool:
-        if self.tools is not None and not any(fnmatchcase(step.tool, p) for p in self.tools):
+        if self.tools is not None and not _matches(self.tools, step.tool):
             return False
         if tool is None:
             return (
@@ -70,7 +71,7 @@ class StepMatch(_Rules):
             return False
         if self.external is not None and tool.external != self.external:
             return False
-        return self.resources is None or (resource is not None and _resource_match(resource, self.resources))
+        return self.resources is None or (resource is not None and _matches(self.resources, resource))
 
 
 class Role(_Rules):
@@ -101,7 +102,7 @@ class DenyRule(_Rules):
             raise ValueError(f"not a valid regular expression: {exc}") from None
         return value
 
-    @cached_property
+    @cached
     def regex(self) -> re.Pattern[str]:
         return re.compile(self.pattern)
 
@@ -186,7 +187,7 @@ class Policy(_Rules):
             raise PolicyError(f"cannot read policy {str(path)!r}: {exc}") from None
         return cls.from_yaml(text, source=str(path))
 
-    @cached_property
+    @cached
     def hash(self) -> str:
         """SHA-256 of the policy's canonical JSON form: recorded with every decision."""
         return hashlib.sha256(canonical(self.model_dump(mode="json")).encode()).hexdigest()
@@ -230,8 +231,14 @@ class PolicyDecision:
         }
 
 
-def _resource_match(resource: str, patterns: Sequence[str]) -> bool:
-    return any(fnmatchcase(resource, p) for p in patterns)
+def _matches(patterns: Sequence[str], value: str) -> bool:
+    """Whether ``value`` matches any of the shell-style ``patterns``."""
+    return _compiled(tuple(patterns)).match(value) is not None
+
+
+@lru_cache(maxsize=1024)
+def _compiled(patterns: tuple[str, ...]) -> re.Pattern[str]:
+    return re.compile("|".join(f"(?:{translate(p)})" for p in patterns) or "(?!)")
 
 
 def _resources_clash(a: str, b: str) -> bool:
@@ -304,10 +311,10 @@ class _Evaluation:
     def _role_rules(self, name: str, tools: list[Tool | None]) -> None:
         role = self.policy.roles[name]
         for step, tool in zip(self.plan.steps, tools, strict=True):
-            if not any(fnmatchcase(step.tool, p) for p in role.tools):
+            if not _matches(role.tools, step.tool):
                 self._flag("tool-not-allowed", f"role {name!r} may not use tool {step.tool!r}", step.id)
             elif tool is not None:
-                missing = [s for s in tool.scopes if not any(fnmatchcase(s, held) for held in role.scopes)]
+                missing = [s for s in tool.scopes if not _matches(role.scopes, s)]
                 if missing:
                     self._flag(
                         "missing-scope",
@@ -318,9 +325,9 @@ class _Evaluation:
     def _deny(self, resources: list[str | None]) -> None:
         for rule in self.policy.deny:
             for step, resource in zip(self.plan.steps, resources, strict=True):
-                if not any(fnmatchcase(step.tool, p) for p in rule.tools):
+                if not _matches(rule.tools, step.tool):
                     continue
-                if rule.resources is not None and (resource is None or not _resource_match(resource, rule.resources)):
+                if rule.resources is not None and (resource is None or not _matches(rule.resources, resource)):
                     continue
                 for where, text in self._matching_strings(step, rule):
                     why = rule.message or f"matches the denied pattern {rule.pattern!r}"
@@ -330,7 +337,7 @@ class _Evaluation:
     @staticmethod
     def _matching_strings(step: Step, rule: DenyRule) -> Iterator[tuple[str, str]]:
         for name, value in step.params.items():
-            if not any(fnmatchcase(name, p) for p in rule.params):
+            if not _matches(rule.params, name):
                 continue
             for loc, text in references.walk(value, (name,)):
                 if rule.regex.search(text):
@@ -379,9 +386,9 @@ class _Evaluation:
         """Human unless the category is cleared and nothing escalates; every reason is kept."""
         rules = self.policy.approval
         category = self.plan.category
-        if any(fnmatchcase(category, p) for p in rules.human):
+        if _matches(rules.human, category):
             self.reasons.append(f"category {category!r} always needs a person")
-        elif rules.default == "human" and not any(fnmatchcase(category, p) for p in rules.auto):
+        elif rules.default == "human" and not _matches(rules.auto, category):
             self.reasons.append(f"category {category!r} is not cleared for automatic approval")
         for step, tool in zip(self.plan.steps, tools, strict=True):
             if tool is not None and tool.effect in rules.escalate:

@@ -19,6 +19,7 @@ from plangate.errors import RefError
 # One token of a string: an escaped "$${", a "${...}" group, or a "${" never closed.
 _TOKEN = re.compile(r"\$\$\{|\$\{([^}]*)\}|\$\{")
 _BODY = re.compile(r"(\d{1,9})((?:\.[A-Za-z0-9_-]+)*)")
+_WHOLE = re.compile(r"\$\{(\d{1,9})((?:\.[A-Za-z0-9_-]+)*)\}")
 
 Loc = tuple[str | int, ...]
 
@@ -74,14 +75,13 @@ def _parse_body(body: str) -> Ref:
 
 def whole_ref(value: object) -> Ref | None:
     """The reference when ``value`` is a string made of exactly one reference."""
-    if isinstance(value, str) and value.startswith("${") and value.endswith("}"):
-        body = value[2:-1]
-        if "}" not in body and "${" not in body:
-            try:
-                return _parse_body(body)
-            except RefError:
-                return None
-    return None
+    if not isinstance(value, str):
+        return None
+    match = _WHOLE.fullmatch(value)
+    if match is None:
+        return None
+    path = match.group(2)
+    return Ref(int(match.group(1)), tuple(path[1:].split(".")) if path else ())
 
 
 def has_refs(value: str) -> bool:
@@ -103,19 +103,30 @@ def walk(value: Any, loc: Loc = ()) -> Iterator[tuple[Loc, str]]:
 
 def find(value: Any, loc: Loc = ()) -> Iterator[Found | tuple[Loc, RefError]]:
     """Every reference inside a JSON value, or the error for a malformed one."""
+    if isinstance(value, Mapping) and not loc:  # the usual case: a step's flat parameters
+        for key, item in value.items():
+            if isinstance(item, str):
+                if "${" in item:
+                    yield from _found((key,), item)
+            elif isinstance(item, Mapping | list):
+                yield from find(item, (key,))
+        return
     for here, text in walk(value, loc):
-        if not has_refs(text):
-            continue
-        ref = whole_ref(text)
-        if ref is not None:
-            yield Found(here, ref, whole=True)
-            continue
-        try:
-            found = scan(text)
-        except RefError as exc:
-            yield here, exc
-            continue
-        yield from (Found(here, r, whole=False) for r in found)
+        if "${" in text:
+            yield from _found(here, text)
+
+
+def _found(here: Loc, text: str) -> Iterator[Found | tuple[Loc, RefError]]:
+    ref = whole_ref(text)
+    if ref is not None:
+        yield Found(here, ref, whole=True)
+        return
+    try:
+        found = scan(text)
+    except RefError as exc:
+        yield here, exc
+        return
+    yield from (Found(here, r, whole=False) for r in found)
 
 
 def lookup(ref: Ref, outputs: Mapping[int, Any]) -> Any:

@@ -12,6 +12,7 @@ from typing import Any, Literal, TypeVar, get_args, get_type_hints, overload
 import pydantic_core
 from pydantic import BaseModel, ConfigDict, Field, PydanticUserError, TypeAdapter, ValidationError, create_model
 
+from plangate import _jsontypes as jt
 from plangate.errors import ParamsError, Problem, ToolDefinitionError
 from plangate.tools import _docstring
 from plangate.tools._context import RunContext
@@ -46,6 +47,8 @@ class Tool:
     ctx_param: str | None
     _params: type[BaseModel] = field(repr=False)
     _output: TypeAdapter[Any] = field(repr=False)
+    _resource_parts: tuple[tuple[str, str | None], ...] = field(default=(), repr=False)
+    _located: dict[tuple[str, tuple[str | int, ...]], jt.Located] = field(default_factory=dict, repr=False)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.fn(*args, **kwargs)
@@ -53,6 +56,23 @@ class Tool:
     @property
     def param_names(self) -> tuple[str, ...]:
         return tuple(self.params_schema.get("properties", {}))
+
+    def output_at(self, path: tuple[str, ...]) -> jt.Located:
+        """What ``path`` leads to in this tool's output schema (remembered: schemas never change)."""
+        return self._locate("output", self.output_schema, path)
+
+    def param_at(self, loc: tuple[str | int, ...]) -> jt.Located:
+        """What ``loc`` (a parameter, then keys or indices inside it) leads to in the parameter schema."""
+        return self._locate("params", self.params_schema, loc)
+
+    def _locate(self, side: str, schema: dict[str, Any], path: tuple[str | int, ...]) -> jt.Located:
+        key = (side, path)
+        found = self._located.get(key)
+        if found is None:
+            found = jt.locate(schema, schema, path)
+            if len(self._located) < 4096:
+                self._located[key] = found
+        return found
 
     def param_errors(self, params: Mapping[str, Any]) -> list[pydantic_core.ErrorDetails]:
         """Every way ``params`` (JSON values) fails the parameter schema; empty when valid."""
@@ -77,10 +97,10 @@ class Tool:
 
     def resource_for(self, params: Mapping[str, Any]) -> str | None:
         """The resource this call touches; ``*`` stands for a part not known before run time."""
-        if self.resource is None or "{" not in self.resource:
+        if not self._resource_parts:
             return self.resource
         parts: list[str] = []
-        for literal, name, _, _ in string.Formatter().parse(self.resource):
+        for literal, name in self._resource_parts:
             parts.append(literal)
             if name is not None:
                 value = params.get(name)
@@ -191,7 +211,7 @@ def _build(
     except (PydanticUserError, TypeError, ValueError) as exc:
         raise ToolDefinitionError(f"{where}: its types cannot be described as JSON Schema: {exc}") from None
     params_schema.pop("title", None)
-    _check_resource(resource, params_schema, where)
+    resource_parts = _resource_template(resource, params_schema, where)
     return Tool(
         name=tool_name,
         fn=fn,
@@ -210,6 +230,7 @@ def _build(
         ctx_param=ctx_param,
         _params=params_model,
         _output=output,
+        _resource_parts=resource_parts,
     )
 
 
@@ -244,13 +265,17 @@ def _signature(fn: Callable[..., Any], where: str, docs: Mapping[str, str]) -> t
     return model, ctx_param, hints["return"]
 
 
-def _check_resource(resource: str | None, params_schema: Mapping[str, Any], where: str) -> None:
-    if resource is None:
-        return
+def _resource_template(
+    resource: str | None, params_schema: Mapping[str, Any], where: str
+) -> tuple[tuple[str, str | None], ...]:
+    """``(literal text, parameter name)`` pairs of a ``{param}`` template; empty when there is none."""
+    if resource is None or "{" not in resource:
+        return ()
     try:
-        names = [n for _, n, _, _ in string.Formatter().parse(resource) if n is not None]
+        parts = tuple((literal, name) for literal, name, _, _ in string.Formatter().parse(resource))
     except ValueError as exc:
         raise ToolDefinitionError(f"{where}: resource {resource!r} is not a valid template: {exc}") from None
-    unknown = [n for n in names if n not in params_schema.get("properties", {})]
+    unknown = [n for _, n in parts if n is not None and n not in params_schema.get("properties", {})]
     if unknown:
         raise ToolDefinitionError(f"{where}: resource {resource!r} names unknown parameter(s) {unknown}")
+    return parts

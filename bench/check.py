@@ -1,0 +1,118 @@
+"""Benchmark: full check + policy of a 10-step plan with references.
+
+The baseline, measured in the same run, is a trivial rule in plain Python (every step's
+tool is on an allow-list), the floor any policy engine pays. The machines are shared and
+noisy, so the ratio matters more than the absolute time.
+
+Run: ``make bench`` (or ``python bench/check.py [--rounds N]``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from plangate import Catalogue, Plan, Policy, check
+
+ROOT = Path(__file__).resolve().parent.parent
+TARGET_US = 100.0
+
+
+def ten_step_plan(variant: int = 0) -> Plan:
+    """The plan; each ``variant`` differs in its values (so no cache keyed by text can help)."""
+    steps = [
+        {"id": 1, "tool": "get_invoice", "params": {"invoice_id": str(42 + variant)}, "expected_output": "object"},
+        {"id": 2, "tool": "lookup_customer", "params": {"customer_id": "${1.customer_id}"}},
+        {"id": 3, "tool": "get_invoice", "params": {"invoice_id": "43"}},
+        {"id": 4, "tool": "get_invoice", "params": {"invoice_id": "44"}},
+        {
+            "id": 5,
+            "tool": "issue_refund",
+            "params": {"invoice_id": "42", "amount": "${1.total}"},
+            "condition": f'${{1.status}} == "paid" and ${{1.total}} > {variant}',
+        },
+        {"id": 6, "tool": "issue_refund", "params": {"invoice_id": "43", "amount": "${3.total}"}},
+        {"id": 7, "tool": "lookup_customer", "params": {"customer_id": "${3.customer_id}"}},
+        {"id": 8, "tool": "void_refund", "params": {"refund_id": "${6.refund_id}"}},
+        {"id": 9, "tool": "issue_refund", "params": {"invoice_id": "44", "amount": "${4.total}"}},
+        {
+            "id": 10,
+            "tool": "send_email",
+            "params": {
+                "to": "${2.email}",
+                "subject": "Refund",
+                "body": "Dear ${2.name}, we refunded ${5.amount} ${1.currency}.",
+            },
+        },
+    ]
+    return Plan.parse(
+        {"task": "Refunds", "category": "refunds", "steps": [{"rationale": "needed", **s} for s in steps]}
+    )
+
+
+def per_call_us(fn: Callable[[object], object], make: Callable[[], object], rounds: int, batch: int) -> list[float]:
+    """Median-ready samples: each round times ``fn`` over ``batch`` inputs made before the clock starts."""
+    samples = []
+    for _ in range(rounds):
+        inputs = [make() for _ in range(batch)]
+        start = time.perf_counter()
+        for item in inputs:
+            fn(item)
+        samples.append((time.perf_counter() - start) / batch * 1e6)
+    return samples
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=30, help="timed rounds (the median is reported)")
+    parser.add_argument("--batch", type=int, default=200, help="calls per round")
+    args = parser.parse_args()
+
+    catalogue = Catalogue.from_module(ROOT / "examples" / "business.py")
+    policy = Policy.load(ROOT / "examples" / "policy.yaml")
+    plan = ten_step_plan()
+    assert check(plan, catalogue, policy, user="bob").ok
+    allowed = frozenset(catalogue.names)
+
+    def baseline(p: object) -> object:
+        return all(step.tool in allowed for step in plan.steps)
+
+    def full(p: object) -> object:
+        return check(p, catalogue, policy, user="bob")  # type: ignore[arg-type]
+
+    variants = itertools.count(1)
+
+    def fresh() -> Plan:
+        return ten_step_plan(next(variants))  # a new plan, new values: nothing cached from an earlier check
+
+    def fresh_text() -> str:
+        return ten_step_plan(next(variants)).canonical_json()
+
+    cases: list[tuple[str, Callable[[object], object], Callable[[], object]]] = [
+        ("check + policy (a freshly parsed Plan)", full, fresh),
+        ("parse + check + policy (JSON text)", full, fresh_text),
+        ("check + policy again (same Plan, analysis kept)", full, lambda: plan),
+    ]
+    per_call_us(baseline, lambda: None, 2, args.batch)
+    for _, fn, make in cases:  # warm up the interpreter and the catalogue's validators
+        per_call_us(fn, make, 2, args.batch)
+    base = statistics.median(per_call_us(baseline, lambda: None, args.rounds, args.batch * 10))
+    print(f"10-step plan with references and a condition; median of {args.rounds} rounds x {args.batch} calls")
+    print(f"{'baseline: trivial allow-list rule in plain Python':52} {base:9.2f} us      1x")
+    results = {}
+    for name, fn, make in cases:
+        results[name] = statistics.median(per_call_us(fn, make, args.rounds, args.batch))
+        print(f"{name:52} {results[name]:9.2f} us  {results[name] / base:5.0f}x baseline")
+    cold = results[cases[0][0]]
+    verdict = "meets" if cold < TARGET_US else "MISSES"
+    print(f"target: median under {TARGET_US:.0f} us for check + policy of a fresh 10-step plan: {verdict} it")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,144 @@
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from plangate import plan_json_schema
+from plangate.cli import main
+from tests.conftest import EXAMPLES, ROOT
+
+TOOLS = str(EXAMPLES / "business.py")
+POLICY = str(EXAMPLES / "policy.yaml")
+PLANS = EXAMPLES / "plans"
+
+
+def run(*args: str) -> tuple[int, str, str]:
+    result = CliRunner().invoke(main, list(args))
+    return result.exit_code, result.stdout, result.stderr
+
+
+def test_clean_plan_exits_0_with_a_one_line_summary() -> None:
+    code, out, err = run("check", str(PLANS / "refund.json"), "--tools", TOOLS)
+    assert code == 0 and err == ""
+    assert out.count("\n") == 1 and out.startswith("ok: plan ")
+    assert "passes the check (no policy given)" in out
+
+
+def test_violations_exit_1_one_line_each() -> None:
+    code, out, err = run("check", str(PLANS / "broken.json"), "--tools", TOOLS)
+    assert code == 1
+    lines = out.splitlines()
+    assert len(lines) == 9 and all(line.startswith("step ") for line in lines)
+    assert lines[0].startswith("step 1: unknown-tool: ")
+    assert err.startswith("rejected: 9 violations")
+
+
+def test_role_comes_from_the_user_or_the_flag() -> None:
+    cleanup = str(PLANS / "cleanup.json")
+    code, out, _ = run("check", cleanup, "--tools", TOOLS, "--policy", POLICY, "--as", "alice")
+    assert code == 1 and "tool-not-allowed" in out
+    code, out, _ = run("check", cleanup, "--tools", TOOLS, "--policy", POLICY, "--as", "alice", "--role", "operator")
+    assert code == 1 and "tool-not-allowed" not in out
+    code, out, _ = run("check", cleanup, "--tools", TOOLS, "--policy", POLICY)
+    assert "plan: unknown-role: the requester has no role" in out
+
+
+def test_json_output() -> None:
+    code, out, _ = run(
+        "check", str(PLANS / "refund.json"), "--tools", TOOLS, "--policy", POLICY, "--as", "alice", "--json"
+    )
+    data = json.loads(out)
+    assert code == 0 and data["ok"] is True
+    assert data["policy"]["approval"] == "human"
+    assert data["policy"]["required_approvals"] == ["privacy-officer"]
+    assert len(data["plan_hash"]) == 64 and data["summary"].startswith("ok:")
+    code, out, _ = run("check", str(PLANS / "broken.json"), "--tools", TOOLS, "--json")
+    data = json.loads(out)
+    assert code == 1 and data["violations"][0] == {
+        "rule": "unknown-tool",
+        "step": 1,
+        "source": "check",
+        "message": "no tool named 'get_invoce' in the catalogue; did you mean 'get_invoice'?",
+    }
+
+
+@pytest.mark.parametrize(
+    ("content", "args", "message"),
+    [
+        (None, [], "cannot read"),
+        ('{"task": ', [], "not JSON: line 1 column 10"),
+        ('{"task": "t", "category": "c", "steps": [{"id": 1}]}', [], "not a valid plan:\n  steps[0].tool: required"),
+        ("[]", [], "not a valid plan"),
+        (
+            '{"task": "t", "category": "c", "steps": [{"id": 1, "tool": "x", "rationale": "r"}]}',
+            ["--policy", "nope.yaml"],
+            "cannot read policy 'nope.yaml'",
+        ),
+    ],
+)
+def test_unreadable_input_exits_2_with_a_plain_message(
+    tmp_path: Path, content: str | None, args: list[str], message: str
+) -> None:
+    plan = tmp_path / "plan.json"
+    if content is not None:
+        plan.write_text(content)
+    code, out, err = run("check", str(plan), "--tools", TOOLS, *args)
+    assert code == 2 and out == ""
+    assert err.startswith("plangate: ") and message in err
+    assert "Traceback" not in err
+
+
+def test_bad_policy_and_bad_tools_exit_2(tmp_path: Path) -> None:
+    bad_policy = tmp_path / "policy.yaml"
+    bad_policy.write_text("version: 1\nname: x\nlimits: {max_steps: many}\n")
+    code, _, err = run("check", str(PLANS / "refund.json"), "--tools", TOOLS, "--policy", str(bad_policy))
+    assert code == 2 and "limits.max_steps: Input should be a valid integer" in err
+    code, _, err = run("check", str(PLANS / "refund.json"), "--tools", "no.such.module")
+    assert code == 2 and "cannot import tools module 'no.such.module'" in err
+
+
+def test_schema_tools_and_rules() -> None:
+    code, out, _ = run("schema")
+    assert code == 0 and json.loads(out) == plan_json_schema()
+    code, out, _ = run("tools", "--tools", TOOLS)
+    assert code == 0 and out.splitlines()[0].split() == ["TOOL", "EFFECT", "IDEMPOTENT", "EXTERNAL", "SCOPES", "PARAMS"]
+    assert any(line.startswith("send_email       irreversible") for line in out.splitlines())
+    code, out, _ = run("tools", "--tools", TOOLS, "--json")
+    assert code == 0 and json.loads(out)[0]["name"] == "get_invoice"
+    code, out, _ = run("rules")
+    assert code == 0 and "unknown-tool" in out and "resource-conflict" in out
+
+
+@pytest.mark.parametrize("command", [[], ["check"], ["schema"], ["tools"], ["rules"]])
+def test_every_command_has_help(command: list[str]) -> None:
+    code, out, _ = run(*command, "--help")
+    assert code == 0 and out.startswith("Usage: ")
+
+
+def test_the_installed_entry_point_runs(tmp_path: Path) -> None:
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    done = subprocess.run(["plangate", "--version"], capture_output=True, text=True, env=env, check=False)
+    assert done.returncode == 0 and done.stdout.startswith("plangate, version ")
+    done = subprocess.run(
+        [sys.executable, "-m", "plangate", "check", str(PLANS / "broken.json"), "--tools", TOOLS],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        check=False,
+    )
+    assert done.returncode == 1 and done.stdout.startswith("step 1: unknown-tool")
+
+
+def test_the_demo_runs_every_gate() -> None:
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    done = subprocess.run(["bash", "examples/demo.sh"], cwd=ROOT, capture_output=True, text=True, env=env, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.count("(exit 0)") == 2
+    assert done.stdout.count("(exit 1)") == 2
+    assert done.stdout.count("(exit 2)") == 1

@@ -1,0 +1,254 @@
+from __future__ import annotations
+
+import textwrap
+from typing import Any
+
+import pytest
+
+from plangate import POLICY_RULES, Catalogue, Plan, Policy, PolicyError, tool
+from tests.conftest import EXAMPLES
+
+
+@tool(tags=["pii"], scopes=["crm:read"])
+def read_person(person_id: str) -> dict[str, str]:
+    return {}
+
+
+@tool(effect="irreversible", external=True, scopes=["mail:send"])
+def mail(to: str, body: str) -> str:
+    return ""
+
+
+@tool(effect="write", resource="row:{key}", scopes=["db:write"])
+def put(key: str, value: str) -> None:
+    return None
+
+
+@tool(effect="write", resource="db:prod", scopes=["db:admin"])
+def sql(query: str, options: dict[str, str] = {}) -> None:  # noqa: B006 - a JSON default, never mutated
+    return None
+
+
+@tool
+def ping() -> bool:
+    return True
+
+
+CAT = Catalogue([read_person, mail, put, sql, ping])
+
+
+def policy(body: str = "") -> Policy:
+    return Policy.from_yaml("version: 1\nname: test\n" + textwrap.dedent(body))
+
+
+def plan(*steps: dict[str, Any], category: str = "c") -> Plan:
+    return Plan.parse({"task": "t", "category": category, "steps": [{"rationale": "r", **s} for s in steps]})
+
+
+def hits(decision: Any) -> list[tuple[int | None, str]]:
+    return [(v.step, v.rule) for v in decision.violations]
+
+
+def test_limits() -> None:
+    p = policy("limits: {max_steps: 2, max_external_calls: 1}\n")
+    decision = p.evaluate(
+        plan(
+            {"id": 1, "tool": "mail", "params": {"to": "a", "body": "b"}},
+            {"id": 2, "tool": "mail", "params": {"to": "a", "body": "${1}"}},
+            {"id": 3, "tool": "ping"},
+        ),
+        CAT,
+    )
+    assert hits(decision) == [(None, "max-steps"), (None, "max-external-calls")]
+    assert "2 steps call outside (steps 1, 2); the limit is 1" in decision.violations[1].message
+
+
+def test_roles_allow_tools_and_scopes() -> None:
+    p = policy("""
+        roles:
+          support: {tools: ["read_*", "mail", "ping"], scopes: ["crm:*"]}
+          admin: {tools: ["*"], scopes: ["*"]}
+        users: {alice: support}
+        """)
+    steps = (
+        {"id": 1, "tool": "read_person", "params": {"person_id": "p"}},
+        {"id": 2, "tool": "mail", "params": {"to": "a", "body": "b"}},
+        {"id": 3, "tool": "sql", "params": {"query": "select 1"}},
+    )
+    alice = p.evaluate(plan(*steps), CAT, user="alice")
+    assert hits(alice) == [(2, "missing-scope"), (3, "tool-not-allowed")]
+    assert alice.role == "support"
+    assert "needs scope mail:send, which role 'support' does not hold" in alice.violations[0].message
+    assert hits(p.evaluate(plan(*steps), CAT, user="alice", role="admin")) == []
+    assert hits(p.evaluate(plan(*steps), CAT, user="mallory")) == [(None, "unknown-role")]
+    assert hits(p.evaluate(plan(*steps), CAT, role="root")) == [(None, "unknown-role")]
+
+
+def test_default_role_and_no_roles_at_all() -> None:
+    p = policy("roles: {viewer: {tools: [ping]}}\ndefault_role: viewer\n")
+    assert hits(p.evaluate(plan({"id": 1, "tool": "mail", "params": {"to": "a", "body": "b"}}), CAT)) == [
+        (1, "tool-not-allowed")
+    ]
+    assert hits(policy().evaluate(plan({"id": 1, "tool": "mail", "params": {"to": "a", "body": "b"}}), CAT)) == []
+
+
+def test_deny_patterns_look_into_nested_values_and_match_resources() -> None:
+    p = policy(r"""
+        deny:
+          - name: no-delete
+            tools: [sql]
+            resources: ["db:prod*"]
+            params: [query, options]
+            pattern: "(?i)\\bdelete\\b"
+        """)
+    decision = p.evaluate(
+        plan(
+            {"id": 1, "tool": "sql", "params": {"query": "DELETE FROM t"}},
+            {
+                "id": 2,
+                "tool": "sql",
+                "params": {"query": "select 1", "options": {"after": "delete from x"}},
+                "condition": "${1} == null",
+            },
+            {"id": 3, "tool": "sql", "params": {"query": "select 'deleted'"}, "condition": "${2} == null"},
+        ),
+        CAT,
+    )
+    assert hits(decision) == [(1, "deny:no-delete"), (2, "deny:no-delete")]
+    assert "param 'options.after' matches the denied pattern" in decision.violations[1].message
+
+
+def test_resource_conflicts_need_an_order() -> None:
+    p = policy()
+    clash = p.evaluate(
+        plan(
+            {"id": 1, "tool": "put", "params": {"key": "a", "value": "1"}},
+            {"id": 2, "tool": "put", "params": {"key": "a", "value": "2"}},
+            {"id": 3, "tool": "put", "params": {"key": "b", "value": "3"}},
+            {"id": 4, "tool": "put", "params": {"key": "${9.k}", "value": "4"}},
+            {"id": 9, "tool": "ping"},
+        ),
+        CAT,
+    )
+    assert hits(clash) == [
+        (2, "resource-conflict"),
+        (4, "resource-conflict"),
+        (4, "resource-conflict"),
+        (4, "resource-conflict"),
+    ]
+    ordered = p.evaluate(
+        plan(
+            {"id": 1, "tool": "put", "params": {"key": "a", "value": "1"}},
+            {"id": 2, "tool": "put", "params": {"key": "a", "value": "after ${1}"}},
+        ),
+        CAT,
+    )
+    assert hits(ordered) == []
+    assert (
+        hits(
+            policy("resources: {exclusive_writes: false}").evaluate(
+                plan(
+                    {"id": 1, "tool": "put", "params": {"key": "a", "value": "1"}},
+                    {"id": 2, "tool": "put", "params": {"key": "a", "value": "2"}},
+                ),
+                CAT,
+            )
+        )
+        == []
+    )
+
+
+SEQUENCE = """
+sequences:
+  - name: pii-out
+    after: {tags: [pii]}
+    forbid: {external: true}
+    scope: %s
+"""
+
+
+def test_sequence_rules_by_order_or_by_data_flow() -> None:
+    steps = (
+        {"id": 1, "tool": "read_person", "params": {"person_id": "p"}},
+        {"id": 2, "tool": "mail", "params": {"to": "boss", "body": "hello"}},
+        {"id": 3, "tool": "mail", "params": {"to": "${1.email}", "body": "hi"}},
+        {"id": 4, "tool": "mail", "params": {"to": "x", "body": "y"}},
+    )
+    by_order = policy(SEQUENCE % "order").evaluate(plan(*steps), CAT)
+    assert hits(by_order) == [(2, "sequence:pii-out"), (3, "sequence:pii-out"), (4, "sequence:pii-out")]
+    by_flow = policy(SEQUENCE % "dataflow").evaluate(plan(*steps), CAT)
+    assert hits(by_flow) == [(3, "sequence:pii-out")]
+    assert by_flow.violations[0].message == "step 3 (mail) uses the output of step(s) 1"
+
+
+def test_sequence_rules_can_require_a_named_approval() -> None:
+    p = policy(SEQUENCE % "dataflow" + "    unless_approved_by: privacy\n")
+    decision = p.evaluate(
+        plan(
+            {"id": 1, "tool": "read_person", "params": {"person_id": "p"}},
+            {"id": 2, "tool": "mail", "params": {"to": "${1.email}", "body": "hi"}},
+        ),
+        CAT,
+    )
+    assert hits(decision) == []
+    assert decision.required_approvals == ("privacy",) and decision.approval == "human"
+    assert any("needs approval by 'privacy'" in r for r in decision.reasons)
+
+
+@pytest.mark.parametrize(
+    ("rules", "category", "steps", "approval"),
+    [
+        ("approval: {auto: [lookups]}", "lookups", [{"id": 1, "tool": "ping"}], "auto"),
+        ("approval: {auto: ['look*']}", "lookups", [{"id": 1, "tool": "ping"}], "auto"),
+        ("approval: {auto: [lookups]}", "refunds", [{"id": 1, "tool": "ping"}], "human"),
+        ("approval: {auto: ['*'], human: [refunds]}", "refunds", [{"id": 1, "tool": "ping"}], "human"),
+        ("approval: {default: auto}", "anything", [{"id": 1, "tool": "ping"}], "auto"),
+        ("approval: {default: auto}", "x", [{"id": 1, "tool": "mail", "params": {"to": "a", "body": "b"}}], "human"),
+        (
+            "approval: {default: auto, escalate: []}",
+            "x",
+            [{"id": 1, "tool": "mail", "params": {"to": "a", "body": "b"}}],
+            "auto",
+        ),
+    ],
+)
+def test_approval_decision(rules: str, category: str, steps: list[dict[str, Any]], approval: str) -> None:
+    decision = policy(rules).evaluate(plan(*steps, category=category), CAT)
+    assert decision.approval == approval
+    assert decision.reasons, "every decision says why"
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("version: 1\nname: x\nlimits: {max_step: 3}\n", "limits.max_step: not a known field"),
+        ("version: 2\nname: x\n", "version: Input should be 1"),
+        ("name: x\n", "version: required, but missing"),
+        ("version: 1\nname: x\nroles: {a: {}}\nusers: {bob: b}\n", "user 'bob' has role 'b'"),
+        ("version: 1\nname: x\ndefault_role: z\n", "default_role 'z'"),
+        ("version: 1\nname: x\ndeny: [{name: a, pattern: '('}]\n", "not a valid regular expression"),
+        ("version: 1\nname: x\ndeny: [{name: a, pattern: x}, {name: a, pattern: y}]\n", "repeated: a"),
+        ("version: 1\nname: x\napproval: {escalate: [explode]}\n", "approval.escalate[0]"),
+        ("[1, 2]", "a policy is a mapping"),
+        ("version: 1\n  name: : x", "not valid YAML"),
+    ],
+)
+def test_bad_policies_fail_clearly(text: str, message: str) -> None:
+    with pytest.raises(PolicyError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        Policy.from_yaml(text)
+
+
+def test_policy_files(tmp_path: Any) -> None:
+    loaded = Policy.load(EXAMPLES / "policy.yaml")
+    assert loaded.name == "example-business" and loaded.revision == "2026-11-29"
+    assert len(loaded.hash) == 64
+    with pytest.raises(PolicyError, match="cannot read policy"):
+        Policy.load(tmp_path / "missing.yaml")
+    changed = loaded.model_copy(update={"revision": "next"})
+    assert changed.hash != loaded.hash
+
+
+def test_policy_rule_names_are_documented() -> None:
+    doc = (EXAMPLES.parent / "docs" / "policy.md").read_text()
+    for name in POLICY_RULES:
+        assert f"`{name}`" in doc, name
