@@ -10,6 +10,7 @@ Run: ``make bench`` (or ``python bench/check.py [--rounds N]``).
 from __future__ import annotations
 
 import argparse
+import gc
 import itertools
 import statistics
 import sys
@@ -60,10 +61,15 @@ def per_call_us(fn: Callable[[object], object], make: Callable[[], object], roun
     samples = []
     for _ in range(rounds):
         inputs = [make() for _ in range(batch)]
-        start = time.perf_counter()
-        for item in inputs:
-            fn(item)
-        samples.append((time.perf_counter() - start) / batch * 1e6)
+        gc.collect()
+        gc.disable()  # as timeit does: collector pauses are the host's noise, not the checker's cost
+        try:
+            start = time.perf_counter()
+            for item in inputs:
+                fn(item)
+            samples.append((time.perf_counter() - start) / batch * 1e6)
+        finally:
+            gc.enable()
     return samples
 
 
@@ -103,6 +109,7 @@ def main() -> int:
         per_call_us(fn, make, 2, args.batch)
     base = statistics.median(per_call_us(baseline, lambda: None, args.rounds, args.batch * 10))
     print(f"10-step plan with references and a condition; median of {args.rounds} rounds x {args.batch} calls")
+    print("(the garbage collector is paused while timing, as timeit does)")
     print(f"{'baseline: trivial allow-list rule in plain Python':52} {base:9.2f} us      1x")
     results = {}
     for name, fn, make in cases:

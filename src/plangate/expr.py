@@ -26,7 +26,7 @@ import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any
+from typing import Any, NamedTuple
 
 from plangate.errors import ConditionError, RefError
 from plangate.references import Ref, _parse_body
@@ -48,36 +48,30 @@ _KEYWORDS = {"and", "or", "not", "in", "true", "false", "null"}
 _ESCAPES = {"n": "\n", "t": "\t", "\\": "\\", '"': '"', "'": "'"}
 
 
-@dataclass(frozen=True, slots=True)
-class _Tok:
+class _Tok(NamedTuple):
     kind: str
     text: str
     col: int
 
 
-@dataclass(frozen=True, slots=True)
-class Literal:
+class Literal(NamedTuple):
     value: Any
 
 
-@dataclass(frozen=True, slots=True)
-class RefNode:
+class RefNode(NamedTuple):
     ref: Ref
 
 
-@dataclass(frozen=True, slots=True)
-class ListNode:
+class ListNode(NamedTuple):
     items: tuple[Node, ...]
 
 
-@dataclass(frozen=True, slots=True)
-class Unary:
+class Unary(NamedTuple):
     op: str
     operand: Node
 
 
-@dataclass(frozen=True, slots=True)
-class Binary:
+class Binary(NamedTuple):
     op: str
     left: Node
     right: Node

@@ -12,7 +12,7 @@ import hashlib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from pydantic import ConfigDict, Field, JsonValue, ValidationError, model_validator
 
@@ -42,8 +42,7 @@ LIMITS = Limits()
 EXPECTED_OUTPUT_PATTERN = r"^(any|(" + "|".join(JSON_TYPES) + r")(\|(" + "|".join(JSON_TYPES) + r"))*)$"
 
 
-@dataclass(frozen=True, kw_only=True)
-class StepRefs:
+class StepRefs(NamedTuple):
     """What a step's references and condition say, worked out once per step."""
 
     params: tuple[references.Found, ...] = ()
@@ -208,20 +207,35 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not a JSON number")
 
 
-def _check_size(data: Any) -> None:
-    """Enforce depth and string-length limits without recursion (deep input cannot crash us)."""
-    stack: list[tuple[Any, int]] = [(data, 0)]
-    while stack:
-        value, depth = stack.pop()
-        if depth > LIMITS.max_depth:
-            raise PlanError(f"the plan is nested deeper than {LIMITS.max_depth} levels")
-        if isinstance(value, str) and len(value) > LIMITS.max_string:
-            raise PlanError(f"a string of {len(value)} characters is over the limit of {LIMITS.max_string}")
-        if isinstance(value, Mapping):
-            stack.extend((v, depth + 1) for v in value.values())
-            stack.extend((k, depth + 1) for k in value)
-        elif isinstance(value, list | tuple):
-            stack.extend((v, depth + 1) for v in value)
+def _check_size(value: Any, depth: int = 0) -> None:
+    """Enforce the depth and string-length limits.
+
+    Recursion stops at ``max_depth`` levels, so even input nested a million deep cannot
+    exhaust the stack.
+    """
+    if isinstance(value, str):
+        _check_string(value)
+        return
+    if not isinstance(value, dict | list | tuple):
+        return
+    if depth >= LIMITS.max_depth:
+        raise PlanError(f"the plan is nested deeper than {LIMITS.max_depth} levels")
+    if isinstance(value, dict):
+        for key in value:
+            _check_string(key)
+        value = value.values()
+    for item in value:
+        kind = type(item)
+        if kind is str:
+            if len(item) > LIMITS.max_string:
+                _check_string(item)
+        elif kind is dict or kind is list or isinstance(item, dict | list | tuple):
+            _check_size(item, depth + 1)
+
+
+def _check_string(text: object) -> None:
+    if isinstance(text, str) and len(text) > LIMITS.max_string:
+        raise PlanError(f"a string of {len(text)} characters is over the limit of {LIMITS.max_string}")
 
 
 def _plan_problems(data: Any, exc: ValidationError) -> list[Problem]:

@@ -11,7 +11,7 @@ import hashlib
 import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from fnmatch import fnmatchcase, translate
+from fnmatch import fnmatchcase
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal
@@ -52,20 +52,34 @@ class _Rules(Frozen):
 class StepMatch(_Rules):
     """Which steps a rule is about; every field given must hold."""
 
-    tools: list[str] | None = None
-    tags: list[str] | None = None
-    effects: list[Effect] | None = None
+    tools: tuple[str, ...] | None = None
+    tags: tuple[str, ...] | None = None
+    effects: tuple[Effect, ...] | None = None
     external: bool | None = None
-    resources: list[str] | None = None
+    resources: tuple[str, ...] | None = None
+
+    @cached
+    def answers(self) -> dict[tuple[str, Tool | None, str | None], bool]:
+        """Answers already given: a matcher sees the same few tools over and over."""
+        return {}
 
     def matches(self, step: Step, tool: Tool | None, resource: str | None) -> bool:
+        key = (step.tool, tool, resource)
+        answer = self.answers.get(key)
+        if answer is None:
+            answer = self._matches(step, tool, resource)
+            if len(self.answers) < 4096:
+                self.answers[key] = answer
+        return answer
+
+    def _matches(self, step: Step, tool: Tool | None, resource: str | None) -> bool:
         if self.tools is not None and not _matches(self.tools, step.tool):
             return False
         if tool is None:
             return (
                 self.tools is not None and not (self.tags or self.effects or self.resources) and self.external is None
             )
-        if self.tags is not None and not set(self.tags) & set(tool.tags):
+        if self.tags is not None and not any(tag in tool.tags for tag in self.tags):
             return False
         if self.effects is not None and tool.effect not in self.effects:
             return False
@@ -75,8 +89,8 @@ class StepMatch(_Rules):
 
 
 class Role(_Rules):
-    tools: list[str] = Field(default_factory=lambda: ["*"], description="Tool name patterns this role may use.")
-    scopes: list[str] = Field(default_factory=list, description="Scopes held; patterns such as 'invoices:*'.")
+    tools: tuple[str, ...] = Field(default=("*",), description="Tool name patterns this role may use.")
+    scopes: tuple[str, ...] = Field(default=(), description="Scopes held; patterns such as 'invoices:*'.")
     description: str | None = None
 
 
@@ -89,9 +103,9 @@ class DenyRule(_Rules):
     name: str = Field(pattern=RULE_NAME)
     pattern: str
     message: str | None = None
-    tools: list[str] = Field(default_factory=lambda: ["*"])
-    params: list[str] = Field(default_factory=lambda: ["*"])
-    resources: list[str] | None = None
+    tools: tuple[str, ...] = ("*",)
+    params: tuple[str, ...] = ("*",)
+    resources: tuple[str, ...] | None = None
 
     @field_validator("pattern")
     @classmethod
@@ -122,11 +136,9 @@ class ResourceRules(_Rules):
 
 class ApprovalRules(_Rules):
     default: Approval = "human"
-    auto: list[str] = Field(default_factory=list, description="Categories that may be approved automatically.")
-    human: list[str] = Field(default_factory=list, description="Categories that always need a person.")
-    escalate: list[Effect] = Field(
-        default_factory=lambda: list[Effect](["irreversible"]), description="Effects that always need a person."
-    )
+    auto: tuple[str, ...] = Field(default=(), description="Categories that may be approved automatically.")
+    human: tuple[str, ...] = Field(default=(), description="Categories that always need a person.")
+    escalate: tuple[Effect, ...] = Field(default=("irreversible",), description="Effects that always need a person.")
 
 
 class Policy(_Rules):
@@ -231,14 +243,10 @@ class PolicyDecision:
         }
 
 
-def _matches(patterns: Sequence[str], value: str) -> bool:
-    """Whether ``value`` matches any of the shell-style ``patterns``."""
-    return _compiled(tuple(patterns)).match(value) is not None
-
-
-@lru_cache(maxsize=1024)
-def _compiled(patterns: tuple[str, ...]) -> re.Pattern[str]:
-    return re.compile("|".join(f"(?:{translate(p)})" for p in patterns) or "(?!)")
+@lru_cache(maxsize=65536)
+def _matches(patterns: tuple[str, ...], value: str) -> bool:
+    """Whether ``value`` matches any of the shell-style ``patterns`` (answers are remembered)."""
+    return any(fnmatchcase(value, pattern) for pattern in patterns)
 
 
 def _resources_clash(a: str, b: str) -> bool:
@@ -362,16 +370,17 @@ class _Evaluation:
     def _sequences(self, tools: list[Tool | None], resources: list[str | None]) -> None:
         rows = list(zip(self.plan.steps, tools, resources, strict=True))
         for rule in self.policy.sequences:
-            firsts = [s.id for s, t, r in rows if rule.after.matches(s, t, r)]
-            for position, (step, tool, resource) in enumerate(rows):
-                if not firsts or not rule.forbid.matches(step, tool, resource):
-                    continue
-                before = {s.id for s, _, _ in rows[:position]}
-                if rule.scope == "dataflow":
-                    before &= self.graph.ancestors.get(step.id, frozenset())
-                culprits = [f for f in firsts if f in before]
-                if culprits:
-                    self._sequence_hit(rule, step, culprits)
+            seen: list[int] = []  # earlier steps that match the rule's `after`
+            for step, tool, resource in rows:
+                if seen and rule.forbid.matches(step, tool, resource):
+                    culprits = seen
+                    if rule.scope == "dataflow":
+                        ancestors = self.graph.ancestors.get(step.id, frozenset())
+                        culprits = [s for s in seen if s in ancestors]
+                    if culprits:
+                        self._sequence_hit(rule, step, culprits)
+                if rule.after.matches(step, tool, resource):
+                    seen.append(step.id)
 
     def _sequence_hit(self, rule: SequenceRule, step: Step, culprits: list[int]) -> None:
         link = "uses the output of" if rule.scope == "dataflow" else "comes after"
