@@ -12,7 +12,16 @@ Three families, so callers can tell a mistake from a failure from a signal::
     │   ├── ParamsError            tool parameters that do not fit the tool's schema
     │   ├── ReferenceError_        a ``${N.path}`` reference that cannot be resolved
     │   └── ConditionError         a condition that does not parse or cannot be evaluated
-    └── (run failures and control-flow signals join here with the engine)
+    ├── GovernanceError            a request that breaks a governance rule (nothing was done)
+    │   ├── NotFoundError          no plan with that id
+    │   ├── StateError             the plan is not in a state that allows this
+    │   ├── StaleHashError         an approval for a version that is no longer current
+    │   └── SelfApprovalError      the requester (or the author of the version) approving it
+    └── StoreError                 the store cannot be opened, or is of a newer schema
+
+Run failures (a tool raising, an output of the wrong type) are not raised: the engine
+records them and halts, and ``Runtime.execute`` returns a halted result that says which
+step, why, and what to do next.
 
 Exceptions never log and never do I/O: they carry data, callers decide what to show.
 """
@@ -92,3 +101,27 @@ class ConditionError(InputError):
         self.column = column
         where = f"at column {column}: " if column is not None else ""
         super().__init__(f"{where}{message}")
+
+
+class GovernanceError(PlangateError):
+    """A request that breaks a governance rule; it was refused and nothing changed."""
+
+
+class NotFoundError(GovernanceError, LookupError):
+    """No plan (or run) with that id."""
+
+
+class StateError(GovernanceError):
+    """The plan is not in a state that allows the request (executing an unapproved plan...)."""
+
+
+class StaleHashError(GovernanceError):
+    """An approval names a plan hash that is not the current version's."""
+
+
+class SelfApprovalError(GovernanceError):
+    """The requester, or the author of the current version, tried to approve it."""
+
+
+class StoreError(PlangateError):
+    """The store cannot be opened or used (a bad URL, a newer schema, a locked file)."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 from functools import lru_cache
@@ -204,6 +204,14 @@ class Policy(_Rules):
         """SHA-256 of the policy's canonical JSON form: recorded with every decision."""
         return hashlib.sha256(canonical(self.model_dump(mode="json")).encode()).hexdigest()
 
+    def call_violations(self, step: Step, tool: Tool, params: Mapping[str, Any]) -> list[Violation]:
+        """The deny rules held against a step's parameters as resolved just before the call.
+
+        At check time a reference's value is unknown; the engine calls this with the
+        values references brought in, so a denied pattern cannot slip in through them.
+        """
+        return list(_denied(self.deny, step, params, tool.resource_for(params)))
+
     def evaluate(
         self,
         plan: Plan,
@@ -331,25 +339,8 @@ class _Evaluation:
                     )
 
     def _deny(self, resources: list[str | None]) -> None:
-        for rule in self.policy.deny:
-            for step, resource in zip(self.plan.steps, resources, strict=True):
-                if not _matches(rule.tools, step.tool):
-                    continue
-                if rule.resources is not None and (resource is None or not _matches(rule.resources, resource)):
-                    continue
-                for where, text in self._matching_strings(step, rule):
-                    why = rule.message or f"matches the denied pattern {rule.pattern!r}"
-                    self._flag(f"deny:{rule.name}", f"param {where!r} {why} (value {_short(text)})", step.id)
-                    break
-
-    @staticmethod
-    def _matching_strings(step: Step, rule: DenyRule) -> Iterator[tuple[str, str]]:
-        for name, value in step.params.items():
-            if not _matches(rule.params, name):
-                continue
-            for loc, text in references.walk(value, (name,)):
-                if rule.regex.search(text):
-                    yield ".".join(str(part) for part in loc), text
+        for step, resource in zip(self.plan.steps, resources, strict=True):
+            self.violations.extend(_denied(self.policy.deny, step, step.params, resource))
 
     def _resource_conflicts(self, tools: list[Tool | None], resources: list[str | None]) -> None:
         writers = [
@@ -406,6 +397,26 @@ class _Evaluation:
             return "human"
         self.reasons.append(f"category {category!r} is cleared for automatic approval")
         return "auto"
+
+
+def _denied(
+    rules: Sequence[DenyRule], step: Step, params: Mapping[str, Any], resource: str | None
+) -> Iterator[Violation]:
+    for rule in rules:
+        if not _matches(rule.tools, step.tool):
+            continue
+        if rule.resources is not None and (resource is None or not _matches(rule.resources, resource)):
+            continue
+        for name, value in params.items():
+            if not _matches(rule.params, name):
+                continue
+            hit = next(((loc, text) for loc, text in references.walk(value, (name,)) if rule.regex.search(text)), None)
+            if hit is not None:
+                where = ".".join(str(part) for part in hit[0])
+                why = rule.message or f"matches the denied pattern {rule.pattern!r}"
+                message = f"param {where!r} {why} (value {_short(hit[1])})"
+                yield Violation(rule=f"deny:{rule.name}", message=message, step=step.id, source="policy")
+                break
 
 
 def _ids(ids: Sequence[int]) -> str:

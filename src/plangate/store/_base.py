@@ -1,0 +1,96 @@
+"""The storage interface: one transactional store for plans, approvals, runs and the audit log."""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Iterator
+from contextlib import AbstractContextManager
+from typing import Any
+
+from plangate.audit import AuditReport
+from plangate.store._records import ApprovalRow, Event, PlanRow, StepRow, VersionRow
+
+
+class Store(abc.ABC):
+    """Everything plangate keeps. Writes happen inside :meth:`transaction`; each one is atomic.
+
+    Backends: SQLite (embedded, the default) and, later, PostgreSQL. Both implement this
+    interface; nothing outside ``plangate.store`` knows which one it talks to.
+    """
+
+    url: str
+
+    @abc.abstractmethod
+    def transaction(self) -> AbstractContextManager[None]:
+        """One atomic, durable unit of writes (nested calls join the outer one)."""
+
+    # -- writes (inside a transaction) ---------------------------------------------------
+    @abc.abstractmethod
+    def insert_plan(self, row: PlanRow) -> None: ...
+
+    @abc.abstractmethod
+    def update_plan(self, plan_id: str, **fields: Any) -> None: ...
+
+    @abc.abstractmethod
+    def insert_version(self, row: VersionRow) -> None: ...
+
+    @abc.abstractmethod
+    def insert_approval(self, row: ApprovalRow) -> None: ...
+
+    @abc.abstractmethod
+    def void_approvals(self, plan_id: str) -> int:
+        """Void every standing approval of the plan; return how many."""
+
+    @abc.abstractmethod
+    def put_step(self, row: StepRow) -> None:
+        """Insert or replace the record of one step."""
+
+    @abc.abstractmethod
+    def save_policy(self, policy_hash: str, name: str, body: str) -> None: ...
+
+    @abc.abstractmethod
+    def append_event(
+        self,
+        *,
+        plan_id: str | None,
+        version: int | None,
+        step_id: int | None,
+        kind: str,
+        actor: str,
+        at: str,
+        data: dict[str, Any],
+    ) -> Event:
+        """Append one event to the hash-chained audit log."""
+
+    # -- reads ---------------------------------------------------------------------------
+    @abc.abstractmethod
+    def get_plan(self, plan_id: str) -> PlanRow | None: ...
+
+    @abc.abstractmethod
+    def find_plans(self, prefix: str) -> list[str]:
+        """Ids that start with ``prefix`` (for short ids typed by people)."""
+
+    @abc.abstractmethod
+    def list_plans(self, status: str | None = None, limit: int = 100) -> list[PlanRow]: ...
+
+    @abc.abstractmethod
+    def get_version(self, plan_id: str, version: int) -> VersionRow | None: ...
+
+    @abc.abstractmethod
+    def approvals(self, plan_id: str, version: int | None = None) -> list[ApprovalRow]: ...
+
+    @abc.abstractmethod
+    def steps(self, plan_id: str) -> dict[int, StepRow]: ...
+
+    @abc.abstractmethod
+    def events(self, plan_id: str | None = None) -> Iterator[Event]:
+        """Events in order: of one plan, or the whole log."""
+
+    @abc.abstractmethod
+    def policy_text(self, policy_hash: str) -> str | None: ...
+
+    @abc.abstractmethod
+    def verify_audit(self) -> AuditReport: ...
+
+    @abc.abstractmethod
+    def close(self) -> None: ...

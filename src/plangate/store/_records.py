@@ -1,0 +1,105 @@
+"""What the store holds, as plain records (the store's own rows, read back)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+PlanStatus = Literal["rejected", "pending_approval", "approved", "running", "succeeded", "halted"]
+StepStatus = Literal["started", "succeeded", "failed", "skipped", "outcome_unknown"]
+DONE: frozenset[str] = frozenset({"succeeded", "skipped"})
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlanRow:
+    """A plan's identity and where it stands; its versions are :class:`VersionRow`."""
+
+    id: str
+    status: PlanStatus
+    version: int
+    hash: str
+    task: str
+    category: str
+    requested_by: str
+    role: str | None
+    tools: str | None
+    created_at: str
+    updated_at: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class VersionRow:
+    """One version of a plan: its exact text, its author, and what the check and policy said."""
+
+    plan_id: str
+    version: int
+    hash: str
+    body: str
+    author: str
+    created_at: str
+    check: dict[str, Any]
+    policy_hash: str | None
+
+
+@dataclass(frozen=True, kw_only=True)
+class ApprovalRow:
+    """A decision on one plan version, bound to its hash and the policy in force."""
+
+    plan_id: str
+    version: int
+    plan_hash: str
+    policy_hash: str | None
+    decision: Literal["approved", "rejected"]
+    actor: str
+    role: str | None
+    kind: Literal["person", "auto"]
+    comment: str | None
+    at: str
+    void: bool = False
+
+
+@dataclass(frozen=True, kw_only=True)
+class StepRow:
+    """The durable record of one step's execution."""
+
+    plan_id: str
+    step_id: int
+    version: int
+    status: StepStatus
+    attempt: int
+    idempotency_key: str
+    params: Any = None
+    output: Any = None
+    error: str | None = None
+    started_at: str | None = None
+    finished_at: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Event:
+    """One entry of the append-only, hash-chained audit log."""
+
+    seq: int
+    plan_id: str | None
+    version: int | None
+    step_id: int | None
+    kind: str
+    actor: str
+    at: str
+    data: dict[str, Any] = field(default_factory=dict)
+    prev: str = ""
+    hash: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "seq": self.seq,
+            "plan_id": self.plan_id,
+            "version": self.version,
+            "step_id": self.step_id,
+            "kind": self.kind,
+            "actor": self.actor,
+            "at": self.at,
+            "data": self.data,
+            "prev": self.prev,
+            "hash": self.hash,
+        }

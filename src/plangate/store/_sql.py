@@ -1,0 +1,279 @@
+"""The store in SQL, written once for every DB-API backend (placeholders are ``?``)."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from plangate import audit
+from plangate.errors import StoreError
+from plangate.store._base import Store
+from plangate.store._records import ApprovalRow, Event, PlanRow, StepRow, VersionRow
+
+_PLAN_FIELDS = ("status", "version", "hash", "task", "category", "role", "tools", "updated_at")
+
+
+def _dump(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False, sort_keys=True)
+
+
+def _load(text: str | None) -> Any:
+    return None if text is None else json.loads(text)
+
+
+class SQLStore(Store):
+    """Shared SQL for the backends; a subclass supplies the connection and its dialect."""
+
+    def __init__(self, url: str, connection: Any) -> None:
+        self.url = url
+        self._conn = connection
+        self._lock = threading.RLock()
+        self._depth = 0
+
+    # -- plumbing ------------------------------------------------------------------------
+    def _begin(self) -> None:
+        self._conn.execute("BEGIN")
+
+    def _sql(self, query: str) -> str:
+        return query
+
+    def _exec(self, query: str, params: tuple[Any, ...] = ()) -> Any:
+        return self._conn.execute(self._sql(query), params)
+
+    @contextmanager
+    def transaction(self) -> Iterator[None]:
+        with self._lock:
+            if self._depth:
+                self._depth += 1
+                try:
+                    yield
+                finally:
+                    self._depth -= 1
+                return
+            self._begin()
+            self._depth = 1
+            try:
+                yield
+            except BaseException:
+                self._depth = 0
+                self._conn.execute("ROLLBACK")
+                raise
+            self._depth = 0
+            self._conn.execute("COMMIT")
+
+    def _require_tx(self) -> None:
+        if not self._depth:
+            raise StoreError("writes must happen inside store.transaction()")
+
+    # -- writes --------------------------------------------------------------------------
+    def insert_plan(self, row: PlanRow) -> None:
+        self._require_tx()
+        self._exec(
+            "INSERT INTO plans (id, status, version, hash, task, category, requested_by, role, tools, created_at,"
+            " updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (row.id, row.status, row.version, row.hash, row.task, row.category, row.requested_by, row.role,
+             row.tools, row.created_at, row.updated_at),
+        )
+
+    def update_plan(self, plan_id: str, **fields: Any) -> None:
+        self._require_tx()
+        unknown = set(fields) - set(_PLAN_FIELDS)
+        if unknown:
+            raise StoreError(f"plans have no column(s) {sorted(unknown)}")
+        columns = ", ".join(f"{name} = ?" for name in fields)
+        self._exec(f"UPDATE plans SET {columns} WHERE id = ?", (*fields.values(), plan_id))
+
+    def insert_version(self, row: VersionRow) -> None:
+        self._require_tx()
+        self._exec(
+            "INSERT INTO plan_versions (plan_id, version, hash, body, author, created_at, check_result, policy_hash)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            (row.plan_id, row.version, row.hash, row.body, row.author, row.created_at, _dump(row.check),
+             row.policy_hash),
+        )
+
+    def insert_approval(self, row: ApprovalRow) -> None:
+        self._require_tx()
+        self._exec(
+            "INSERT INTO approvals (plan_id, version, plan_hash, policy_hash, decision, actor, role, kind, comment,"
+            " at, void) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (row.plan_id, row.version, row.plan_hash, row.policy_hash, row.decision, row.actor, row.role, row.kind,
+             row.comment, row.at, int(row.void)),
+        )
+
+    def void_approvals(self, plan_id: str) -> int:
+        self._require_tx()
+        cursor = self._exec("UPDATE approvals SET void = 1 WHERE plan_id = ? AND void = 0", (plan_id,))
+        return int(cursor.rowcount)
+
+    def put_step(self, row: StepRow) -> None:
+        self._require_tx()
+        self._exec(
+            "INSERT INTO steps (plan_id, step_id, version, status, attempt, idempotency_key, params, output, error,"
+            " started_at, finished_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+            " ON CONFLICT (plan_id, step_id) DO UPDATE SET version = excluded.version, status = excluded.status,"
+            " attempt = excluded.attempt, idempotency_key = excluded.idempotency_key, params = excluded.params,"
+            " output = excluded.output, error = excluded.error, started_at = excluded.started_at,"
+            " finished_at = excluded.finished_at",
+            (row.plan_id, row.step_id, row.version, row.status, row.attempt, row.idempotency_key, _dump(row.params),
+             _dump(row.output), row.error, row.started_at, row.finished_at),
+        )
+
+    def save_policy(self, policy_hash: str, name: str, body: str) -> None:
+        self._require_tx()
+        self._exec(
+            "INSERT INTO policies (hash, name, body) VALUES (?, ?, ?) ON CONFLICT (hash) DO NOTHING",
+            (policy_hash, name, body),
+        )
+
+    def append_event(
+        self,
+        *,
+        plan_id: str | None,
+        version: int | None,
+        step_id: int | None,
+        kind: str,
+        actor: str,
+        at: str,
+        data: dict[str, Any],
+    ) -> Event:
+        self._require_tx()
+        head = self._exec("SELECT seq, hash FROM events ORDER BY seq DESC LIMIT 1").fetchone()
+        seq, prev = (head[0] + 1, head[1]) if head else (1, audit.GENESIS)
+        digest = audit.event_hash(seq=seq, plan_id=plan_id, version=version, step_id=step_id, kind=kind,
+                                  actor=actor, at=at, data=data, prev=prev)
+        self._exec(
+            "INSERT INTO events (seq, plan_id, version, step_id, kind, actor, at, data, prev, hash)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (seq, plan_id, version, step_id, kind, actor, at, _dump(data), prev, digest),
+        )
+        self._exec("UPDATE audit_head SET seq = ?, hash = ? WHERE id = 1", (seq, digest))
+        return Event(seq=seq, plan_id=plan_id, version=version, step_id=step_id, kind=kind, actor=actor, at=at,
+                     data=data, prev=prev, hash=digest)
+
+    # -- reads ---------------------------------------------------------------------------
+    def get_plan(self, plan_id: str) -> PlanRow | None:
+        row = self._exec(
+            "SELECT id, status, version, hash, task, category, requested_by, role, tools, created_at, updated_at"
+            " FROM plans WHERE id = ?",
+            (plan_id,),
+        ).fetchone()
+        return None if row is None else _plan(row)
+
+    def find_plans(self, prefix: str) -> list[str]:
+        escaped = prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+        rows = self._exec("SELECT id FROM plans WHERE id LIKE ? ESCAPE '\\' LIMIT 10", (escaped + "%",))
+        return [r[0] for r in rows.fetchall()]
+
+    def list_plans(self, status: str | None = None, limit: int = 100) -> list[PlanRow]:
+        query = (
+            "SELECT id, status, version, hash, task, category, requested_by, role, tools, created_at, updated_at"
+            " FROM plans"
+        )
+        params: tuple[Any, ...] = ()
+        if status is not None:
+            query += " WHERE status = ?"
+            params = (status,)
+        rows = self._exec(query + " ORDER BY created_at, id LIMIT ?", (*params, limit)).fetchall()
+        return [_plan(r) for r in rows]
+
+    def get_version(self, plan_id: str, version: int) -> VersionRow | None:
+        row = self._exec(
+            "SELECT plan_id, version, hash, body, author, created_at, check_result, policy_hash"
+            " FROM plan_versions WHERE plan_id = ? AND version = ?",
+            (plan_id, version),
+        ).fetchone()
+        if row is None:
+            return None
+        return VersionRow(plan_id=row[0], version=row[1], hash=row[2], body=row[3], author=row[4],
+                          created_at=row[5], check=_load(row[6]), policy_hash=row[7])
+
+    def approvals(self, plan_id: str, version: int | None = None) -> list[ApprovalRow]:
+        query = (
+            "SELECT plan_id, version, plan_hash, policy_hash, decision, actor, role, kind, comment, at, void"
+            " FROM approvals WHERE plan_id = ?"
+        )
+        params: tuple[Any, ...] = (plan_id,)
+        if version is not None:
+            query += " AND version = ?"
+            params = (plan_id, version)
+        rows = self._exec(query + " ORDER BY id", params).fetchall()
+        return [
+            ApprovalRow(plan_id=r[0], version=r[1], plan_hash=r[2], policy_hash=r[3], decision=r[4], actor=r[5],
+                        role=r[6], kind=r[7], comment=r[8], at=r[9], void=bool(r[10]))
+            for r in rows
+        ]
+
+    def steps(self, plan_id: str) -> dict[int, StepRow]:
+        rows = self._exec(
+            "SELECT plan_id, step_id, version, status, attempt, idempotency_key, params, output, error, started_at,"
+            " finished_at FROM steps WHERE plan_id = ?",
+            (plan_id,),
+        ).fetchall()
+        return {
+            r[1]: StepRow(plan_id=r[0], step_id=r[1], version=r[2], status=r[3], attempt=r[4], idempotency_key=r[5],
+                          params=_load(r[6]), output=_load(r[7]), error=r[8], started_at=r[9], finished_at=r[10])
+            for r in rows
+        }
+
+    def events(self, plan_id: str | None = None) -> Iterator[Event]:
+        query = "SELECT seq, plan_id, version, step_id, kind, actor, at, data, prev, hash FROM events"
+        params: tuple[Any, ...] = ()
+        if plan_id is not None:
+            query += " WHERE plan_id = ?"
+            params = (plan_id,)
+        cursor = self._exec(query + " ORDER BY seq", params)
+        while batch := cursor.fetchmany(500):
+            for r in batch:
+                yield Event(seq=r[0], plan_id=r[1], version=r[2], step_id=r[3], kind=r[4], actor=r[5], at=r[6],
+                            data=_load(r[7]), prev=r[8], hash=r[9])
+
+    def policy_text(self, policy_hash: str) -> str | None:
+        row = self._exec("SELECT body FROM policies WHERE hash = ?", (policy_hash,)).fetchone()
+        return None if row is None else str(row[0])
+
+    def verify_audit(self) -> audit.AuditReport:
+        head = self._exec("SELECT seq, hash FROM audit_head WHERE id = 1").fetchone()
+        return audit.verify(self.events(), (head[0], head[1]) if head and head[0] else None)
+
+    def close(self) -> None:
+        self._conn.close()
+
+
+def _plan(row: Any) -> PlanRow:
+    return PlanRow(id=row[0], status=row[1], version=row[2], hash=row[3], task=row[4], category=row[5],
+                   requested_by=row[6], role=row[7], tools=row[8], created_at=row[9], updated_at=row[10])
+
+
+SCHEMA_V1 = [
+    """CREATE TABLE plans (
+        id TEXT PRIMARY KEY, status TEXT NOT NULL, version INTEGER NOT NULL, hash TEXT NOT NULL,
+        task TEXT NOT NULL, category TEXT NOT NULL, requested_by TEXT NOT NULL, role TEXT, tools TEXT,
+        created_at TEXT NOT NULL, updated_at TEXT NOT NULL)""",
+    "CREATE INDEX plans_status ON plans (status, created_at)",
+    """CREATE TABLE plan_versions (
+        plan_id TEXT NOT NULL REFERENCES plans (id), version INTEGER NOT NULL, hash TEXT NOT NULL,
+        body TEXT NOT NULL, author TEXT NOT NULL, created_at TEXT NOT NULL, check_result TEXT NOT NULL,
+        policy_hash TEXT, PRIMARY KEY (plan_id, version))""",
+    """CREATE TABLE approvals (
+        id INTEGER PRIMARY KEY, plan_id TEXT NOT NULL REFERENCES plans (id), version INTEGER NOT NULL,
+        plan_hash TEXT NOT NULL, policy_hash TEXT, decision TEXT NOT NULL, actor TEXT NOT NULL, role TEXT,
+        kind TEXT NOT NULL, comment TEXT, at TEXT NOT NULL, void INTEGER NOT NULL DEFAULT 0)""",
+    "CREATE INDEX approvals_plan ON approvals (plan_id, version)",
+    """CREATE TABLE steps (
+        plan_id TEXT NOT NULL REFERENCES plans (id), step_id INTEGER NOT NULL, version INTEGER NOT NULL,
+        status TEXT NOT NULL, attempt INTEGER NOT NULL, idempotency_key TEXT NOT NULL, params TEXT, output TEXT,
+        error TEXT, started_at TEXT, finished_at TEXT, PRIMARY KEY (plan_id, step_id))""",
+    "CREATE TABLE policies (hash TEXT PRIMARY KEY, name TEXT NOT NULL, body TEXT NOT NULL)",
+    """CREATE TABLE events (
+        seq INTEGER PRIMARY KEY, plan_id TEXT, version INTEGER, step_id INTEGER, kind TEXT NOT NULL,
+        actor TEXT NOT NULL, at TEXT NOT NULL, data TEXT NOT NULL, prev TEXT NOT NULL, hash TEXT NOT NULL)""",
+    "CREATE INDEX events_plan ON events (plan_id, seq)",
+    "CREATE TABLE audit_head (id INTEGER PRIMARY KEY CHECK (id = 1), seq INTEGER NOT NULL, hash TEXT NOT NULL)",
+    "INSERT INTO audit_head (id, seq, hash) VALUES (1, 0, '')",
+]
+MIGRATIONS: list[list[str]] = [SCHEMA_V1]
+"""Schema migrations, in order: migration N brings the schema from version N-1 to N."""

@@ -1,0 +1,55 @@
+"""The embedded store: one SQLite file in WAL mode."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+from typing import Literal
+
+from plangate.errors import StoreError
+from plangate.store._sql import MIGRATIONS, SQLStore
+
+Synchronous = Literal["normal", "full"]
+
+
+class SQLiteStore(SQLStore):
+    """A store in one SQLite file.
+
+    WAL journal; ``synchronous=normal`` (the default) survives a crash of the process,
+    ``synchronous=full`` also survives losing power, at the cost of an fsync per commit.
+    The engine commits once per step, so that is one fsync per step.
+    """
+
+    def __init__(self, path: str | Path, *, synchronous: Synchronous = "normal") -> None:
+        self.path = Path(path)
+        if str(path) != ":memory:":
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            conn = sqlite3.connect(str(path), timeout=30, isolation_level=None, check_same_thread=False)
+            conn.execute("PRAGMA journal_mode = WAL")
+            conn.execute(f"PRAGMA synchronous = {'FULL' if synchronous == 'full' else 'NORMAL'}")
+            conn.execute("PRAGMA foreign_keys = ON")
+            conn.execute("PRAGMA busy_timeout = 30000")
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot open the SQLite store at {str(path)!r}: {exc}") from None
+        super().__init__(f"sqlite:///{path}", conn)
+        self.synchronous = synchronous
+        self._migrate()
+
+    def _begin(self) -> None:
+        # IMMEDIATE takes the write lock at once, so reading the audit head inside the
+        # transaction and appending after it cannot race another process.
+        self._conn.execute("BEGIN IMMEDIATE")
+
+    def _migrate(self) -> None:
+        with self.transaction():
+            current = int(self._conn.execute("PRAGMA user_version").fetchone()[0])
+            if current > len(MIGRATIONS):
+                raise StoreError(
+                    f"the store at {str(self.path)!r} has schema version {current}, newer than this plangate "
+                    f"understands ({len(MIGRATIONS)}); upgrade plangate"
+                )
+            for number, statements in enumerate(MIGRATIONS[current:], start=current + 1):
+                for statement in statements:
+                    self._conn.execute(statement)
+                self._conn.execute(f"PRAGMA user_version = {number}")
