@@ -1,28 +1,60 @@
 #!/usr/bin/env bash
-# The demo: the example business's tools, then three plans through the checker and policy.
-# Runs on embedded defaults: no network, no API key.
+# The demo: the governed path end to end on the example business, on embedded defaults
+# (SQLite, the bundled example, no network, no API key).
+#   submit -> check -> policy -> approval -> execute -> trace -> audit verify
 set -uo pipefail
 cd "$(dirname "$0")/.."
+DEMO=.plangate/demo
+rm -rf "$DEMO" && mkdir -p "$DEMO"
+export PLANGATE_DB="sqlite:///$DEMO/plangate.db" PLANGATE_EXAMPLE_DB="$DEMO/business.db"
 TOOLS=examples/business.py
 POLICY=examples/policy.yaml
 
 say() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
 run() { printf '$ %s\n' "$*"; "$@"; printf '(exit %s)\n' "$?"; }
+submit() { plangate submit "$1" --tools "$TOOLS" --policy "$POLICY" --as "$2" --json; }
+field() { python3 -c "import json, sys; print(json.load(sys.stdin)['$1'])"; }
 
 say "The catalogue: typed tools with governance metadata"
 run plangate tools --tools "$TOOLS"
 
-say "A clean plan: refund invoice 42 and tell the customer (alice, role support)"
-run plangate check examples/plans/refund.json --tools "$TOOLS" --policy "$POLICY" --as alice
+say "alice (support) submits a plan: refund invoice 42 and tell the customer"
+run plangate submit examples/plans/refund.json --tools "$TOOLS" --policy "$POLICY" --as alice
+ID=$(plangate list --json | python3 -c "import json, sys; print(json.load(sys.stdin)[-1]['id'])")
+HASH=$(plangate list --json | python3 -c "import json, sys; print(json.load(sys.stdin)[-1]['hash'])")
+run plangate show "$ID"
+
+say "Gate: nobody approves their own plan, nor runs an unapproved one"
+run plangate approve "$ID" --as alice --hash "$HASH"
+run plangate execute "$ID"
+
+say "Gate: an approval is bound to the exact version reviewed"
+run plangate approve "$ID" --as dave --hash "0000000000000000000000000000000000000000000000000000000000000000"
+
+say "dave (approver) and carol (privacy officer) approve the hash they reviewed"
+run plangate approve "$ID" --as dave --hash "$HASH" --comment "amount matches the invoice"
+run plangate approve "$ID" --as carol --hash "$HASH" --comment "email to the customer only"
+
+say "The engine runs it: no model, every step recorded before and after the call"
+run plangate execute "$ID" --as ops
+say "Executing a finished plan repeats nothing"
+run plangate execute "$ID"
 
 say "A plan the policy rejects: destructive SQL, a role without the right, two emails at once"
-run plangate check examples/plans/cleanup.json --tools "$TOOLS" --policy "$POLICY" --as alice
+run plangate submit examples/plans/cleanup.json --tools "$TOOLS" --policy "$POLICY" --as alice
 
-say "A plan the checker rejects: every problem at once, each with its step and rule"
-run plangate check examples/plans/broken.json --tools "$TOOLS" --policy "$POLICY" --as alice
+say "A plan that halts mid-way: the refund is refused, so the email is never sent"
+HALT=$(submit examples/plans/halt.json alice | field id)
+HALT_HASH=$(plangate list --json | python3 -c "import json, sys; print(json.load(sys.stdin)[-1]['hash'])")
+run plangate approve "$HALT" --as dave --hash "$HALT_HASH"
+run plangate execute "$HALT"
 
-say "Not a plan at all: a clear error, exit 2"
-bad=$(mktemp --suffix=.json)
-printf '{"task": "refund", "steps": [' > "$bad"
-run plangate check "$bad" --tools "$TOOLS"
-rm -f "$bad"
+say "The story of the refund, rebuilt from the audit log"
+run plangate trace "$ID"
+
+say "The audit log is intact (any edit, deletion or reordering would be named)"
+run plangate audit verify
+run plangate list
+
+say "What the example business saw: one refund, one email (counted by the business itself)"
+python3 -c "import sys; sys.path.insert(0, 'examples'); import business; print(business.effect_counts())"

@@ -70,22 +70,49 @@ def verify(events: Iterable[Event], head: tuple[int, str] | None) -> AuditReport
     for event in events:
         count += 1
         if event.seq != prev_seq + 1:
-            return _broken(count, prev_seq, prev_hash, event.seq, f"expected event {prev_seq + 1} here, found "
-                           f"event {event.seq}: events were deleted or reordered")
+            return _broken(
+                count,
+                prev_seq,
+                prev_hash,
+                event.seq,
+                f"expected event {prev_seq + 1} here, found event {event.seq}: events were deleted or reordered",
+            )
         if event.prev != prev_hash:
-            return _broken(count, prev_seq, prev_hash, event.seq,
-                           f"it does not follow event {prev_seq} (its previous-hash is not event {prev_seq}'s hash)")
-        expected = event_hash(seq=event.seq, plan_id=event.plan_id, version=event.version, step_id=event.step_id,
-                              kind=event.kind, actor=event.actor, at=event.at, data=event.data, prev=event.prev)
+            return _broken(
+                count,
+                prev_seq,
+                prev_hash,
+                event.seq,
+                f"it does not follow event {prev_seq} (its previous-hash is not event {prev_seq}'s hash)",
+            )
+        expected = event_hash(
+            seq=event.seq,
+            plan_id=event.plan_id,
+            version=event.version,
+            step_id=event.step_id,
+            kind=event.kind,
+            actor=event.actor,
+            at=event.at,
+            data=event.data,
+            prev=event.prev,
+        )
         if event.hash != expected:
-            return _broken(count, prev_seq, prev_hash, event.seq,
-                           f"its content does not match its hash ({event.kind} for plan {event.plan_id}): "
-                           "it was edited")
+            return _broken(
+                count,
+                prev_seq,
+                prev_hash,
+                event.seq,
+                f"its content does not match its hash ({event.kind} for plan {event.plan_id}): it was edited",
+            )
         prev_seq, prev_hash = event.seq, event.hash
     if head is not None and head != (prev_seq, prev_hash):
-        return _broken(count, prev_seq, prev_hash, prev_seq + 1,
-                       f"the log ends at event {prev_seq} but its recorded head is event {head[0]}: "
-                       "events were cut off the end")
+        return _broken(
+            count,
+            prev_seq,
+            prev_hash,
+            prev_seq + 1,
+            f"the log ends at event {prev_seq} but its recorded head is event {head[0]}: events were cut off the end",
+        )
     return AuditReport(ok=True, events=count, head_seq=prev_seq, head_hash=prev_hash)
 
 

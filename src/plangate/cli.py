@@ -1,8 +1,9 @@
 """The ``plangate`` command line.
 
-Exit codes: 0 success; 1 the plan has violations; 2 the input could not be read
-(a missing file, text that is not JSON, a plan of the wrong shape, a bad policy or
-tools module).
+Exit codes: 0 success; 1 the plan has violations (or was rejected); 2 the input could
+not be read (a missing file, text that is not JSON, a plan of the wrong shape, a bad
+policy or tools module); 3 the run halted; 4 the request was refused by a governance
+rule (self-approval, a stale hash, executing an unapproved plan...).
 """
 
 from __future__ import annotations
@@ -18,13 +19,15 @@ import click
 
 from plangate import __version__
 from plangate.check import RULES, CheckResult, check
-from plangate.errors import PlanError, PlangateError
+from plangate.errors import GovernanceError, PlanError, PlangateError, UsageError
 from plangate.plan import Plan, plan_json_schema
 from plangate.policy import POLICY_RULES, Policy
 from plangate.tools import Catalogue
 
 EXIT_VIOLATIONS = 1
 EXIT_BAD_INPUT = 2
+EXIT_HALTED = 3
+EXIT_REFUSED = 4
 F = TypeVar("F", bound=Callable[..., Any])
 
 
@@ -35,6 +38,9 @@ def _plain_errors(fn: F) -> F:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return fn(*args, **kwargs)
+        except GovernanceError as exc:
+            click.echo(f"plangate: refused: {exc}", err=True)
+            sys.exit(EXIT_REFUSED)
         except PlangateError as exc:
             click.echo(f"plangate: {exc}", err=True)
             sys.exit(EXIT_BAD_INPUT)
@@ -160,3 +166,273 @@ def rules_command() -> None:
         click.echo(f"{title}:")
         for name, meaning in rules.items():
             click.echo(f"  {name.ljust(width)}  {meaning}")
+
+
+# -- the governed path: submit, approve, execute, trace -------------------------------------
+
+db_option = click.option(
+    "--db",
+    "db",
+    envvar="PLANGATE_DB",
+    metavar="URL",
+    help="Store URL (sqlite:///PATH). Default: ./.plangate/plangate.db. Env: PLANGATE_DB.",
+)
+as_option = click.option("--as", "user", required=True, metavar="USER", help="Who you are (recorded in the audit).")
+
+
+def _runtime(db: str | None, tools_spec: str | None = None, policy_file: Path | None = None) -> Any:
+    from plangate.runtime import Runtime
+
+    catalogue = Catalogue.from_module(tools_spec) if tools_spec else None
+    policy = Policy.load(policy_file) if policy_file else None
+    return Runtime(catalogue, policy, db=db, tools=_absolute(tools_spec))
+
+
+def _absolute(spec: str | None) -> str | None:
+    """A tools file is recorded by absolute path, so `execute` finds it from anywhere."""
+    if spec and (spec.endswith(".py") or "/" in spec) and Path(spec).exists():
+        return str(Path(spec).resolve())
+    return spec
+
+
+@main.command("submit")
+@click.argument("plan_file", metavar="PLAN.json", type=click.Path(dir_okay=False, path_type=Path))
+@tools_option
+@click.option(
+    "--policy",
+    "policy_file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    envvar="PLANGATE_POLICY",
+    help="Policy YAML file. Env: PLANGATE_POLICY.",
+)
+@as_option
+@click.option("--role", metavar="ROLE", help="Your role (overrides the policy's user mapping).")
+@db_option
+@json_option
+@_plain_errors
+def submit_command(
+    *,
+    plan_file: Path,
+    tools_spec: str,
+    policy_file: Path | None,
+    user: str,
+    role: str | None,
+    db: str | None,
+    as_json: bool,
+) -> None:
+    """Submit PLAN.json: check it, hold it against the policy, record it; print its id and status.
+
+    Exit 0 when it is waiting for approval or approved automatically, 1 when rejected.
+    """
+    plan = _read_plan(plan_file)
+    runtime = _runtime(db, tools_spec, policy_file)
+    record = runtime.submit(plan, requested_by=user, role=role)
+    if as_json:
+        click.echo(json.dumps(_record_dict(record), indent=2))
+    else:
+        click.echo(str(record))
+        for violation in record.violations:
+            click.echo(f"  {violation}")
+        if record.status == "pending_approval":
+            click.echo(f"  approve with: plangate approve {record.id[:8]} --as APPROVER --hash {record.hash}")
+    sys.exit(EXIT_VIOLATIONS if record.status == "rejected" else 0)
+
+
+def _record_dict(record: Any) -> dict[str, Any]:
+    return {
+        "id": record.id,
+        "version": record.version,
+        "hash": record.hash,
+        "status": record.status,
+        "task": record.task,
+        "category": record.category,
+        "requested_by": record.requested_by,
+        "needs": list(record.needs),
+        "violations": [v.to_dict() for v in record.violations],
+        "policy": record.decision,
+    }
+
+
+@main.command("approve")
+@click.argument("plan_id", metavar="ID")
+@as_option
+@click.option(
+    "--hash",
+    "plan_hash",
+    metavar="HASH",
+    help="The hash of the version you reviewed (required unless you confirm at a terminal).",
+)
+@click.option("--comment", help="Why you approve (recorded).")
+@click.option("--role", metavar="ROLE", help="The role you approve in, when the policy does not map you to one.")
+@db_option
+@_plain_errors
+def approve_command(
+    *, plan_id: str, user: str, plan_hash: str | None, comment: str | None, role: str | None, db: str | None
+) -> None:
+    """Approve plan ID. Your approval is bound to the exact version (its hash) you reviewed."""
+    runtime = _runtime(db)
+    record = runtime.get(plan_id)
+    if plan_hash is None:
+        if not sys.stdin.isatty():
+            raise UsageError(f"give --hash with the hash you reviewed (current: {record.hash})")
+        _show(record)
+        click.confirm(f"approve plan {record.id} v{record.version} ({record.hash[:12]})?", abort=True)
+        plan_hash = record.hash
+    record = runtime.approve(record.id, user, plan_hash, comment=comment, role=role)
+    click.echo(str(record))
+
+
+@main.command("reject")
+@click.argument("plan_id", metavar="ID")
+@as_option
+@click.option("--comment", required=True, help="Why you reject it (required, recorded).")
+@click.option("--hash", "plan_hash", metavar="HASH", help="The hash of the version you reviewed.")
+@db_option
+@_plain_errors
+def reject_command(*, plan_id: str, user: str, comment: str, plan_hash: str | None, db: str | None) -> None:
+    """Reject plan ID, with a comment saying why."""
+    runtime = _runtime(db)
+    click.echo(str(runtime.reject(plan_id, user, comment, plan_hash=plan_hash)))
+
+
+def _progress(event: Any) -> None:
+    if event.kind == "started":
+        click.echo(f"  [{event.done}/{event.total}] step {event.step_id} {event.tool}: started")
+    elif event.kind == "succeeded":
+        click.echo(f"  [{event.done}/{event.total}] step {event.step_id} {event.tool}: succeeded in {event.ms:.1f} ms")
+    elif event.kind in ("failed", "outcome_unknown", "skipped"):
+        click.echo(f"  [{event.done}/{event.total}] step {event.step_id} {event.tool}: {event.kind}: {event.detail}")
+    elif event.kind == "reused":
+        click.echo(f"  [{event.done}/{event.total}] step {event.step_id} {event.tool}: already {event.detail}, kept")
+
+
+def _run_command(method: str, plan_id: str, tools_spec: str | None, db: str | None, user: str | None) -> None:
+    runtime = _runtime(db)
+    record = runtime.get(plan_id)
+    spec = tools_spec or runtime.store.get_plan(record.id).tools
+    if spec is None:
+        raise UsageError("give --tools: the plan was submitted without a tools module on record")
+    runtime.catalogue = Catalogue.from_module(spec)
+    click.echo(f"{method} plan {record.id} v{record.version}: {record.task}")
+    result = getattr(runtime, method)(record.id, actor=user or "engine", progress=_progress)
+    click.echo(str(result))
+    sys.exit(0 if result.ok else EXIT_HALTED)
+
+
+@main.command("execute")
+@click.argument("plan_id", metavar="ID")
+@click.option(
+    "--tools",
+    "tools_spec",
+    envvar="PLANGATE_TOOLS",
+    metavar="MODULE",
+    help="Tools module (default: the one recorded when the plan was submitted).",
+)
+@click.option("--as", "user", metavar="USER", help="Who starts the run (recorded; default 'engine').")
+@db_option
+@_plain_errors
+def execute_command(*, plan_id: str, tools_spec: str | None, user: str | None, db: str | None) -> None:
+    """Execute approved plan ID. Exit 0 when it succeeds, 3 when it halts.
+
+    A finished plan is not run again: its recorded result is shown.
+    """
+    _run_command("execute", plan_id, tools_spec, db, user)
+
+
+@main.command("resume")
+@click.argument("plan_id", metavar="ID")
+@click.option(
+    "--tools",
+    "tools_spec",
+    envvar="PLANGATE_TOOLS",
+    metavar="MODULE",
+    help="Tools module (default: the one recorded when the plan was submitted).",
+)
+@click.option("--as", "user", metavar="USER", help="Who resumes the run (recorded; default 'engine').")
+@db_option
+@_plain_errors
+def resume_command(*, plan_id: str, tools_spec: str | None, user: str | None, db: str | None) -> None:
+    """Resume plan ID after a halt or a crash: finished steps are kept, never run again.
+
+    A step that started but has no recorded outcome is run again only if its tool is
+    idempotent (with the same idempotency key); otherwise the run halts for a person.
+    """
+    _run_command("resume", plan_id, tools_spec, db, user)
+
+
+@main.command("list")
+@click.option(
+    "--status",
+    type=click.Choice(["rejected", "pending_approval", "approved", "running", "succeeded", "halted"]),
+    help="Only plans in this state.",
+)
+@db_option
+@json_option
+@_plain_errors
+def list_command(*, status: str | None, db: str | None, as_json: bool) -> None:
+    """List plans, oldest first."""
+    rows = _runtime(db).list_plans(status)
+    if as_json:
+        click.echo(json.dumps([row.__dict__ for row in rows], indent=2))
+        return
+    for row in rows:
+        click.echo(
+            f"{row.id[:8]}  v{row.version}  {row.status:<16} {row.category:<12} {row.requested_by:<10} {row.task}"
+        )
+    if not rows:
+        click.echo("no plans" + (f" with status {status}" if status else ""))
+
+
+def _show(record: Any) -> None:
+    click.echo(f"plan {record.id} v{record.version} ({record.status}), requested by {record.requested_by}")
+    click.echo(f"  task: {record.task} [{record.category}]  hash: {record.hash}")
+    for step in record.plan.steps:
+        when = f" if {step.condition}" if step.condition else ""
+        click.echo(f"  {step.id}. {step.tool}({json.dumps(step.params, ensure_ascii=False)}){when}")
+        click.echo(f"     why: {step.rationale}")
+    if record.needs:
+        click.echo(f"  needs approval by {' and by '.join(record.needs)}")
+
+
+@main.command("show")
+@click.argument("plan_id", metavar="ID")
+@db_option
+@_plain_errors
+def show_command(*, plan_id: str, db: str | None) -> None:
+    """Show plan ID: its steps, why each is there, its status and what it still needs."""
+    _show(_runtime(db).get(plan_id))
+
+
+@main.command("trace")
+@click.argument("plan_id", metavar="ID")
+@db_option
+@json_option
+@_plain_errors
+def trace_command(*, plan_id: str, db: str | None, as_json: bool) -> None:
+    """Print plan ID's whole story from the audit log: check, policy, approvals, every step."""
+    from plangate.story import tell
+
+    runtime = _runtime(db)
+    events = runtime.trace(plan_id)
+    if as_json:
+        click.echo(json.dumps([e.to_dict() for e in events], indent=2, ensure_ascii=False))
+        return
+    record = runtime.get(plan_id)
+    click.echo(f"plan {record.id}: {record.task!r} ({record.category}), now {record.status}")
+    for line in tell(events):
+        click.echo(line)
+
+
+@main.group("audit")
+def audit_group() -> None:
+    """The hash-chained audit log."""
+
+
+@audit_group.command("verify")
+@db_option
+@_plain_errors
+def audit_verify_command(*, db: str | None) -> None:
+    """Check the whole audit log: exit 0 if intact, 1 naming the first event that was changed."""
+    report = _runtime(db).store.verify_audit()
+    click.echo(str(report))
+    sys.exit(0 if report.ok else EXIT_VIOLATIONS)

@@ -74,8 +74,19 @@ class SQLStore(Store):
         self._exec(
             "INSERT INTO plans (id, status, version, hash, task, category, requested_by, role, tools, created_at,"
             " updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (row.id, row.status, row.version, row.hash, row.task, row.category, row.requested_by, row.role,
-             row.tools, row.created_at, row.updated_at),
+            (
+                row.id,
+                row.status,
+                row.version,
+                row.hash,
+                row.task,
+                row.category,
+                row.requested_by,
+                row.role,
+                row.tools,
+                row.created_at,
+                row.updated_at,
+            ),
         )
 
     def update_plan(self, plan_id: str, **fields: Any) -> None:
@@ -91,8 +102,16 @@ class SQLStore(Store):
         self._exec(
             "INSERT INTO plan_versions (plan_id, version, hash, body, author, created_at, check_result, policy_hash)"
             " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-            (row.plan_id, row.version, row.hash, row.body, row.author, row.created_at, _dump(row.check),
-             row.policy_hash),
+            (
+                row.plan_id,
+                row.version,
+                row.hash,
+                row.body,
+                row.author,
+                row.created_at,
+                _dump(row.check),
+                row.policy_hash,
+            ),
         )
 
     def insert_approval(self, row: ApprovalRow) -> None:
@@ -100,8 +119,19 @@ class SQLStore(Store):
         self._exec(
             "INSERT INTO approvals (plan_id, version, plan_hash, policy_hash, decision, actor, role, kind, comment,"
             " at, void) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (row.plan_id, row.version, row.plan_hash, row.policy_hash, row.decision, row.actor, row.role, row.kind,
-             row.comment, row.at, int(row.void)),
+            (
+                row.plan_id,
+                row.version,
+                row.plan_hash,
+                row.policy_hash,
+                row.decision,
+                row.actor,
+                row.role,
+                row.kind,
+                row.comment,
+                row.at,
+                int(row.void),
+            ),
         )
 
     def void_approvals(self, plan_id: str) -> int:
@@ -118,8 +148,19 @@ class SQLStore(Store):
             " attempt = excluded.attempt, idempotency_key = excluded.idempotency_key, params = excluded.params,"
             " output = excluded.output, error = excluded.error, started_at = excluded.started_at,"
             " finished_at = excluded.finished_at",
-            (row.plan_id, row.step_id, row.version, row.status, row.attempt, row.idempotency_key, _dump(row.params),
-             _dump(row.output), row.error, row.started_at, row.finished_at),
+            (
+                row.plan_id,
+                row.step_id,
+                row.version,
+                row.status,
+                row.attempt,
+                row.idempotency_key,
+                _dump(row.params),
+                _dump(row.output),
+                row.error,
+                row.started_at,
+                row.finished_at,
+            ),
         )
 
     def save_policy(self, policy_hash: str, name: str, body: str) -> None:
@@ -143,16 +184,35 @@ class SQLStore(Store):
         self._require_tx()
         head = self._exec("SELECT seq, hash FROM events ORDER BY seq DESC LIMIT 1").fetchone()
         seq, prev = (head[0] + 1, head[1]) if head else (1, audit.GENESIS)
-        digest = audit.event_hash(seq=seq, plan_id=plan_id, version=version, step_id=step_id, kind=kind,
-                                  actor=actor, at=at, data=data, prev=prev)
+        digest = audit.event_hash(
+            seq=seq,
+            plan_id=plan_id,
+            version=version,
+            step_id=step_id,
+            kind=kind,
+            actor=actor,
+            at=at,
+            data=data,
+            prev=prev,
+        )
         self._exec(
             "INSERT INTO events (seq, plan_id, version, step_id, kind, actor, at, data, prev, hash)"
             " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (seq, plan_id, version, step_id, kind, actor, at, _dump(data), prev, digest),
         )
         self._exec("UPDATE audit_head SET seq = ?, hash = ? WHERE id = 1", (seq, digest))
-        return Event(seq=seq, plan_id=plan_id, version=version, step_id=step_id, kind=kind, actor=actor, at=at,
-                     data=data, prev=prev, hash=digest)
+        return Event(
+            seq=seq,
+            plan_id=plan_id,
+            version=version,
+            step_id=step_id,
+            kind=kind,
+            actor=actor,
+            at=at,
+            data=data,
+            prev=prev,
+            hash=digest,
+        )
 
     # -- reads ---------------------------------------------------------------------------
     def get_plan(self, plan_id: str) -> PlanRow | None:
@@ -188,8 +248,16 @@ class SQLStore(Store):
         ).fetchone()
         if row is None:
             return None
-        return VersionRow(plan_id=row[0], version=row[1], hash=row[2], body=row[3], author=row[4],
-                          created_at=row[5], check=_load(row[6]), policy_hash=row[7])
+        return VersionRow(
+            plan_id=row[0],
+            version=row[1],
+            hash=row[2],
+            body=row[3],
+            author=row[4],
+            created_at=row[5],
+            check=_load(row[6]),
+            policy_hash=row[7],
+        )
 
     def approvals(self, plan_id: str, version: int | None = None) -> list[ApprovalRow]:
         query = (
@@ -202,8 +270,19 @@ class SQLStore(Store):
             params = (plan_id, version)
         rows = self._exec(query + " ORDER BY id", params).fetchall()
         return [
-            ApprovalRow(plan_id=r[0], version=r[1], plan_hash=r[2], policy_hash=r[3], decision=r[4], actor=r[5],
-                        role=r[6], kind=r[7], comment=r[8], at=r[9], void=bool(r[10]))
+            ApprovalRow(
+                plan_id=r[0],
+                version=r[1],
+                plan_hash=r[2],
+                policy_hash=r[3],
+                decision=r[4],
+                actor=r[5],
+                role=r[6],
+                kind=r[7],
+                comment=r[8],
+                at=r[9],
+                void=bool(r[10]),
+            )
             for r in rows
         ]
 
@@ -214,8 +293,19 @@ class SQLStore(Store):
             (plan_id,),
         ).fetchall()
         return {
-            r[1]: StepRow(plan_id=r[0], step_id=r[1], version=r[2], status=r[3], attempt=r[4], idempotency_key=r[5],
-                          params=_load(r[6]), output=_load(r[7]), error=r[8], started_at=r[9], finished_at=r[10])
+            r[1]: StepRow(
+                plan_id=r[0],
+                step_id=r[1],
+                version=r[2],
+                status=r[3],
+                attempt=r[4],
+                idempotency_key=r[5],
+                params=_load(r[6]),
+                output=_load(r[7]),
+                error=r[8],
+                started_at=r[9],
+                finished_at=r[10],
+            )
             for r in rows
         }
 
@@ -228,8 +318,18 @@ class SQLStore(Store):
         cursor = self._exec(query + " ORDER BY seq", params)
         while batch := cursor.fetchmany(500):
             for r in batch:
-                yield Event(seq=r[0], plan_id=r[1], version=r[2], step_id=r[3], kind=r[4], actor=r[5], at=r[6],
-                            data=_load(r[7]), prev=r[8], hash=r[9])
+                yield Event(
+                    seq=r[0],
+                    plan_id=r[1],
+                    version=r[2],
+                    step_id=r[3],
+                    kind=r[4],
+                    actor=r[5],
+                    at=r[6],
+                    data=_load(r[7]),
+                    prev=r[8],
+                    hash=r[9],
+                )
 
     def policy_text(self, policy_hash: str) -> str | None:
         row = self._exec("SELECT body FROM policies WHERE hash = ?", (policy_hash,)).fetchone()
@@ -244,8 +344,19 @@ class SQLStore(Store):
 
 
 def _plan(row: Any) -> PlanRow:
-    return PlanRow(id=row[0], status=row[1], version=row[2], hash=row[3], task=row[4], category=row[5],
-                   requested_by=row[6], role=row[7], tools=row[8], created_at=row[9], updated_at=row[10])
+    return PlanRow(
+        id=row[0],
+        status=row[1],
+        version=row[2],
+        hash=row[3],
+        task=row[4],
+        category=row[5],
+        requested_by=row[6],
+        role=row[7],
+        tools=row[8],
+        created_at=row[9],
+        updated_at=row[10],
+    )
 
 
 SCHEMA_V1 = [

@@ -1,0 +1,472 @@
+"""The engine: runs an approved plan deterministically, durably, and never calls a model.
+
+For each step that is ready (everything it reads has finished): evaluate its condition,
+resolve its references, validate its parameters, hold them against the policy's deny
+rules, **durably record ``started`` with the idempotency key ``plan_id:step_id``**, call
+the tool, check the output against the declared and the expected type, and durably
+record the output. A failure is recorded and **halts** the run: no new step starts, the
+steps already running finish and are recorded, and the result names the step, its
+rationale and the error. Nothing is improvised.
+
+Commits are grouped: the outcome of the steps that just finished and the ``started``
+records of the steps they unblock go into one transaction, so a sequential plan costs one
+commit (one fsync with ``synchronous=full``) per step, and no step starts before what it
+reads is durable.
+
+On resume, completed steps are loaded and never re-run. A step with ``started`` but no
+outcome has an *unknown* outcome (the process died during the call): it is re-run with
+the same idempotency key only when its tool is idempotent; otherwise the run halts for a
+person.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal
+
+from pydantic import ValidationError
+
+from plangate import references
+from plangate._clock import Clock, iso, parse_iso
+from plangate._jsontypes import value_type
+from plangate.errors import ConditionError, ParamsError, RefError
+from plangate.plan import Plan, Step, expected_types
+from plangate.policy import Policy
+from plangate.store import DONE, StepRow, Store
+from plangate.tools import Catalogue, RunContext, Tool
+
+DEFAULT_CONCURRENCY = 8
+_SKIPPED = object()
+
+
+@dataclass(frozen=True, kw_only=True)
+class Progress:
+    """What the engine reports as it goes (for a progress display)."""
+
+    kind: Literal["started", "succeeded", "failed", "skipped", "reused", "outcome_unknown"]
+    step_id: int
+    tool: str
+    done: int
+    total: int
+    detail: str = ""
+    ms: float | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunResult:
+    """How a run ended. ``halted`` names the step, its rationale, the error and what to do."""
+
+    plan_id: str
+    version: int
+    status: Literal["succeeded", "halted"]
+    outputs: dict[int, Any] = field(default_factory=dict)
+    skipped: tuple[int, ...] = ()
+    ran: tuple[int, ...] = ()
+    failed_step: int | None = None
+    tool: str | None = None
+    rationale: str | None = None
+    error: str | None = None
+    next_step: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "succeeded"
+
+    def __str__(self) -> str:
+        if self.ok:
+            return f"succeeded: {len(self.outputs)} steps done, {len(self.skipped)} skipped, {len(self.ran)} run now"
+        lines = [f"halted at step {self.failed_step} ({self.tool}): {self.error}"]
+        if self.rationale:
+            lines.append(f"  the step's rationale: {self.rationale}")
+        if self.next_step:
+            lines.append(f"  next: {self.next_step}")
+        return "\n".join(lines)
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Outcome:
+    step_id: int
+    ok: bool
+    output: Any = None
+    error: str | None = None
+    ms: float = 0.0
+
+
+@dataclass
+class Engine:
+    """Runs one plan. Deterministic: time and ids come from ``clock``, never from the system."""
+
+    store: Store
+    catalogue: Catalogue
+    clock: Clock
+    policy: Policy | None = None
+    max_concurrency: int = DEFAULT_CONCURRENCY
+    progress: Callable[[Progress], None] | None = None
+
+    def run(self, plan_id: str, version: int, plan: Plan, *, actor: str = "engine") -> RunResult:
+        """Run (or continue) the plan to its end or to a halt."""
+        return asyncio.run(_Run(self, plan_id, version, plan, actor).go())
+
+
+class _Run:
+    def __init__(self, engine: Engine, plan_id: str, version: int, plan: Plan, actor: str) -> None:
+        self.e = engine
+        self.store = engine.store
+        self.plan_id, self.version, self.plan, self.actor = plan_id, version, plan, actor
+        self.steps = {s.id: s for s in plan.steps}
+        self.order = [s.id for s in plan.steps]
+        self.outputs: dict[int, Any] = {}
+        self.rows: dict[int, StepRow] = {}
+        self.waiting: list[int] = []
+        self.in_flight: dict[asyncio.Task[_Outcome], int] = {}
+        self.finished: list[_Outcome] = []
+        self.ran: list[int] = []
+        self.halt: tuple[int, str, str | None] | None = None
+        self.kwargs: dict[int, dict[str, Any]] = {}  # validated arguments, from _prepare to the call
+
+    # -- the loop ------------------------------------------------------------------------
+    async def go(self) -> RunResult:
+        with self.store.transaction():
+            self._load()
+        while True:
+            with self.store.transaction():
+                self._record_finished()
+                if not self.in_flight and (self.halt is not None or not self.waiting):
+                    return self._end()
+                launch = self._start_ready()
+            if len(launch) == 1 and not self.in_flight and not self._tool(launch[0]).is_async:
+                self.finished.append(self._call_inline(launch[0]))  # nothing else to overlap with
+                continue
+            for step_id in launch:
+                self.in_flight[asyncio.create_task(self._call(step_id))] = step_id
+            if self.in_flight:
+                done, _ = await asyncio.wait(self.in_flight, return_when=asyncio.FIRST_COMPLETED)
+                for task in done:
+                    del self.in_flight[task]
+                    self.finished.append(task.result())
+
+    def _load(self) -> None:
+        """Load what earlier runs recorded; decide what an unknown outcome means."""
+        self.rows = self.store.steps(self.plan_id)
+        resumed = bool(self.rows)
+        self.store.update_plan(self.plan_id, status="running", updated_at=self._now())
+        self._event("run.resumed" if resumed else "run.started", None, {"steps": len(self.order)})
+        for step_id in self.order:
+            row = self.rows.get(step_id)
+            if row is not None and row.status in DONE and row.version <= self.version:
+                self.outputs[step_id] = row.output if row.status == "succeeded" else _SKIPPED
+                self._report("reused", step_id, row.status)
+            elif row is not None and row.status in ("started", "outcome_unknown"):
+                self._unknown_outcome(row)
+            else:
+                self.waiting.append(step_id)
+
+    def _unknown_outcome(self, row: StepRow) -> None:
+        tool = self._tool(row.step_id)
+        if tool.idempotent:
+            self._event(
+                "step.retrying",
+                row.step_id,
+                {
+                    "reason": "started but no outcome recorded; the tool is idempotent, so it runs again with "
+                    f"the same key {row.idempotency_key}",
+                    "attempt": row.attempt + 1,
+                },
+            )
+            self.waiting.append(row.step_id)
+            return
+        error = (
+            f"outcome unknown: the step started at {row.started_at} but no outcome was recorded, and "
+            f"{tool.name!r} is not idempotent, so plangate will not run it again on its own"
+        )
+        self.store.put_step(replace(row, status="outcome_unknown", error=error))
+        self._event("step.outcome_unknown", row.step_id, {"error": error})
+        self._report("outcome_unknown", row.step_id, error)
+        self.halt = (
+            row.step_id,
+            error,
+            "check whether the step's effect happened; a person must settle it before the plan can go on",
+        )
+
+    def _record_finished(self) -> None:
+        for outcome in self.finished:
+            row = self.rows[outcome.step_id]
+            step = self.steps[outcome.step_id]
+            if outcome.ok:
+                self.outputs[outcome.step_id] = outcome.output
+                new = replace(row, status="succeeded", output=outcome.output, finished_at=self._now())
+                self._event("step.succeeded", step.id, {"output": outcome.output, "ms": round(outcome.ms, 3)})
+                self._report("succeeded", step.id, "", outcome.ms)
+            else:
+                new = replace(row, status="failed", error=outcome.error, finished_at=self._now())
+                self._event("step.failed", step.id, {"error": outcome.error, "ms": round(outcome.ms, 3)})
+                self._report("failed", step.id, outcome.error or "", outcome.ms)
+                self.halt = self.halt or (step.id, outcome.error or "failed", None)
+            self.rows[step.id] = new
+            self.store.put_step(new)
+            self.ran.append(step.id)
+        self.finished.clear()
+
+    def _start_ready(self) -> list[int]:
+        """Record ``started`` for every step that can start now (skips may unblock more)."""
+        launch: list[int] = []
+        progress = True
+        while progress and self.halt is None:
+            progress = False
+            room = self.e.max_concurrency - len(self.in_flight) - len(launch)
+            for step_id in list(self.waiting):
+                if room <= 0 or self.halt is not None:
+                    break
+                if not self._ready(step_id):
+                    continue
+                self.waiting.remove(step_id)
+                progress = True
+                if self._prepare(step_id):
+                    launch.append(step_id)
+                    room -= 1
+        return launch
+
+    def _ready(self, step_id: int) -> bool:
+        return all(dep in self.outputs for dep in self.steps[step_id].refs.depends_on)
+
+    def _prepare(self, step_id: int) -> bool:
+        """Condition, references, validation, policy, then the durable ``started`` record."""
+        step = self.steps[step_id]
+        skipped_input = [d for d in sorted(step.refs.depends_on) if self.outputs[d] is _SKIPPED]
+        if skipped_input:
+            return self._skip(step, f"step {skipped_input[0]}, whose output it reads, was skipped")
+        try:
+            if step.refs.condition is not None and not step.refs.condition.evaluate(self._lookup):
+                return self._skip(step, f"its condition is false: {step.condition}")
+            params = references.resolve(step.params, self.outputs)
+            kwargs = self._tool(step_id).validate_params(params)
+        except (ConditionError, RefError, ParamsError) as exc:
+            return self._fail_before_call(step, str(exc))
+        if self.e.policy is not None:
+            denied = self.e.policy.call_violations(step, self._tool(step_id), params)
+            if denied:
+                return self._fail_before_call(step, f"refused by the policy: {denied[0]}")
+        previous = self.rows.get(step_id)
+        attempt = previous.attempt + 1 if previous is not None else 1
+        row = StepRow(
+            plan_id=self.plan_id,
+            step_id=step_id,
+            version=self.version,
+            status="started",
+            attempt=attempt,
+            idempotency_key=f"{self.plan_id}:{step_id}",
+            params=params,
+            started_at=previous.started_at if previous and previous.status == "started" else self._now(),
+        )
+        self.rows[step_id] = row
+        self.store.put_step(row)
+        self._event(
+            "step.started",
+            step_id,
+            {"tool": step.tool, "params": params, "attempt": attempt, "idempotency_key": row.idempotency_key},
+        )
+        self.kwargs[step_id] = kwargs
+        self._report("started", step_id, "")
+        return True
+
+    def _skip(self, step: Step, why: str) -> bool:
+        self.outputs[step.id] = _SKIPPED
+        row = StepRow(
+            plan_id=self.plan_id,
+            step_id=step.id,
+            version=self.version,
+            status="skipped",
+            attempt=0,
+            idempotency_key=f"{self.plan_id}:{step.id}",
+            error=why,
+            finished_at=self._now(),
+        )
+        self.rows[step.id] = row
+        self.store.put_step(row)
+        self._event("step.skipped", step.id, {"reason": why})
+        self._report("skipped", step.id, why)
+        return False
+
+    def _fail_before_call(self, step: Step, error: str) -> bool:
+        previous = self.rows.get(step.id)
+        row = StepRow(
+            plan_id=self.plan_id,
+            step_id=step.id,
+            version=self.version,
+            status="failed",
+            attempt=(previous.attempt if previous else 0) + 1,
+            idempotency_key=f"{self.plan_id}:{step.id}",
+            error=error,
+            finished_at=self._now(),
+        )
+        self.rows[step.id] = row
+        self.store.put_step(row)
+        self._event("step.failed", step.id, {"error": error, "before_call": True})
+        self._report("failed", step.id, error)
+        self.halt = (step.id, error, None)
+        return False
+
+    def _lookup(self, ref: references.Ref) -> Any:
+        if self.outputs.get(ref.step) is _SKIPPED:
+            raise RefError(f"{ref}: step {ref.step} was skipped")
+        return references.lookup(ref, self.outputs)
+
+    # -- calling tools -------------------------------------------------------------------
+    def _context(self, step_id: int) -> RunContext:
+        row = self.rows[step_id]
+        return RunContext(
+            plan_id=self.plan_id, step_id=step_id, now=parse_iso(row.started_at or self._now()), attempt=row.attempt
+        )
+
+    def _arguments(self, step_id: int) -> tuple[Tool, dict[str, Any]]:
+        tool = self._tool(step_id)
+        kwargs = self.kwargs.pop(step_id)
+        if tool.ctx_param is not None:
+            kwargs[tool.ctx_param] = self._context(step_id)
+        return tool, kwargs
+
+    def _call_inline(self, step_id: int) -> _Outcome:
+        tool, kwargs = self._arguments(step_id)
+        start = time.perf_counter()
+        try:
+            value = tool.fn(**kwargs)
+        except Exception as exc:  # noqa: BLE001 - a tool's failure is recorded, never raised through
+            return _Outcome(step_id=step_id, ok=False, error=_describe(exc), ms=_ms(start))
+        return self._checked(step_id, tool, value, start)
+
+    async def _call(self, step_id: int) -> _Outcome:
+        tool, kwargs = self._arguments(step_id)
+        start = time.perf_counter()
+        try:
+            if tool.is_async:
+                value = await tool.fn(**kwargs)
+            else:
+                value = await asyncio.to_thread(tool.fn, **kwargs)
+        except Exception as exc:  # noqa: BLE001 - a tool's failure is recorded, never raised through
+            return _Outcome(step_id=step_id, ok=False, error=_describe(exc), ms=_ms(start))
+        return self._checked(step_id, tool, value, start)
+
+    def _checked(self, step_id: int, tool: Tool, value: Any, start: float) -> _Outcome:
+        try:
+            output = tool.dump_output(value)
+        except ValidationError as exc:
+            first = exc.errors(include_url=False)[0]
+            return _Outcome(
+                step_id=step_id,
+                ok=False,
+                ms=_ms(start),
+                error=f"the output does not match {tool.name!r}'s declared type: {first['msg']}",
+            )
+        expected = expected_types(self.steps[step_id].expected_output)
+        kind = value_type(output)
+        if expected is not None and kind not in expected and not (kind == "integer" and "number" in expected):
+            return _Outcome(
+                step_id=step_id,
+                ok=False,
+                ms=_ms(start),
+                error=f"expected output {self.steps[step_id].expected_output}, got {kind}",
+            )
+        return _Outcome(step_id=step_id, ok=True, output=output, ms=_ms(start))
+
+    # -- ending --------------------------------------------------------------------------
+    def _end(self) -> RunResult:
+        skipped = tuple(s for s in self.order if self.outputs.get(s) is _SKIPPED)
+        outputs = {s: v for s, v in self.outputs.items() if v is not _SKIPPED}
+        if self.halt is None:
+            self.store.update_plan(self.plan_id, status="succeeded", updated_at=self._now())
+            self._event("run.succeeded", None, {"steps": len(outputs), "skipped": list(skipped)})
+            return RunResult(
+                plan_id=self.plan_id,
+                version=self.version,
+                status="succeeded",
+                outputs=outputs,
+                skipped=skipped,
+                ran=tuple(self.ran),
+            )
+        step_id, error, next_step = self.halt
+        step = self.steps[step_id]
+        next_step = next_step or (
+            "fix the cause, then `plangate resume`; or edit the plan (a new version, approved again) and resume"
+        )
+        self.store.update_plan(self.plan_id, status="halted", updated_at=self._now())
+        self._event("run.halted", step_id, {"error": error, "rationale": step.rationale, "tool": step.tool})
+        return RunResult(
+            plan_id=self.plan_id,
+            version=self.version,
+            status="halted",
+            outputs=outputs,
+            skipped=skipped,
+            ran=tuple(self.ran),
+            failed_step=step_id,
+            tool=step.tool,
+            rationale=step.rationale,
+            error=error,
+            next_step=next_step,
+        )
+
+    # -- helpers -------------------------------------------------------------------------
+    def _tool(self, step_id: int) -> Tool:
+        return self.e.catalogue[self.steps[step_id].tool]
+
+    def _now(self) -> str:
+        return iso(self.e.clock.now())
+
+    def _event(self, kind: str, step_id: int | None, data: dict[str, Any]) -> None:
+        self.store.append_event(
+            plan_id=self.plan_id,
+            version=self.version,
+            step_id=step_id,
+            kind=kind,
+            actor=self.actor,
+            at=self._now(),
+            data=data,
+        )
+
+    def _report(self, kind: Any, step_id: int, detail: str, ms: float | None = None) -> None:
+        if self.e.progress is not None:
+            done = sum(1 for s in self.order if s in self.outputs)
+            self.e.progress(
+                Progress(
+                    kind=kind,
+                    step_id=step_id,
+                    tool=self.steps[step_id].tool,
+                    done=done,
+                    total=len(self.order),
+                    detail=detail,
+                    ms=ms,
+                )
+            )
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def _ms(start: float) -> float:
+    return (time.perf_counter() - start) * 1000
+
+
+def recorded_result(plan_id: str, version: int, plan: Plan, rows: Mapping[int, StepRow], status: str) -> RunResult:
+    """The result of a finished run, rebuilt from the store (executing it again repeats nothing)."""
+    outputs = {s: r.output for s, r in rows.items() if r.status == "succeeded"}
+    skipped = tuple(s.id for s in plan.steps if rows.get(s.id) and rows[s.id].status == "skipped")
+    if status == "succeeded":
+        return RunResult(plan_id=plan_id, version=version, status="succeeded", outputs=outputs, skipped=skipped)
+    failed = next((r for r in rows.values() if r.status in ("failed", "outcome_unknown")), None)
+    step = plan.step(failed.step_id) if failed else None
+    return RunResult(
+        plan_id=plan_id,
+        version=version,
+        status="halted",
+        outputs=outputs,
+        skipped=skipped,
+        failed_step=failed.step_id if failed else None,
+        tool=step.tool if step else None,
+        rationale=step.rationale if step else None,
+        error=failed.error if failed else None,
+        next_step="fix the cause, then `plangate resume`",
+    )

@@ -1,0 +1,399 @@
+"""The runtime: the public face of the governed path.
+
+``submit`` → check and policy → approval (a person, or automatic where governance has
+cleared the category) → ``execute`` by the deterministic engine → ``trace``. Every
+transition is recorded, in the same transaction as the state it changes, as an event in
+the hash-chained audit log under the plan's UUID.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from plangate import approval
+from plangate._clock import Clock, SystemClock, iso
+from plangate.check import CheckResult, check
+from plangate.engine import DEFAULT_CONCURRENCY, Engine, Progress, RunResult, recorded_result
+from plangate.errors import GovernanceError, NotFoundError, StateError, UsageError
+from plangate.plan import Plan
+from plangate.policy import Policy
+from plangate.store import ApprovalRow, Event, PlanRow, PlanStatus, Store, VersionRow, open_store
+from plangate.tools import Catalogue
+from plangate.violations import Violation
+
+PlanInput = Plan | Mapping[str, Any] | str | bytes
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlanRecord:
+    """A submitted plan as the store knows it: identity, status, and what it still needs."""
+
+    id: str
+    version: int
+    hash: str
+    status: PlanStatus
+    task: str
+    category: str
+    requested_by: str
+    role: str | None
+    plan: Plan
+    violations: tuple[Violation, ...] = ()
+    decision: dict[str, Any] | None = None
+    needs: tuple[str, ...] = ()
+
+    def __str__(self) -> str:
+        text = f"plan {self.id} v{self.version} {self.hash[:12]}: {self.status}"
+        if self.status == "pending_approval" and self.needs:
+            text += f" (needs approval by {' and by '.join(self.needs)})"
+        if self.violations:
+            text += f" ({len(self.violations)} violation{'s' if len(self.violations) != 1 else ''})"
+        return text
+
+
+class Runtime:
+    """Submit, approve, execute and trace plans over one catalogue, policy and store.
+
+    ``db`` is a store URL (``sqlite:///PATH``; default ``$PLANGATE_DB`` or
+    ``./.plangate/plangate.db``) or an open :class:`~plangate.store.Store`. Time and ids
+    come from ``clock``, so tests and replays can fix them.
+    """
+
+    def __init__(
+        self,
+        catalogue: Catalogue | None = None,
+        policy: Policy | None = None,
+        db: str | Store | None = None,
+        *,
+        clock: Clock | None = None,
+        max_concurrency: int = DEFAULT_CONCURRENCY,
+        tools: str | None = None,
+    ) -> None:
+        self.catalogue = catalogue
+        self.policy = policy
+        self.store = db if isinstance(db, Store) else open_store(db)
+        self.clock = clock or SystemClock()
+        self.max_concurrency = max_concurrency
+        self.tools = tools
+
+    # -- submit, decide, edit --------------------------------------------------------------
+    def submit(self, plan: PlanInput, requested_by: str, role: str | None = None) -> PlanRecord:
+        """Check and hold a plan against the policy, record it, and say what it needs."""
+        parsed = plan if isinstance(plan, Plan) else Plan.parse(plan)
+        result = check(parsed, self._catalogue(), self.policy, user=requested_by, role=role)
+        plan_id, now = self.clock.new_id(), self._now()
+        with self.store.transaction():
+            self.store.insert_plan(
+                PlanRow(
+                    id=plan_id,
+                    status="pending_approval",
+                    version=1,
+                    hash=parsed.hash,
+                    task=parsed.task,
+                    category=parsed.category,
+                    requested_by=requested_by,
+                    role=role,
+                    tools=self.tools,
+                    created_at=now,
+                    updated_at=now,
+                )
+            )
+            self._event(
+                plan_id,
+                1,
+                "plan.submitted",
+                requested_by,
+                {
+                    "hash": parsed.hash,
+                    "task": parsed.task,
+                    "category": parsed.category,
+                    "role": role,
+                    "steps": len(parsed.steps),
+                    "tools": self.tools,
+                },
+            )
+            self._new_version(plan_id, 1, parsed, requested_by, result)
+        return self.get(plan_id)
+
+    def approve(
+        self, plan_id: str, approver: str, plan_hash: str, comment: str | None = None, role: str | None = None
+    ) -> PlanRecord:
+        """Approve the current version, named by its hash. Nobody approves their own plan."""
+        with self.store.transaction():
+            plan, version = self._current(plan_id)
+            approval.check_can_decide(plan, version, approver, plan_hash)
+            approvals = self.store.approvals(plan.id, plan.version)
+            approval.check_can_approve(plan, version, approver, approvals)
+            held = self._approver_role(version, approver, role)
+            row = ApprovalRow(
+                plan_id=plan.id,
+                version=plan.version,
+                plan_hash=plan.hash,
+                policy_hash=version.policy_hash,
+                decision="approved",
+                actor=approver,
+                role=held,
+                kind="person",
+                comment=comment,
+                at=self._now(),
+            )
+            self.store.insert_approval(row)
+            needs = approval.missing(version.check.get("policy"), [*approvals, row])
+            self._event(
+                plan.id,
+                plan.version,
+                "plan.approval",
+                approver,
+                {"decision": "approved", "hash": plan.hash, "role": held, "comment": comment, "still_needs": needs},
+            )
+            if not needs:
+                self._set_status(plan, "approved", approver, {"by": "person"})
+        return self.get(plan.id)
+
+    def reject(self, plan_id: str, approver: str, comment: str, plan_hash: str | None = None) -> PlanRecord:
+        """Reject the current version, with the reason why."""
+        if not comment or not comment.strip():
+            raise UsageError("a rejection needs a comment saying why")
+        with self.store.transaction():
+            plan, version = self._current(plan_id)
+            approval.check_can_decide(plan, version, approver, plan_hash)
+            self.store.insert_approval(
+                ApprovalRow(
+                    plan_id=plan.id,
+                    version=plan.version,
+                    plan_hash=plan.hash,
+                    policy_hash=version.policy_hash,
+                    decision="rejected",
+                    actor=approver,
+                    role=self._role_of(version, approver),
+                    kind="person",
+                    comment=comment,
+                    at=self._now(),
+                )
+            )
+            self._event(
+                plan.id,
+                plan.version,
+                "plan.approval",
+                approver,
+                {"decision": "rejected", "hash": plan.hash, "comment": comment},
+            )
+            self._set_status(plan, "rejected", approver, {"by": "person", "comment": comment})
+        return self.get(plan.id)
+
+    def edit(self, plan_id: str, new_plan: PlanInput, editor: str) -> PlanRecord:
+        """Make a new version: re-checked, and every earlier approval void."""
+        parsed = new_plan if isinstance(new_plan, Plan) else Plan.parse(new_plan)
+        with self.store.transaction():
+            plan, _ = self._current(plan_id)
+            if plan.status not in ("pending_approval", "approved", "rejected"):
+                raise StateError(f"plan {plan.id} is {plan.status}; only a plan not yet executed can be edited")
+            if parsed.hash == plan.hash:
+                raise StateError(f"the edit does not change plan {plan.id} (same hash {plan.hash[:12]}…)")
+            result = check(parsed, self._catalogue(), self.policy, user=plan.requested_by, role=plan.role)
+            voided = self.store.void_approvals(plan.id)
+            number = plan.version + 1
+            self.store.update_plan(plan.id, version=number, hash=parsed.hash, task=parsed.task, updated_at=self._now())
+            self._event(
+                plan.id,
+                number,
+                "plan.edited",
+                editor,
+                {"from_version": plan.version, "from_hash": plan.hash, "hash": parsed.hash, "approvals_voided": voided},
+            )
+            self._new_version(plan.id, number, parsed, editor, result)
+        return self.get(plan.id)
+
+    # -- execute ---------------------------------------------------------------------------
+    def execute(
+        self, plan_id: str, *, actor: str = "engine", progress: Callable[[Progress], None] | None = None
+    ) -> RunResult:
+        """Run an approved plan. A finished plan is not run again: its recorded result comes back."""
+        plan, version = self._current(plan_id)
+        if plan.status in ("succeeded", "halted"):
+            return self._recorded(plan, version)
+        if plan.status == "running":
+            raise StateError(f"plan {plan.id} is already running; if its worker died, use resume")
+        if plan.status != "approved":
+            needs = self.get(plan.id).needs
+            why = f": it needs approval by {' and by '.join(needs)}" if needs and plan.status != "rejected" else ""
+            raise StateError(f"plan {plan.id} is {plan.status}, not approved{why}")
+        return self._run(plan, version, actor, progress)
+
+    def resume(
+        self, plan_id: str, *, actor: str = "engine", progress: Callable[[Progress], None] | None = None
+    ) -> RunResult:
+        """Continue a halted or interrupted run: completed steps are loaded, never run again."""
+        plan, version = self._current(plan_id)
+        if plan.status == "succeeded":
+            return self._recorded(plan, version)
+        if plan.status not in ("running", "halted", "approved"):
+            raise StateError(f"plan {plan.id} is {plan.status}; only an approved plan can run")
+        return self._run(plan, version, actor, progress)
+
+    def _run(
+        self, plan: PlanRow, version: VersionRow, actor: str, progress: Callable[[Progress], None] | None
+    ) -> RunResult:
+        body = Plan.parse(version.body)
+        recheck = check(body, self._catalogue())
+        if not recheck.ok:
+            raise StateError(f"plan {plan.id} no longer fits the catalogue: {recheck.violations[0]}")
+        engine = Engine(
+            store=self.store,
+            catalogue=self._catalogue(),
+            clock=self.clock,
+            policy=self._policy_for(version),
+            max_concurrency=self.max_concurrency,
+            progress=progress,
+        )
+        return engine.run(plan.id, plan.version, body, actor=actor)
+
+    def _recorded(self, plan: PlanRow, version: VersionRow) -> RunResult:
+        return recorded_result(plan.id, plan.version, Plan.parse(version.body), self.store.steps(plan.id), plan.status)
+
+    # -- read ------------------------------------------------------------------------------
+    def get(self, plan_id: str) -> PlanRecord:
+        plan, version = self._current(plan_id)
+        check_data = version.check
+        violations = tuple(Violation(**v) for v in check_data.get("violations", []))
+        decision = check_data.get("policy")
+        needs = (
+            ()
+            if plan.status != "pending_approval"
+            else tuple(approval.missing(decision, self.store.approvals(plan.id, plan.version)))
+        )
+        return PlanRecord(
+            id=plan.id,
+            version=plan.version,
+            hash=plan.hash,
+            status=plan.status,
+            task=plan.task,
+            category=plan.category,
+            requested_by=plan.requested_by,
+            role=plan.role,
+            plan=Plan.parse(version.body),
+            violations=violations,
+            decision=decision,
+            needs=needs,
+        )
+
+    def list_plans(self, status: str | None = None, limit: int = 100) -> list[PlanRow]:
+        return self.store.list_plans(status, limit)
+
+    def trace(self, plan_id: str) -> list[Event]:
+        """Every event recorded under the plan, in order: the whole story."""
+        plan, _ = self._current(plan_id)
+        return list(self.store.events(plan.id))
+
+    def resolve_id(self, text: str) -> str:
+        """A full plan id from an id or a unique prefix of one (at least 6 characters)."""
+        if self.store.get_plan(text) is not None:
+            return text
+        matches = self.store.find_plans(text) if len(text) >= 6 else []
+        if len(matches) == 1:
+            return matches[0]
+        if len(matches) > 1:
+            raise NotFoundError(f"{text!r} matches several plans ({', '.join(m[:13] for m in matches)}); give more")
+        raise NotFoundError(f"no plan {text!r}")
+
+    def close(self) -> None:
+        self.store.close()
+
+    # -- helpers ---------------------------------------------------------------------------
+    def _catalogue(self) -> Catalogue:
+        if self.catalogue is None:
+            raise UsageError("this needs the tools: give the runtime a catalogue (--tools on the command line)")
+        return self.catalogue
+
+    def _current(self, plan_id: str) -> tuple[PlanRow, VersionRow]:
+        plan = self.store.get_plan(self.resolve_id(plan_id))
+        if plan is None:
+            raise NotFoundError(f"no plan {plan_id!r}")
+        version = self.store.get_version(plan.id, plan.version)
+        if version is None:
+            raise NotFoundError(f"plan {plan.id} has no version {plan.version}")
+        return plan, version
+
+    def _new_version(self, plan_id: str, number: int, plan: Plan, author: str, result: CheckResult) -> None:
+        if self.policy is not None:
+            self.store.save_policy(self.policy.hash, self.policy.name, _policy_body(self.policy))
+        self.store.insert_version(
+            VersionRow(
+                plan_id=plan_id,
+                version=number,
+                hash=plan.hash,
+                body=plan.canonical_json(),
+                author=author,
+                created_at=self._now(),
+                check=result.to_dict(),
+                policy_hash=self.policy.hash if self.policy else None,
+            )
+        )
+        self._event(plan_id, number, "plan.checked", "checker", result.to_dict())
+        row = self.store.get_plan(plan_id)
+        assert row is not None
+        if not result.ok:
+            self._set_status(row, "rejected", "checker", {"by": "check", "violations": len(result.violations)})
+        elif result.decision is not None and result.decision.approval == "auto":
+            actor = f"policy:{result.decision.policy}"
+            self.store.insert_approval(
+                ApprovalRow(
+                    plan_id=plan_id,
+                    version=number,
+                    plan_hash=plan.hash,
+                    policy_hash=result.decision.policy_hash,
+                    decision="approved",
+                    actor=actor,
+                    role=None,
+                    kind="auto",
+                    comment="; ".join(result.decision.reasons),
+                    at=self._now(),
+                )
+            )
+            self._set_status(row, "approved", actor, {"by": "auto", "reasons": list(result.decision.reasons)})
+        else:
+            needs = approval.missing(result.to_dict()["policy"], [])
+            self._set_status(row, "pending_approval", "checker", {"needs": needs})
+
+    def _set_status(self, plan: PlanRow, status: PlanStatus, actor: str, data: dict[str, Any]) -> None:
+        self.store.update_plan(plan.id, status=status, updated_at=self._now())
+        self._event(plan.id, None, f"plan.{status}", actor, data)
+
+    def _event(self, plan_id: str, version: int | None, kind: str, actor: str, data: dict[str, Any]) -> None:
+        if version is None:
+            row = self.store.get_plan(plan_id)
+            version = row.version if row else None
+        self.store.append_event(
+            plan_id=plan_id, version=version, step_id=None, kind=kind, actor=actor, at=self._now(), data=data
+        )
+
+    def _approver_role(self, version: VersionRow, approver: str, claimed: str | None) -> str | None:
+        """The approver's role: the policy's ``users`` mapping decides; a claim may not contradict it."""
+        known = self._role_of(version, approver)
+        if claimed is not None and known is not None and claimed != known:
+            raise GovernanceError(f"{approver} holds role {known!r} under the policy, not {claimed!r}")
+        return known or claimed
+
+    def _role_of(self, version: VersionRow, user: str) -> str | None:
+        policy = self._policy_for(version)
+        if policy is None:
+            return None
+        return policy.users.get(user) or None
+
+    def _policy_for(self, version: VersionRow) -> Policy | None:
+        """The policy the version was checked against (recorded with it), not whatever is loaded now."""
+        if version.policy_hash is None:
+            return None
+        if self.policy is not None and self.policy.hash == version.policy_hash:
+            return self.policy
+        text = self.store.policy_text(version.policy_hash)
+        return Policy.from_data(json.loads(text), source=f"policy {version.policy_hash[:12]}") if text else None
+
+    def _now(self) -> str:
+        return iso(self.clock.now())
+
+
+def _policy_body(policy: Policy) -> str:
+    return json.dumps(policy.model_dump(mode="json"), sort_keys=True, separators=(",", ":"), ensure_ascii=False)

@@ -1,0 +1,100 @@
+"""The audit trail told as a story: one line per event, in plain words."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from plangate.store import Event
+
+Teller = Callable[[dict[str, Any], int | None], str]
+
+
+def tell(events: Iterable[Event]) -> list[str]:
+    """Readable lines for a plan's events, oldest first."""
+    return [f"#{e.seq:<4} {e.at[11:23]}  {e.actor:<16} {describe(e)}" for e in events]
+
+
+def describe(event: Event) -> str:
+    data, step = event.data, event.step_id
+    teller = _TELLERS.get(event.kind)
+    if teller is not None:
+        return teller(data, step)
+    return f"{event.kind} {_short(data)}"
+
+
+def _submitted(d: dict[str, Any], _: int | None) -> str:
+    return f"submitted {d['task']!r} ({d['category']}, {d['steps']} steps, hash {d['hash'][:12]})"
+
+
+def _checked(d: dict[str, Any], _: int | None) -> str:
+    verdict = (
+        "ok"
+        if d["ok"]
+        else f"{len(d['violations'])} violation(s): "
+        + "; ".join(
+            f"step {v['step']}: {v['rule']}" if v["step"] is not None else v["rule"] for v in d["violations"][:3]
+        )
+    )
+    policy = d.get("policy")
+    if policy:
+        verdict += f"; policy {policy['policy']!r} says {policy['approval']}"
+        if policy["required_approvals"]:
+            verdict += f" + {', '.join(policy['required_approvals'])}"
+    return f"checked: {verdict}"
+
+
+def _approval(d: dict[str, Any], _: int | None) -> str:
+    role = f" ({d['role']})" if d.get("role") else ""
+    comment = f": {d['comment']!r}" if d.get("comment") else ""
+    rest = f"; still needs {', '.join(d['still_needs'])}" if d.get("still_needs") else ""
+    return f"{d['decision']}{role} hash {d['hash'][:12]}{comment}{rest}"
+
+
+def _step(verb: str) -> Teller:
+    def tell_step(d: dict[str, Any], step: int | None) -> str:
+        if verb == "started":
+            return f"step {step} {d['tool']} started (attempt {d['attempt']}) with {_short(d['params'])}"
+        if verb == "succeeded":
+            return f"step {step} succeeded in {d['ms']:.1f} ms: {_short(d['output'])}"
+        if verb == "failed":
+            return f"step {step} FAILED: {d['error']}"
+        return f"step {step} {verb}: {d.get('reason') or d.get('error')}"
+
+    return tell_step
+
+
+_TELLERS: dict[str, Teller] = {
+    "plan.submitted": _submitted,
+    "plan.checked": _checked,
+    "plan.approval": _approval,
+    "plan.pending_approval": lambda d, _: f"waiting for approval by {' and by '.join(d['needs'])}",
+    "plan.approved": lambda d, _: (
+        "APPROVED" + (" automatically: " + "; ".join(d["reasons"]) if d["by"] == "auto" else "")
+    ),
+    "plan.rejected": lambda d, _: (
+        "REJECTED"
+        + (f" by the checker ({d['violations']} violations)" if d["by"] == "check" else f": {d.get('comment')!r}")
+    ),
+    "plan.edited": lambda d, _: (
+        f"edited: new version (hash {d['hash'][:12]}), {d['approvals_voided']} approval(s) void"
+    ),
+    "run.started": lambda d, _: f"run started ({d['steps']} steps)",
+    "run.resumed": lambda d, _: "run resumed: finished steps are kept, not run again",
+    "run.succeeded": lambda d, _: (
+        f"run SUCCEEDED ({d['steps']} steps" + (f", skipped {d['skipped']})" if d["skipped"] else ")")
+    ),
+    "run.halted": lambda d, step: f"run HALTED at step {step} ({d['tool']}): {d['error']}",
+    "step.started": _step("started"),
+    "step.succeeded": _step("succeeded"),
+    "step.failed": _step("failed"),
+    "step.skipped": _step("skipped"),
+    "step.retrying": _step("retrying"),
+    "step.outcome_unknown": _step("outcome unknown"),
+}
+
+
+def _short(value: Any) -> str:
+    text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), sort_keys=True)
+    return text if len(text) <= 80 else text[:77] + "..."
