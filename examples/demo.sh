@@ -4,7 +4,7 @@
 #   submit -> check -> policy -> approval -> execute -> trace -> audit verify
 set -uo pipefail
 cd "$(dirname "$0")/.."
-DEMO=.plangate/demo
+DEMO=${PLANGATE_DEMO_DIR:-.plangate/demo}
 rm -rf "$DEMO" && mkdir -p "$DEMO"
 export PLANGATE_DB="sqlite:///$DEMO/plangate.db" PLANGATE_EXAMPLE_DB="$DEMO/business.db"
 TOOLS=examples/business.py

@@ -135,10 +135,21 @@ def test_the_installed_entry_point_runs(tmp_path: Path) -> None:
     assert done.returncode == 1 and done.stdout.startswith("step 1: unknown-tool")
 
 
-def test_the_demo_runs_every_gate() -> None:
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+def test_the_demo_walks_the_whole_story(tmp_path: Path) -> None:
+    env = {
+        **os.environ,
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+        "PLANGATE_DEMO_DIR": str(tmp_path / "demo"),
+    }
     done = subprocess.run(["bash", "examples/demo.sh"], cwd=ROOT, capture_output=True, text=True, env=env, check=False)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.count("(exit 0)") == 2
-    assert done.stdout.count("(exit 1)") == 2
-    assert done.stdout.count("(exit 2)") == 1
+    out = done.stdout
+    assert out.count("(exit 4)") == 3, "self-approval, unapproved execution and a stale hash are refused"
+    refusals = done.stderr
+    assert "may not approve it" in refusals and "is pending_approval, not approved" in refusals
+    assert "is not plan" in refusals
+    assert "rejected (4 violations)" in out and out.count("(exit 1)") == 1
+    assert "halted at step 2 (issue_refund)" in out and out.count("(exit 3)") == 1
+    assert "succeeded: 4 steps done, 0 skipped, 0 run now" in out, "executing a finished plan repeats nothing"
+    assert "run SUCCEEDED (4 steps)" in out and "audit log intact: 30 events" in out
+    assert out.rstrip().endswith("{'refund': 1, 'email': 1}")

@@ -141,9 +141,9 @@ def _child(schema: Schema, root: Schema, key: str) -> Any:
     if types is not None and "object" in types:
         if isinstance(extra, Mapping):
             return extra
-        if extra is None and not props:
-            return _ANY
-        return f"has no field {key!r}"
+        if extra is False or (extra is None and props):  # closed, or a model's fixed fields
+            return f"has no field {key!r}"
+        return _ANY
     if types is not None and "array" in types:
         if not key.isdigit():
             return f"is a list: use an index, not {key!r}"
