@@ -27,7 +27,9 @@ class SystemClock:
 
 def iso(moment: datetime) -> str:
     """A timestamp as stored: ISO 8601 in UTC, microseconds, with a ``Z``."""
-    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    if moment.tzinfo is not UTC:
+        moment = moment.astimezone(UTC)
+    return moment.replace(tzinfo=None).isoformat(timespec="microseconds") + "Z"
 
 
 def parse_iso(text: str) -> datetime:

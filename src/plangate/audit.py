@@ -30,10 +30,16 @@ def event_hash(
     kind: str,
     actor: str,
     at: str,
-    data: dict[str, Any],
+    data: dict[str, Any] | str,
     prev: str,
 ) -> str:
-    content = {
+    """SHA-256 of the event's header and its data, each in canonical JSON, joined by a newline.
+
+    ``data`` may be given already in canonical JSON (the store writes that same text), so a
+    large output is serialised once. Verification always re-serialises what it reads back,
+    so the stored text's layout does not matter, only its content.
+    """
+    header = {
         "seq": seq,
         "plan_id": plan_id,
         "version": version,
@@ -41,10 +47,10 @@ def event_hash(
         "kind": kind,
         "actor": actor,
         "at": at,
-        "data": data,
         "prev": prev,
     }
-    return hashlib.sha256(canonical(content).encode()).hexdigest()
+    body = data if isinstance(data, str) else canonical(data)
+    return hashlib.sha256(f"{canonical(header)}\n{body}".encode()).hexdigest()
 
 
 @dataclass(frozen=True, kw_only=True)

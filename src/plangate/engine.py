@@ -22,8 +22,11 @@ person.
 from __future__ import annotations
 
 import asyncio
+import functools
+import heapq
 import time
 from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
@@ -35,7 +38,7 @@ from plangate._jsontypes import value_type
 from plangate.errors import ConditionError, ParamsError, RefError
 from plangate.plan import Plan, Step, expected_types
 from plangate.policy import Policy
-from plangate.store import DONE, StepRow, Store
+from plangate.store import DONE, StepRow, StepStatus, Store
 from plangate.tools import Catalogue, RunContext, Tool
 
 DEFAULT_CONCURRENCY = 8
@@ -120,23 +123,39 @@ class _Run:
         self.order = [s.id for s in plan.steps]
         self.outputs: dict[int, Any] = {}
         self.rows: dict[int, StepRow] = {}
-        self.waiting: list[int] = []
+        self.position = {step_id: index for index, step_id in enumerate(self.order)}
+        self.waiting: set[int] = set()  # not started yet in this run
+        self.blockers: dict[int, set[int]] = {}  # what each waiting step still waits for
+        self.dependents: dict[int, list[int]] = {s: [] for s in self.order}
+        self.ready: list[tuple[int, int]] = []  # a heap of (position in the plan, step id)
         self.in_flight: dict[asyncio.Task[_Outcome], int] = {}
         self.finished: list[_Outcome] = []
         self.ran: list[int] = []
         self.halt: tuple[int, str, str | None] | None = None
+        self.now = ""
         self.kwargs: dict[int, dict[str, Any]] = {}  # validated arguments, from _prepare to the call
 
     # -- the loop ------------------------------------------------------------------------
     async def go(self) -> RunResult:
+        # Sync tools run in worker threads of our own, as many as the concurrency limit
+        # (the loop's default pool has only a few threads on a small machine).
+        with ThreadPoolExecutor(max_workers=self.e.max_concurrency, thread_name_prefix="plangate-step") as pool:
+            self.pool = pool
+            return await self._go()
+
+    async def _go(self) -> RunResult:
         with self.store.transaction():
+            self._tick()
             self._load()
         while True:
             with self.store.transaction():
+                self._tick()
                 self._record_finished()
                 if not self.in_flight and (self.halt is not None or not self.waiting):
                     return self._end()
                 launch = self._start_ready()
+                if not launch and not self.in_flight and self.waiting and self.halt is None:
+                    raise RuntimeError(f"engine stalled: steps {sorted(self.waiting)} can never start")
             if len(launch) == 1 and not self.in_flight and not self._tool(launch[0]).is_async:
                 self.finished.append(self._call_inline(launch[0]))  # nothing else to overlap with
                 continue
@@ -162,7 +181,22 @@ class _Run:
             elif row is not None and row.status in ("started", "outcome_unknown"):
                 self._unknown_outcome(row)
             else:
-                self.waiting.append(step_id)
+                self.waiting.add(step_id)
+        for step_id in self.waiting:
+            self.blockers[step_id] = set(self.steps[step_id].refs.depends_on) - self.outputs.keys()
+            for dep in self.blockers[step_id]:
+                self.dependents[dep].append(step_id)
+            if not self.blockers[step_id]:
+                heapq.heappush(self.ready, (self.position[step_id], step_id))
+
+    def _done(self, step_id: int, output: Any) -> None:
+        """Record an output (or a skip) and make ready the steps that waited only for it."""
+        self.outputs[step_id] = output
+        for later in self.dependents[step_id]:
+            blockers = self.blockers[later]
+            blockers.discard(step_id)
+            if not blockers and later in self.waiting:
+                heapq.heappush(self.ready, (self.position[later], later))
 
     def _unknown_outcome(self, row: StepRow) -> None:
         tool = self._tool(row.step_id)
@@ -176,7 +210,7 @@ class _Run:
                     "attempt": row.attempt + 1,
                 },
             )
-            self.waiting.append(row.step_id)
+            self.waiting.add(row.step_id)
             return
         error = (
             f"outcome unknown: the step started at {row.started_at} but no outcome was recorded, and "
@@ -193,44 +227,33 @@ class _Run:
 
     def _record_finished(self) -> None:
         for outcome in self.finished:
-            row = self.rows[outcome.step_id]
-            step = self.steps[outcome.step_id]
+            step, now = self.steps[outcome.step_id], self._now()
+            status: StepStatus = "succeeded" if outcome.ok else "failed"
+            self.rows[step.id] = replace(
+                self.rows[step.id], status=status, output=outcome.output, error=outcome.error, finished_at=now
+            )
+            self.store.finish_step(
+                self.plan_id, step.id, status=status, output=outcome.output, error=outcome.error, at=now
+            )
             if outcome.ok:
-                self.outputs[outcome.step_id] = outcome.output
-                new = replace(row, status="succeeded", output=outcome.output, finished_at=self._now())
+                self._done(step.id, outcome.output)
                 self._event("step.succeeded", step.id, {"output": outcome.output, "ms": round(outcome.ms, 3)})
-                self._report("succeeded", step.id, "", outcome.ms)
             else:
-                new = replace(row, status="failed", error=outcome.error, finished_at=self._now())
                 self._event("step.failed", step.id, {"error": outcome.error, "ms": round(outcome.ms, 3)})
-                self._report("failed", step.id, outcome.error or "", outcome.ms)
                 self.halt = self.halt or (step.id, outcome.error or "failed", None)
-            self.rows[step.id] = new
-            self.store.put_step(new)
+            self._report(status, step.id, outcome.error or "", outcome.ms)
             self.ran.append(step.id)
         self.finished.clear()
 
     def _start_ready(self) -> list[int]:
         """Record ``started`` for every step that can start now (skips may unblock more)."""
         launch: list[int] = []
-        progress = True
-        while progress and self.halt is None:
-            progress = False
-            room = self.e.max_concurrency - len(self.in_flight) - len(launch)
-            for step_id in list(self.waiting):
-                if room <= 0 or self.halt is not None:
-                    break
-                if not self._ready(step_id):
-                    continue
-                self.waiting.remove(step_id)
-                progress = True
-                if self._prepare(step_id):
-                    launch.append(step_id)
-                    room -= 1
+        while self.ready and self.halt is None and len(self.in_flight) + len(launch) < self.e.max_concurrency:
+            _, step_id = heapq.heappop(self.ready)
+            self.waiting.discard(step_id)
+            if self._prepare(step_id):
+                launch.append(step_id)
         return launch
-
-    def _ready(self, step_id: int) -> bool:
-        return all(dep in self.outputs for dep in self.steps[step_id].refs.depends_on)
 
     def _prepare(self, step_id: int) -> bool:
         """Condition, references, validation, policy, then the durable ``started`` record."""
@@ -273,7 +296,7 @@ class _Run:
         return True
 
     def _skip(self, step: Step, why: str) -> bool:
-        self.outputs[step.id] = _SKIPPED
+        self._done(step.id, _SKIPPED)
         row = StepRow(
             plan_id=self.plan_id,
             step_id=step.id,
@@ -344,7 +367,8 @@ class _Run:
             if tool.is_async:
                 value = await tool.fn(**kwargs)
             else:
-                value = await asyncio.to_thread(tool.fn, **kwargs)
+                call = functools.partial(tool.fn, **kwargs)
+                value = await asyncio.get_running_loop().run_in_executor(self.pool, call)
         except Exception as exc:  # noqa: BLE001 - a tool's failure is recorded, never raised through
             return _Outcome(step_id=step_id, ok=False, error=_describe(exc), ms=_ms(start))
         return self._checked(step_id, tool, value, start)
@@ -411,8 +435,12 @@ class _Run:
     def _tool(self, step_id: int) -> Tool:
         return self.e.catalogue[self.steps[step_id].tool]
 
+    def _tick(self) -> None:
+        """Read the clock once per transaction: what commits together carries one time."""
+        self.now = iso(self.e.clock.now())
+
     def _now(self) -> str:
-        return iso(self.e.clock.now())
+        return self.now
 
     def _event(self, kind: str, step_id: int | None, data: dict[str, Any]) -> None:
         self.store.append_event(
@@ -427,7 +455,7 @@ class _Run:
 
     def _report(self, kind: Any, step_id: int, detail: str, ms: float | None = None) -> None:
         if self.e.progress is not None:
-            done = sum(1 for s in self.order if s in self.outputs)
+            done = len(self.outputs)
             self.e.progress(
                 Progress(
                     kind=kind,

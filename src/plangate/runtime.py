@@ -237,9 +237,10 @@ class Runtime:
         self, plan: PlanRow, version: VersionRow, actor: str, progress: Callable[[Progress], None] | None
     ) -> RunResult:
         body = Plan.parse(version.body)
-        recheck = check(body, self._catalogue())
-        if not recheck.ok:
-            raise StateError(f"plan {plan.id} no longer fits the catalogue: {recheck.violations[0]}")
+        if version.check.get("catalogue") != self._fingerprint(body):  # the tools changed since the check
+            recheck = check(body, self._catalogue())
+            if not recheck.ok:
+                raise StateError(f"plan {plan.id} no longer fits the catalogue: {recheck.violations[0]}")
         engine = Engine(
             store=self.store,
             catalogue=self._catalogue(),
@@ -327,7 +328,7 @@ class Runtime:
                 body=plan.canonical_json(),
                 author=author,
                 created_at=self._now(),
-                check=result.to_dict(),
+                check={**result.to_dict(), "catalogue": self._fingerprint(plan)},
                 policy_hash=self.policy.hash if self.policy else None,
             )
         )
@@ -356,6 +357,10 @@ class Runtime:
         else:
             needs = approval.missing(result.to_dict()["policy"], [])
             self._set_status(row, "pending_approval", "checker", {"needs": needs})
+
+    def _fingerprint(self, plan: Plan) -> str:
+        """The contracts of the tools the plan uses: if they change, the plan is checked again."""
+        return self._catalogue().fingerprint(step.tool for step in plan.steps)
 
     def _set_status(self, plan: PlanRow, status: PlanStatus, actor: str, data: dict[str, Any]) -> None:
         self.store.update_plan(plan.id, status=status, updated_at=self._now())

@@ -46,6 +46,10 @@ class Store(abc.ABC):
         """Insert or replace the record of one step."""
 
     @abc.abstractmethod
+    def finish_step(self, plan_id: str, step_id: int, *, status: str, output: Any, error: str | None, at: str) -> None:
+        """Record a started step's outcome (its parameters stay as recorded when it started)."""
+
+    @abc.abstractmethod
     def save_policy(self, policy_hash: str, name: str, body: str) -> None: ...
 
     @abc.abstractmethod

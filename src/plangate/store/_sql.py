@@ -10,6 +10,7 @@ from typing import Any
 
 from plangate import audit
 from plangate.errors import StoreError
+from plangate.plan import canonical
 from plangate.store._base import Store
 from plangate.store._records import ApprovalRow, Event, PlanRow, StepRow, VersionRow
 
@@ -17,7 +18,7 @@ _PLAN_FIELDS = ("status", "version", "hash", "task", "category", "role", "tools"
 
 
 def _dump(value: Any) -> str:
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False, sort_keys=True)
+    return canonical(value)
 
 
 def _load(text: str | None) -> Any:
@@ -32,6 +33,7 @@ class SQLStore(Store):
         self._conn = connection
         self._lock = threading.RLock()
         self._depth = 0
+        self._head: tuple[int, str] | None = None  # the audit head while a transaction appends
 
     # -- plumbing ------------------------------------------------------------------------
     def _begin(self) -> None:
@@ -54,14 +56,16 @@ class SQLStore(Store):
                     self._depth -= 1
                 return
             self._begin()
-            self._depth = 1
+            self._depth, self._head = 1, None
             try:
                 yield
+                if self._head is not None:
+                    self._exec("UPDATE audit_head SET seq = ?, hash = ? WHERE id = 1", self._head)
             except BaseException:
-                self._depth = 0
+                self._depth, self._head = 0, None
                 self._conn.execute("ROLLBACK")
                 raise
-            self._depth = 0
+            self._depth, self._head = 0, None
             self._conn.execute("COMMIT")
 
     def _require_tx(self) -> None:
@@ -163,6 +167,13 @@ class SQLStore(Store):
             ),
         )
 
+    def finish_step(self, plan_id: str, step_id: int, *, status: str, output: Any, error: str | None, at: str) -> None:
+        self._require_tx()
+        self._exec(
+            "UPDATE steps SET status = ?, output = ?, error = ?, finished_at = ? WHERE plan_id = ? AND step_id = ?",
+            (status, _dump(output), error, at, plan_id, step_id),
+        )
+
     def save_policy(self, policy_hash: str, name: str, body: str) -> None:
         self._require_tx()
         self._exec(
@@ -182,8 +193,11 @@ class SQLStore(Store):
         data: dict[str, Any],
     ) -> Event:
         self._require_tx()
-        head = self._exec("SELECT seq, hash FROM events ORDER BY seq DESC LIMIT 1").fetchone()
-        seq, prev = (head[0] + 1, head[1]) if head else (1, audit.GENESIS)
+        if self._head is None:  # the write lock is held: nobody else can append until we commit
+            row = self._exec("SELECT seq, hash FROM events ORDER BY seq DESC LIMIT 1").fetchone()
+            self._head = (row[0], row[1]) if row else (0, audit.GENESIS)
+        seq, prev = self._head[0] + 1, self._head[1]
+        text = _dump(data)
         digest = audit.event_hash(
             seq=seq,
             plan_id=plan_id,
@@ -192,15 +206,15 @@ class SQLStore(Store):
             kind=kind,
             actor=actor,
             at=at,
-            data=data,
+            data=text,
             prev=prev,
         )
         self._exec(
             "INSERT INTO events (seq, plan_id, version, step_id, kind, actor, at, data, prev, hash)"
             " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (seq, plan_id, version, step_id, kind, actor, at, _dump(data), prev, digest),
+            (seq, plan_id, version, step_id, kind, actor, at, text, prev, digest),
         )
-        self._exec("UPDATE audit_head SET seq = ?, hash = ? WHERE id = 1", (seq, digest))
+        self._head = (seq, digest)
         return Event(
             seq=seq,
             plan_id=plan_id,

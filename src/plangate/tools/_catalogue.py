@@ -65,6 +65,11 @@ class Catalogue:
     def names(self) -> list[str]:
         return list(self._tools)
 
+    def fingerprint(self, names: Iterable[str]) -> str:
+        """SHA-256 over the named tools' contracts (unknown names count as absent)."""
+        parts = sorted(f"{n}={self._tools[n].fingerprint if n in self._tools else '-'}" for n in set(names))
+        return hashlib.sha256("\n".join(parts).encode()).hexdigest()
+
     def describe(self) -> list[dict[str, Any]]:
         return [t.describe() for t in self]
 

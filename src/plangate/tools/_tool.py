@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import hashlib
 import inspect
+import json
 import re
 import string
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, Literal, TypeVar, get_args, get_type_hints, overload
 
 import pydantic_core
@@ -107,6 +110,12 @@ class Tool:
                 known = isinstance(value, str | int | float) and "${" not in str(value)
                 parts.append(str(value) if known else "*")
         return "".join(parts)
+
+    @cached_property
+    def fingerprint(self) -> str:
+        """SHA-256 of what the tool declares (name, metadata, schemas): changes when its contract does."""
+        text = json.dumps(self.describe(), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+        return hashlib.sha256(text.encode()).hexdigest()
 
     def describe(self) -> dict[str, Any]:
         """The tool as data: what a planning model and a reviewer are shown."""
