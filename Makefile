@@ -5,6 +5,8 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
+BENCH_STAMP := $(VENV)/.installed-bench
+
 .PHONY: install demo test lint types pytest bench clean
 
 install: $(STAMP)
@@ -29,8 +31,13 @@ pytest: $(STAMP)
 
 test: lint types pytest
 
-bench: $(STAMP)
+$(BENCH_STAMP): $(STAMP)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[test,bench]'
+	@touch $(BENCH_STAMP)
+
+bench: $(BENCH_STAMP)
 	$(BIN)/python bench/check.py
+	$(BIN)/python bench/engine.py
 
 clean:
 	rm -rf $(VENV) .plangate .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -360,6 +360,20 @@ def test_resume_after_a_failure_reruns_only_the_failed_step(rt: Runtime, tmp_pat
     assert "run.resumed" in kinds(rt, plan_id)
 
 
+def test_a_plan_is_checked_again_when_its_tools_changed(rt: Runtime) -> None:
+    plan_id = approved(rt, plan({"id": 1, "tool": "text", "params": {"x": "a"}}))
+
+    @tool(name="text")
+    def text_v2(x: int) -> str:
+        return str(x)
+
+    rt.catalogue = Catalogue([fetch, text_v2])
+    with pytest.raises(StateError, match="no longer fits the catalogue: step 1: param-type"):
+        rt.execute(plan_id)
+    rt.catalogue = CAT
+    assert rt.execute(plan_id).ok
+
+
 def test_trace_and_the_audit_chain(rt: Runtime, tmp_path: Path) -> None:
     plan_id = approved(rt, plan({"id": 1, "tool": "fetch", "params": {"key": "a"}}))
     rt.execute(plan_id)

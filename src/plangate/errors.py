@@ -11,9 +11,9 @@ Three families, so callers can tell a mistake from a failure from a signal::
     │   ├── PlanError              a plan that is not JSON or not of the plan's shape
     │   ├── ParamsError            tool parameters that do not fit the tool's schema
     │   ├── ReferenceError_        a ``${N.path}`` reference that cannot be resolved
-    │   └── ConditionError         a condition that does not parse or cannot be evaluated
+    │   ├── ConditionError         a condition that does not parse or cannot be evaluated
+    │   └── NotFoundError          no plan with that id
     ├── GovernanceError            a request that breaks a governance rule (nothing was done)
-    │   ├── NotFoundError          no plan with that id
     │   ├── StateError             the plan is not in a state that allows this
     │   ├── StaleHashError         an approval for a version that is no longer current
     │   └── SelfApprovalError      the requester (or the author of the version) approving it
@@ -107,7 +107,7 @@ class GovernanceError(PlangateError):
     """A request that breaks a governance rule; it was refused and nothing changed."""
 
 
-class NotFoundError(GovernanceError, LookupError):
+class NotFoundError(InputError, LookupError):
     """No plan (or run) with that id."""
 
 
