@@ -1,20 +1,28 @@
 """plangate: a governed agent runtime. Plans are typed, checked, approved, then run."""
 
 from plangate.check import RULES, CheckResult, check
+from plangate.engine import Progress, RunResult
 from plangate.errors import (
     CatalogueError,
     ConditionError,
+    GovernanceError,
     InputError,
+    NotFoundError,
     ParamsError,
     PlanError,
     PlangateError,
     PolicyError,
     RefError,
+    SelfApprovalError,
+    StaleHashError,
+    StateError,
+    StoreError,
     ToolDefinitionError,
     UsageError,
 )
 from plangate.plan import LIMITS, SCHEMA_VERSION, Limits, Plan, Step, plan_json_schema
 from plangate.policy import POLICY_RULES, Policy, PolicyDecision
+from plangate.runtime import PlanRecord, Runtime
 from plangate.tools import Catalogue, RunContext, Tool, tool
 from plangate.violations import Violation
 
@@ -29,18 +37,28 @@ __all__ = [
     "CatalogueError",
     "CheckResult",
     "ConditionError",
+    "GovernanceError",
     "InputError",
     "Limits",
+    "NotFoundError",
     "ParamsError",
     "Plan",
     "PlanError",
+    "PlanRecord",
     "PlangateError",
     "Policy",
     "PolicyDecision",
     "PolicyError",
+    "Progress",
     "RefError",
     "RunContext",
+    "RunResult",
+    "Runtime",
+    "SelfApprovalError",
+    "StaleHashError",
+    "StateError",
     "Step",
+    "StoreError",
     "Tool",
     "ToolDefinitionError",
     "UsageError",
