@@ -53,6 +53,21 @@ def event_hash(
     return hashlib.sha256(f"{canonical(header)}\n{body}".encode()).hexdigest()
 
 
+def hash_of(event: Event, data_text: str | None = None) -> str:
+    """What ``event``'s hash must be (``data_text``: its data already in canonical JSON)."""
+    return event_hash(
+        seq=event.seq,
+        plan_id=event.plan_id,
+        version=event.version,
+        step_id=event.step_id,
+        kind=event.kind,
+        actor=event.actor,
+        at=event.at,
+        data=event.data if data_text is None else data_text,
+        prev=event.prev,
+    )
+
+
 @dataclass(frozen=True, kw_only=True)
 class AuditReport:
     """The verdict on the whole log: ``ok``, how many events, the head, or the first bad event."""
@@ -91,17 +106,7 @@ def verify(events: Iterable[Event], head: tuple[int, str] | None) -> AuditReport
                 event.seq,
                 f"it does not follow event {prev_seq} (its previous-hash is not event {prev_seq}'s hash)",
             )
-        expected = event_hash(
-            seq=event.seq,
-            plan_id=event.plan_id,
-            version=event.version,
-            step_id=event.step_id,
-            kind=event.kind,
-            actor=event.actor,
-            at=event.at,
-            data=event.data,
-            prev=event.prev,
-        )
+        expected = hash_of(event)
         if event.hash != expected:
             return _broken(
                 count,

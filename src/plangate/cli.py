@@ -295,6 +295,15 @@ def reject_command(*, plan_id: str, user: str, comment: str, plan_hash: str | No
     click.echo(str(runtime.reject(plan_id, user, comment, plan_hash=plan_hash)))
 
 
+recorded_tools_option = click.option(
+    "--tools",
+    "tools_spec",
+    envvar="PLANGATE_TOOLS",
+    metavar="MODULE",
+    help="Tools module (default: the one recorded when the plan was submitted).",
+)
+
+
 def _progress(event: Any) -> None:
     if event.kind == "started":
         click.echo(f"  [{event.done}/{event.total}] step {event.step_id} {event.tool}: started")
@@ -321,13 +330,7 @@ def _run_command(method: str, plan_id: str, tools_spec: str | None, db: str | No
 
 @main.command("execute")
 @click.argument("plan_id", metavar="ID")
-@click.option(
-    "--tools",
-    "tools_spec",
-    envvar="PLANGATE_TOOLS",
-    metavar="MODULE",
-    help="Tools module (default: the one recorded when the plan was submitted).",
-)
+@recorded_tools_option
 @click.option("--as", "user", metavar="USER", help="Who starts the run (recorded; default 'engine').")
 @db_option
 @_plain_errors
@@ -341,13 +344,7 @@ def execute_command(*, plan_id: str, tools_spec: str | None, user: str | None, d
 
 @main.command("resume")
 @click.argument("plan_id", metavar="ID")
-@click.option(
-    "--tools",
-    "tools_spec",
-    envvar="PLANGATE_TOOLS",
-    metavar="MODULE",
-    help="Tools module (default: the one recorded when the plan was submitted).",
-)
+@recorded_tools_option
 @click.option("--as", "user", metavar="USER", help="Who resumes the run (recorded; default 'engine').")
 @db_option
 @_plain_errors

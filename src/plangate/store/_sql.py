@@ -6,6 +6,7 @@ import json
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from typing import Any
 
 from plangate import audit
@@ -197,25 +198,7 @@ class SQLStore(Store):
             row = self._exec("SELECT seq, hash FROM events ORDER BY seq DESC LIMIT 1").fetchone()
             self._head = (row[0], row[1]) if row else (0, audit.GENESIS)
         seq, prev = self._head[0] + 1, self._head[1]
-        text = _dump(data)
-        digest = audit.event_hash(
-            seq=seq,
-            plan_id=plan_id,
-            version=version,
-            step_id=step_id,
-            kind=kind,
-            actor=actor,
-            at=at,
-            data=text,
-            prev=prev,
-        )
-        self._exec(
-            "INSERT INTO events (seq, plan_id, version, step_id, kind, actor, at, data, prev, hash)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (seq, plan_id, version, step_id, kind, actor, at, text, prev, digest),
-        )
-        self._head = (seq, digest)
-        return Event(
+        event = Event(
             seq=seq,
             plan_id=plan_id,
             version=version,
@@ -225,8 +208,16 @@ class SQLStore(Store):
             at=at,
             data=data,
             prev=prev,
-            hash=digest,
         )
+        text = _dump(data)
+        event = replace(event, hash=audit.hash_of(event, text))
+        self._exec(
+            "INSERT INTO events (seq, plan_id, version, step_id, kind, actor, at, data, prev, hash)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (seq, plan_id, version, step_id, kind, actor, at, text, prev, event.hash),
+        )
+        self._head = (seq, event.hash)
+        return event
 
     # -- reads ---------------------------------------------------------------------------
     def get_plan(self, plan_id: str) -> PlanRow | None:
