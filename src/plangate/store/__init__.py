@@ -12,7 +12,18 @@ from urllib.parse import parse_qs, urlsplit
 
 from plangate.errors import StoreError
 from plangate.store._base import Store
-from plangate.store._records import DONE, ApprovalRow, Event, PlanRow, PlanStatus, StepRow, StepStatus, VersionRow
+from plangate.store._records import (
+    DONE,
+    ApprovalRow,
+    CallRow,
+    Event,
+    PlanRow,
+    PlanStatus,
+    StepRow,
+    StepStatus,
+    TemplateRow,
+    VersionRow,
+)
 from plangate.store.sqlite import SQLiteStore
 
 DEFAULT_DB = "sqlite:///.plangate/plangate.db"
@@ -21,6 +32,7 @@ __all__ = [
     "DEFAULT_DB",
     "DONE",
     "ApprovalRow",
+    "CallRow",
     "Event",
     "PlanRow",
     "PlanStatus",
@@ -28,6 +40,7 @@ __all__ = [
     "StepRow",
     "StepStatus",
     "Store",
+    "TemplateRow",
     "VersionRow",
     "default_url",
     "open_store",

@@ -8,7 +8,7 @@ from contextlib import AbstractContextManager
 from typing import Any
 
 from plangate.audit import AuditReport
-from plangate.store._records import ApprovalRow, Event, PlanRow, StepRow, VersionRow
+from plangate.store._records import ApprovalRow, CallRow, Event, PlanRow, StepRow, TemplateRow, VersionRow
 
 
 class Store(abc.ABC):
@@ -66,7 +66,28 @@ class Store(abc.ABC):
     ) -> Event:
         """Append one event to the hash-chained audit log."""
 
+    @abc.abstractmethod
+    def record_call(self, row: CallRow) -> None:
+        """Add a model call to the cost ledger."""
+
+    @abc.abstractmethod
+    def link_calls(self, call_ids: list[str], plan_id: str) -> None:
+        """Attribute ledger entries to the plan they produced."""
+
+    @abc.abstractmethod
+    def save_template(self, row: TemplateRow) -> None: ...
+
+    @abc.abstractmethod
+    def delete_template(self, name: str) -> bool: ...
+
     # -- reads ---------------------------------------------------------------------------
+    @abc.abstractmethod
+    def calls(self, *, plan_id: str | None = None, since: str | None = None) -> list[CallRow]:
+        """Ledger entries, oldest first: of one plan, or since a time."""
+
+    @abc.abstractmethod
+    def templates(self) -> list[TemplateRow]: ...
+
     @abc.abstractmethod
     def get_plan(self, plan_id: str) -> PlanRow | None: ...
 

@@ -103,3 +103,38 @@ class Event:
             "prev": self.prev,
             "hash": self.hash,
         }
+
+
+@dataclass(frozen=True, kw_only=True)
+class CallRow:
+    """One model call: what it was for, the budget it got, the tokens it used, what it cost."""
+
+    id: str
+    at: str
+    plan_id: str | None
+    task: str
+    model: str
+    purpose: str
+    expected_steps: int | None
+    budget: int | None
+    effort: str | None
+    input_tokens: int
+    output_tokens: int
+    thinking_tokens: int
+    cost: float | None
+    seconds: float
+    ok: bool
+    error: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class TemplateRow:
+    """A plan saved for reuse, with typed slots filled from a new task's text."""
+
+    name: str
+    pattern: str
+    slots: list[dict[str, Any]]
+    body: str
+    source_plan: str
+    created_by: str
+    created_at: str

@@ -13,7 +13,7 @@ from plangate import audit
 from plangate.errors import StoreError
 from plangate.plan import canonical
 from plangate.store._base import Store
-from plangate.store._records import ApprovalRow, Event, PlanRow, StepRow, VersionRow
+from plangate.store._records import ApprovalRow, CallRow, Event, PlanRow, StepRow, TemplateRow, VersionRow
 
 _PLAN_FIELDS = ("status", "version", "hash", "task", "category", "role", "tools", "updated_at")
 
@@ -219,7 +219,102 @@ class SQLStore(Store):
         self._head = (seq, event.hash)
         return event
 
+    _CALL_COLUMNS = (
+        "id, at, plan_id, task, model, purpose, expected_steps, budget, effort, input_tokens, output_tokens,"
+        " thinking_tokens, cost, seconds, ok, error"
+    )
+
+    def record_call(self, row: CallRow) -> None:
+        self._require_tx()
+        self._exec(
+            f"INSERT INTO model_calls ({self._CALL_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                row.id,
+                row.at,
+                row.plan_id,
+                row.task,
+                row.model,
+                row.purpose,
+                row.expected_steps,
+                row.budget,
+                row.effort,
+                row.input_tokens,
+                row.output_tokens,
+                row.thinking_tokens,
+                row.cost,
+                row.seconds,
+                int(row.ok),
+                row.error,
+            ),
+        )
+
+    def link_calls(self, call_ids: list[str], plan_id: str) -> None:
+        self._require_tx()
+        for call_id in call_ids:
+            self._exec("UPDATE model_calls SET plan_id = ? WHERE id = ?", (plan_id, call_id))
+
+    def save_template(self, row: TemplateRow) -> None:
+        self._require_tx()
+        self._exec(
+            "INSERT INTO templates (name, pattern, slots, body, source_plan, created_by, created_at)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (name) DO UPDATE SET pattern = excluded.pattern,"
+            " slots = excluded.slots, body = excluded.body, source_plan = excluded.source_plan,"
+            " created_by = excluded.created_by, created_at = excluded.created_at",
+            (row.name, row.pattern, _dump(row.slots), row.body, row.source_plan, row.created_by, row.created_at),
+        )
+
+    def delete_template(self, name: str) -> bool:
+        self._require_tx()
+        return int(self._exec("DELETE FROM templates WHERE name = ?", (name,)).rowcount) > 0
+
     # -- reads ---------------------------------------------------------------------------
+    def calls(self, *, plan_id: str | None = None, since: str | None = None) -> list[CallRow]:
+        query = f"SELECT {self._CALL_COLUMNS} FROM model_calls WHERE 1 = 1"  # noqa: S608
+        params: list[Any] = []
+        if plan_id is not None:
+            query, params = query + " AND plan_id = ?", [*params, plan_id]
+        if since is not None:
+            query, params = query + " AND at >= ?", [*params, since]
+        rows = self._exec(query + " ORDER BY at, id", tuple(params)).fetchall()
+        return [
+            CallRow(
+                id=r[0],
+                at=r[1],
+                plan_id=r[2],
+                task=r[3],
+                model=r[4],
+                purpose=r[5],
+                expected_steps=r[6],
+                budget=r[7],
+                effort=r[8],
+                input_tokens=r[9],
+                output_tokens=r[10],
+                thinking_tokens=r[11],
+                cost=r[12],
+                seconds=r[13],
+                ok=bool(r[14]),
+                error=r[15],
+            )
+            for r in rows
+        ]
+
+    def templates(self) -> list[TemplateRow]:
+        rows = self._exec(
+            "SELECT name, pattern, slots, body, source_plan, created_by, created_at FROM templates ORDER BY name"
+        ).fetchall()
+        return [
+            TemplateRow(
+                name=r[0],
+                pattern=r[1],
+                slots=_load(r[2]),
+                body=r[3],
+                source_plan=r[4],
+                created_by=r[5],
+                created_at=r[6],
+            )
+            for r in rows
+        ]
+
     def get_plan(self, plan_id: str) -> PlanRow | None:
         row = self._exec(
             "SELECT id, status, version, hash, task, category, requested_by, role, tools, created_at, updated_at"
@@ -391,5 +486,17 @@ SCHEMA_V1 = [
     "CREATE TABLE audit_head (id INTEGER PRIMARY KEY CHECK (id = 1), seq INTEGER NOT NULL, hash TEXT NOT NULL)",
     "INSERT INTO audit_head (id, seq, hash) VALUES (1, 0, '')",
 ]
-MIGRATIONS: list[list[str]] = [SCHEMA_V1]
+SCHEMA_V2 = [
+    """CREATE TABLE model_calls (
+        id TEXT PRIMARY KEY, at TEXT NOT NULL, plan_id TEXT, task TEXT NOT NULL, model TEXT NOT NULL,
+        purpose TEXT NOT NULL, expected_steps INTEGER, budget INTEGER, effort TEXT, input_tokens INTEGER NOT NULL,
+        output_tokens INTEGER NOT NULL, thinking_tokens INTEGER NOT NULL, cost REAL, seconds REAL NOT NULL,
+        ok INTEGER NOT NULL, error TEXT)""",
+    "CREATE INDEX model_calls_at ON model_calls (at)",
+    "CREATE INDEX model_calls_plan ON model_calls (plan_id)",
+    """CREATE TABLE templates (
+        name TEXT PRIMARY KEY, pattern TEXT NOT NULL, slots TEXT NOT NULL, body TEXT NOT NULL,
+        source_plan TEXT NOT NULL, created_by TEXT NOT NULL, created_at TEXT NOT NULL)""",
+]
+MIGRATIONS: list[list[str]] = [SCHEMA_V1, SCHEMA_V2]
 """Schema migrations, in order: migration N brings the schema from version N-1 to N."""

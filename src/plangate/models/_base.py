@@ -1,0 +1,100 @@
+"""One model interface: a request goes in, a response with text, tool calls, thinking and usage comes out."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+from plangate.errors import PlangateError
+
+Effort = Literal["low", "medium", "high"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Message:
+    role: Literal["user", "assistant", "tool"]
+    content: str
+    tool_call_id: str | None = None
+    tool_calls: tuple[ToolCall, ...] = ()
+
+
+@dataclass(frozen=True, kw_only=True)
+class ToolSpec:
+    """A tool offered to a model for native tool calling."""
+
+    name: str
+    description: str
+    parameters: dict[str, Any]
+
+
+@dataclass(frozen=True, kw_only=True)
+class ToolCall:
+    id: str
+    name: str
+    arguments: dict[str, Any]
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelRequest:
+    """What a model is asked.
+
+    ``thinking_budget`` (tokens) is used by models that take one (Claude's extended
+    thinking); ``effort`` by those that take a level (OpenAI's reasoning models); a model
+    ignores what it cannot use. ``json_schema`` asks for output of that shape where the
+    provider can constrain it.
+    """
+
+    system: str
+    messages: tuple[Message, ...]
+    max_tokens: int = 4096
+    thinking_budget: int | None = None
+    effort: Effort | None = None
+    json_schema: dict[str, Any] | None = None
+    stop: tuple[str, ...] = ()
+    tools: tuple[ToolSpec, ...] = ()
+    temperature: float | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Usage:
+    """Tokens by kind. ``thinking`` is part of ``output`` when a provider counts it there."""
+
+    input: int = 0
+    output: int = 0
+    thinking: int = 0
+
+    def __add__(self, other: Usage) -> Usage:
+        return Usage(
+            input=self.input + other.input, output=self.output + other.output, thinking=self.thinking + other.thinking
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelResponse:
+    text: str
+    usage: Usage = field(default_factory=Usage)
+    thinking: str = ""
+    tool_calls: tuple[ToolCall, ...] = ()
+    model: str = ""
+    stop_reason: str | None = None
+    seconds: float = 0.0
+
+
+class Model(Protocol):
+    """Anything that answers a :class:`ModelRequest`. ``name`` is ``provider:model``."""
+
+    name: str
+
+    def complete(self, request: ModelRequest) -> ModelResponse: ...
+
+
+class ModelError(PlangateError):
+    """A model call failed: the provider errored or timed out, refused, or answered nothing.
+
+    ``retryable`` says whether the same call may succeed later (a timeout, an overloaded
+    provider) or not (a refusal, a bad request, a missing key).
+    """
+
+    def __init__(self, message: str, *, retryable: bool = False) -> None:
+        super().__init__(message)
+        self.retryable = retryable

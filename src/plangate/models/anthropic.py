@@ -1,0 +1,111 @@
+"""Claude through the official ``anthropic`` SDK, with extended thinking.
+
+Install with ``pip install 'plangate[anthropic]'``; the key comes from
+``ANTHROPIC_API_KEY`` as the SDK reads it.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from plangate.models._base import Message, ModelError, ModelRequest, ModelResponse, ToolCall, Usage
+
+try:
+    import anthropic
+except ImportError as exc:  # pragma: no cover - depends on the environment
+    raise ImportError("the Anthropic adapter needs its SDK: pip install 'plangate[anthropic]'") from exc
+
+MIN_THINKING = 1024  # the API's smallest thinking budget
+
+
+class AnthropicModel:
+    """``anthropic:MODEL``. Extended thinking is on when the request carries a thinking budget."""
+
+    def __init__(self, model: str, *, client: Any = None, timeout: float = 600.0, **client_options: Any) -> None:
+        self.model = model
+        self.name = f"anthropic:{model}"
+        try:
+            self.client = client or anthropic.Anthropic(timeout=timeout, **client_options)
+        except anthropic.AnthropicError as exc:
+            raise ModelError(f"cannot set up the Anthropic client: {exc}") from None
+
+    def complete(self, request: ModelRequest) -> ModelResponse:
+        params: dict[str, Any] = {
+            "model": self.model,
+            "max_tokens": request.max_tokens,
+            "system": request.system,
+            "messages": [_message(m) for m in request.messages],
+        }
+        if request.thinking_budget:
+            budget = max(MIN_THINKING, request.thinking_budget)
+            params["thinking"] = {"type": "enabled", "budget_tokens": budget}
+            params["max_tokens"] = max(request.max_tokens, budget + 1024)
+        elif request.temperature is not None:
+            params["temperature"] = request.temperature
+        if request.stop:
+            params["stop_sequences"] = list(request.stop)
+        if request.tools:
+            params["tools"] = [
+                {"name": t.name, "description": t.description, "input_schema": t.parameters} for t in request.tools
+            ]
+        start = time.perf_counter()
+        try:
+            message = self.client.messages.create(**params)
+        except anthropic.APITimeoutError:
+            raise ModelError(f"{self.name}: the request timed out", retryable=True) from None
+        except anthropic.APIConnectionError as exc:
+            raise ModelError(f"{self.name}: cannot reach the API: {exc}", retryable=True) from None
+        except anthropic.APIStatusError as exc:
+            raise ModelError(
+                f"{self.name}: HTTP {exc.status_code}: {_detail(exc)}",
+                retryable=exc.status_code in (408, 409, 429) or exc.status_code >= 500,
+            ) from None
+        return _response(self.name, message, time.perf_counter() - start)
+
+
+def _message(message: Message) -> dict[str, Any]:
+    if message.role == "tool":
+        return {
+            "role": "user",
+            "content": [{"type": "tool_result", "tool_use_id": message.tool_call_id, "content": message.content}],
+        }
+    if message.tool_calls:
+        blocks: list[dict[str, Any]] = [{"type": "text", "text": message.content}] if message.content else []
+        blocks += [{"type": "tool_use", "id": c.id, "name": c.name, "input": c.arguments} for c in message.tool_calls]
+        return {"role": "assistant", "content": blocks}
+    return {"role": message.role, "content": message.content}
+
+
+def _response(name: str, message: Any, seconds: float) -> ModelResponse:
+    texts, thoughts, calls = [], [], []
+    for block in message.content:
+        if block.type == "text":
+            texts.append(block.text)
+        elif block.type == "thinking":
+            thoughts.append(block.thinking)
+        elif block.type == "redacted_thinking":
+            thoughts.append("[redacted thinking]")
+        elif block.type == "tool_use":
+            calls.append(ToolCall(id=block.id, name=block.name, arguments=dict(block.input)))
+    if message.stop_reason == "refusal":
+        raise ModelError(f"{name} refused to answer", retryable=False)
+    usage = message.usage
+    details = getattr(usage, "output_tokens_details", None)
+    thinking = getattr(details, "thinking_tokens", None) or 0
+    return ModelResponse(
+        text="".join(texts),
+        thinking="\n\n".join(thoughts),
+        tool_calls=tuple(calls),
+        usage=Usage(input=usage.input_tokens, output=usage.output_tokens, thinking=thinking),
+        model=message.model,
+        stop_reason=message.stop_reason,
+        seconds=seconds,
+    )
+
+
+def _detail(exc: Any) -> str:
+    body = getattr(exc, "body", None)
+    if isinstance(body, dict) and isinstance(body.get("error"), dict):
+        return str(body["error"].get("message") or body["error"])
+    return str(exc)

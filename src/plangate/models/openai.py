@@ -1,0 +1,153 @@
+"""OpenAI models, and any OpenAI-compatible server, through the official ``openai`` SDK.
+
+``openai:MODEL`` talks to OpenAI (key from ``OPENAI_API_KEY``), with ``reasoning_effort``
+and structured output. ``openai-compatible:MODEL`` talks to any server that speaks the
+same API (vLLM, Ollama, the llama.cpp server) at ``base_url``.
+Install with ``pip install 'plangate[openai]'``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any, Literal
+
+from plangate.models._base import Message, ModelError, ModelRequest, ModelResponse, ToolCall, Usage
+
+try:
+    import openai
+except ImportError as exc:  # pragma: no cover - depends on the environment
+    raise ImportError("the OpenAI adapter needs its SDK: pip install 'plangate[openai]'") from exc
+
+StructuredOutput = Literal["json_schema", "json_object", "none"]
+
+
+class OpenAIModel:
+    """An OpenAI (or compatible) chat model.
+
+    ``structured`` says how to ask for JSON of the request's schema: ``json_schema``
+    (OpenAI, vLLM), ``json_object`` with the schema beside it (the llama.cpp server), or
+    ``none`` (the planner then parses leniently). The plan schema leaves parameters open,
+    which strict mode cannot express, so the schema is sent with ``strict: false``.
+    """
+
+    def __init__(
+        self,
+        model: str,
+        *,
+        base_url: str | None = None,
+        provider: str = "openai",
+        structured: StructuredOutput = "json_schema",
+        reasoning: bool = True,
+        client: Any = None,
+        timeout: float = 600.0,
+        **client_options: Any,
+    ) -> None:
+        self.model = model
+        self.name = f"{provider}:{model}"
+        self.structured = structured
+        self.reasoning = reasoning
+        try:
+            self.client = client or openai.OpenAI(base_url=base_url, timeout=timeout, **client_options)
+        except openai.OpenAIError as exc:
+            raise ModelError(f"cannot set up the OpenAI client: {exc}") from None
+
+    def complete(self, request: ModelRequest) -> ModelResponse:
+        params: dict[str, Any] = {
+            "model": self.model,
+            "messages": [{"role": "system", "content": request.system}, *(_message(m) for m in request.messages)],
+            "max_completion_tokens": request.max_tokens,
+        }
+        if self.reasoning and request.effort is not None:
+            params["reasoning_effort"] = request.effort
+        if request.temperature is not None and not (self.reasoning and request.effort):
+            params["temperature"] = request.temperature
+        if request.stop:
+            params["stop"] = list(request.stop)
+        if request.json_schema is not None and self.structured != "none":
+            params["response_format"] = _response_format(self.structured, request.json_schema)
+        if request.tools:
+            params["tools"] = [
+                {
+                    "type": "function",
+                    "function": {"name": t.name, "description": t.description, "parameters": t.parameters},
+                }
+                for t in request.tools
+            ]
+        start = time.perf_counter()
+        try:
+            completion = self.client.chat.completions.create(**params)
+        except openai.APITimeoutError:
+            raise ModelError(f"{self.name}: the request timed out", retryable=True) from None
+        except openai.APIConnectionError as exc:
+            raise ModelError(f"{self.name}: cannot reach the server: {exc}", retryable=True) from None
+        except openai.APIStatusError as exc:
+            raise ModelError(
+                f"{self.name}: HTTP {exc.status_code}: {_detail(exc)}",
+                retryable=exc.status_code in (408, 409, 429) or exc.status_code >= 500,
+            ) from None
+        return _response(self.name, completion, time.perf_counter() - start)
+
+
+def _response_format(mode: StructuredOutput, schema: dict[str, Any]) -> dict[str, Any]:
+    if mode == "json_object":
+        return {"type": "json_object", "schema": schema}
+    return {"type": "json_schema", "json_schema": {"name": "plan", "schema": schema, "strict": False}}
+
+
+def _message(message: Message) -> dict[str, Any]:
+    if message.role == "tool":
+        return {"role": "tool", "tool_call_id": message.tool_call_id, "content": message.content}
+    if message.tool_calls:
+        return {
+            "role": "assistant",
+            "content": message.content or None,
+            "tool_calls": [
+                {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": json.dumps(c.arguments)}}
+                for c in message.tool_calls
+            ],
+        }
+    return {"role": message.role, "content": message.content}
+
+
+def _response(name: str, completion: Any, seconds: float) -> ModelResponse:
+    if not completion.choices:
+        raise ModelError(f"{name} answered with no choices")
+    choice = completion.choices[0]
+    message = choice.message
+    if getattr(message, "refusal", None):
+        raise ModelError(f"{name} refused to answer: {message.refusal}")
+    calls = []
+    for call in message.tool_calls or ():
+        try:
+            arguments = json.loads(call.function.arguments or "{}")
+        except json.JSONDecodeError:
+            arguments = {"__unparsed__": call.function.arguments}
+        calls.append(ToolCall(id=call.id, name=call.function.name, arguments=arguments))
+    usage = completion.usage
+    details = getattr(usage, "completion_tokens_details", None) if usage else None
+    thinking_text = (
+        getattr(message, "reasoning_content", None) or (message.model_extra or {}).get("reasoning_content") or ""
+    )
+    return ModelResponse(
+        text=message.content or "",
+        thinking=thinking_text,
+        tool_calls=tuple(calls),
+        usage=Usage(
+            input=usage.prompt_tokens if usage else 0,
+            output=usage.completion_tokens if usage else 0,
+            thinking=(getattr(details, "reasoning_tokens", None) or 0) if details else 0,
+        ),
+        model=completion.model or name,
+        stop_reason=choice.finish_reason,
+        seconds=seconds,
+    )
+
+
+def _detail(exc: Any) -> str:
+    body = getattr(exc, "body", None)
+    if isinstance(body, dict):
+        error = body.get("error", body)
+        if isinstance(error, dict):
+            return str(error.get("message") or error)
+    return str(exc)
