@@ -130,6 +130,13 @@ class SequenceRule(_Rules):
     message: str | None = None
 
 
+class Budgets(_Rules):
+    """Caps on what planning may cost, in US dollars (prices from the price table)."""
+
+    per_plan_usd: float | None = Field(default=None, ge=0)
+    per_day_usd: float | None = Field(default=None, ge=0)
+
+
 class ResourceRules(_Rules):
     exclusive_writes: bool = True
 
@@ -156,6 +163,7 @@ class Policy(_Rules):
     sequences: list[SequenceRule] = Field(default_factory=list)
     resources: ResourceRules = Field(default_factory=ResourceRules)
     approval: ApprovalRules = Field(default_factory=ApprovalRules)
+    budgets: Budgets = Field(default_factory=Budgets)
 
     @model_validator(mode="after")
     def _consistent(self) -> Policy:

@@ -19,6 +19,7 @@ from plangate.check import CheckResult, check
 from plangate.engine import DEFAULT_CONCURRENCY, Engine, Progress, RunResult, recorded_result
 from plangate.errors import GovernanceError, NotFoundError, StateError, UsageError
 from plangate.plan import Plan
+from plangate.planner import PlanningResult
 from plangate.policy import Policy
 from plangate.store import ApprovalRow, Event, PlanRow, PlanStatus, Store, VersionRow, open_store
 from plangate.tools import Catalogue
@@ -79,9 +80,19 @@ class Runtime:
         self.tools = tools
 
     # -- submit, decide, edit --------------------------------------------------------------
-    def submit(self, plan: PlanInput, requested_by: str, role: str | None = None) -> PlanRecord:
-        """Check and hold a plan against the policy, record it, and say what it needs."""
-        parsed = plan if isinstance(plan, Plan) else Plan.parse(plan)
+    def submit(self, plan: PlanInput | PlanningResult, requested_by: str, role: str | None = None) -> PlanRecord:
+        """Check and hold a plan against the policy, record it, and say what it needs.
+
+        Given a :class:`~plangate.planner.PlanningResult`, how the plan was made (the
+        template and its slots, or the model, its budget, tokens, cost and thinking) is
+        recorded in the audit log with it. The thinking stays there: it is never passed on
+        to a tool.
+        """
+        planning: PlanningResult | None = None
+        if isinstance(plan, PlanningResult):
+            planning, parsed = plan, plan.plan
+        else:
+            parsed = plan if isinstance(plan, Plan) else Plan.parse(plan)
         result = check(parsed, self._catalogue(), self.policy, user=requested_by, role=role)
         plan_id, now = self.clock.new_id(), self._now()
         with self.store.transaction():
@@ -114,6 +125,9 @@ class Runtime:
                     "tools": self.tools,
                 },
             )
+            if planning is not None:
+                self._event(plan_id, 1, "plan.planned", planning.model or "library", planning.record())
+                self.store.link_calls([call.id for call in planning.calls], plan_id)
             self._new_version(plan_id, 1, parsed, requested_by, result)
         return self.get(plan_id)
 

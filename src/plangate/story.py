@@ -68,6 +68,14 @@ def _step(verb: str) -> Teller:
 _TELLERS: dict[str, Teller] = {
     "plan.submitted": _submitted,
     "plan.checked": _checked,
+    "plan.planned": lambda d, _: (
+        f"planned from template {d['template']!r} with {d['slots']}"
+        if d["source"] == "library"
+        else f"planned by {d['model']}: {d['input_tokens']} in / {d['output_tokens']} out "
+        f"({d['thinking_tokens']} thinking) tokens, budget {d['budget']}, "
+        + (f"{d['cost_usd']:.4f} USD" if d["cost_usd"] is not None else "cost unknown")
+        + f", {d['calls']} call(s), {d['seconds']:.1f} s"
+    ),
     "plan.approval": _approval,
     "plan.pending_approval": lambda d, _: f"waiting for approval by {' and by '.join(d['needs'])}",
     "plan.approved": lambda d, _: (

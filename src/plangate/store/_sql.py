@@ -269,7 +269,7 @@ class SQLStore(Store):
 
     # -- reads ---------------------------------------------------------------------------
     def calls(self, *, plan_id: str | None = None, since: str | None = None) -> list[CallRow]:
-        query = f"SELECT {self._CALL_COLUMNS} FROM model_calls WHERE 1 = 1"  # noqa: S608
+        query = f"SELECT {self._CALL_COLUMNS} FROM model_calls WHERE 1 = 1"
         params: list[Any] = []
         if plan_id is not None:
             query, params = query + " AND plan_id = ?", [*params, plan_id]

@@ -1,0 +1,62 @@
+"""What model calls cost: a price table the user can edit, and the caps a policy sets."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from fnmatch import fnmatchcase
+from importlib import resources
+from pathlib import Path
+
+import yaml
+
+from plangate.errors import UsageError
+from plangate.models import Usage
+
+
+@dataclass(frozen=True, kw_only=True)
+class Price:
+    """US dollars per million tokens; thinking is billed as output."""
+
+    input: float
+    output: float
+
+    def cost(self, usage: Usage) -> float:
+        # Providers count thinking inside output when they report it; never bill it twice.
+        output = max(usage.output, usage.thinking)
+        return (usage.input * self.input + output * self.output) / 1_000_000
+
+
+@dataclass(frozen=True)
+class PriceTable:
+    """Model name patterns to prices; the first pattern that matches wins."""
+
+    entries: tuple[tuple[str, Price], ...]
+
+    @classmethod
+    def load(cls, path: str | Path | None = None) -> PriceTable:
+        """The table at ``path``, or ``$PLANGATE_PRICES``, or the bundled one."""
+        chosen = path or os.environ.get("PLANGATE_PRICES")
+        try:
+            text = (
+                Path(chosen).read_text() if chosen else resources.files("plangate").joinpath("prices.yaml").read_text()
+            )
+            data = yaml.safe_load(text) or {}
+        except (OSError, yaml.YAMLError) as exc:
+            raise UsageError(f"cannot read the price table {str(chosen or 'prices.yaml')!r}: {exc}") from None
+        if not isinstance(data, dict):
+            raise UsageError("a price table maps model patterns to {input: USD, output: USD} per million tokens")
+        entries = []
+        for pattern, row in data.items():
+            if not (isinstance(row, dict) and {"input", "output"} <= set(row)):
+                raise UsageError(f"price for {pattern!r}: write {{input: USD, output: USD}} per million tokens")
+            entries.append((str(pattern), Price(input=float(row["input"]), output=float(row["output"]))))
+        return cls(tuple(entries))
+
+    def price(self, model: str) -> Price | None:
+        return next((price for pattern, price in self.entries if fnmatchcase(model, pattern)), None)
+
+    def cost(self, model: str, usage: Usage) -> float | None:
+        """The cost in dollars, or ``None`` when the table has no price for the model."""
+        price = self.price(model)
+        return None if price is None else price.cost(usage)
