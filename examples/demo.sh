@@ -40,6 +40,18 @@ run plangate execute "$ID" --as ops
 say "Executing a finished plan repeats nothing"
 run plangate execute "$ID"
 
+say "The approved plan joins the library: its task's values become typed slots"
+run plangate library add "$ID" --name refund-and-tell --as dave
+
+say "Planning offline, with no model: a new task fills the template (then check, policy, approval as ever)"
+run plangate plan "Refund invoice 44 and tell the customer" --tools "$TOOLS" --policy "$POLICY" --as alice
+run plangate run "Refund invoice 44 and tell the customer" --tools "$TOOLS" --policy "$POLICY" --as alice
+NEXT=$(plangate list --json | python3 -c "import json, sys; print(json.load(sys.stdin)[-1]['id'])")
+NEXT_HASH=$(plangate list --json | python3 -c "import json, sys; print(json.load(sys.stdin)[-1]['hash'])")
+run plangate approve "$NEXT" --as dave --hash "$NEXT_HASH"
+run plangate approve "$NEXT" --as carol --hash "$NEXT_HASH"
+run plangate execute "$NEXT"
+
 say "A plan the policy rejects: destructive SQL, a role without the right, two emails at once"
 run plangate submit examples/plans/cleanup.json --tools "$TOOLS" --policy "$POLICY" --as alice
 
@@ -56,5 +68,5 @@ say "The audit log is intact (any edit, deletion or reordering would be named)"
 run plangate audit verify
 run plangate list
 
-say "What the example business saw: one refund, one email (counted by the business itself)"
+say "What the example business saw: two refunds, two emails (counted by the business itself)"
 python3 -c "import sys; sys.path.insert(0, 'examples'); import business; print(business.effect_counts())"
