@@ -146,3 +146,60 @@ def test_the_in_process_gguf_model() -> None:
     assert response.usage.input > 5 and 0 < response.usage.output <= 16
     assert model.name == "llamacpp:SmolLM2-135M-Instruct.Q4_1.gguf"
     assert os.path.getsize(smollm2()) > 50_000_000
+
+
+def test_react_against_the_real_server(server: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    db = f"sqlite:///{tmp_path}/react.db"
+    monkeypatch.setenv("PLANGATE_DB", db)
+    done = CliRunner().invoke(
+        main,
+        [
+            "react",
+            "What is 6 times 7?",
+            "--tools",
+            "plangate.tools.basic",
+            "--model",
+            "openai-compatible:smollm2",
+            "--base-url",
+            server,
+            "--max-steps",
+            "3",
+            "--max-tokens",
+            "48",
+        ],
+    )
+    output = done.stdout + done.stderr
+    assert done.exit_code in (0, 3), output
+    assert "model calls" in output and ("Final answer:" in output or "stopped:" in output)
+    store = open_store(db)
+    run_id = store.list_plans()[0].id
+    kinds = [e.kind for e in store.events(run_id)]
+    assert kinds[0] == "react.started" and kinds[-1] in ("react.answered", "react.stopped")
+    calls = store.calls(plan_id=run_id)
+    assert 1 <= len(calls) <= 3 and all(c.input_tokens > 0 and 0 < c.output_tokens <= 48 for c in calls)
+
+
+def test_compare_against_the_real_server(server: str, tmp_path: Path) -> None:
+    tasks = tmp_path / "tasks.yaml"
+    tasks.write_text("tasks:\n  - question: What is 6 times 7?\n    expect: '42'\n")
+    done = CliRunner().invoke(
+        main,
+        [
+            "compare",
+            str(tasks),
+            "--tools",
+            "plangate.tools.basic",
+            "--model",
+            "openai-compatible:smollm2",
+            "--base-url",
+            server,
+            "--max-tokens",
+            "64",
+            "--db",
+            f"sqlite:///{tmp_path}/compare.db",
+        ],
+    )
+    assert done.exit_code == 0, done.stdout + done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0].split()[:2] == ["task", "mode"]
+    assert [line.split()[1] for line in lines[1:3]] == ["plan", "react"]

@@ -383,9 +383,14 @@ def list_command(*, status: str | None, db: str | None, as_json: bool) -> None:
 
 
 def _show(record: Any) -> None:
-    click.echo(f"plan {record.id} v{record.version} ({record.status}), requested by {record.requested_by}")
+    what = "ReAct run" if record.kind == "react" else "plan"
+    click.echo(f"{what} {record.id} v{record.version} ({record.status}), requested by {record.requested_by}")
     click.echo(f"  task: {record.task} [{record.category}]  hash: {record.hash}")
-    for step in record.plan.steps:
+    if record.action is not None:
+        action = record.action
+        click.echo(f"  pending action {action['number']}: {action['tool']}({json.dumps(action['arguments'])})")
+        click.echo(f"     why: {action['thought']}")
+    for step in record.plan.steps if record.plan is not None else ():
         when = f" if {step.condition}" if step.condition else ""
         click.echo(f"  {step.id}. {step.tool}({json.dumps(step.params, ensure_ascii=False)}){when}")
         click.echo(f"     why: {step.rationale}")
@@ -740,3 +745,153 @@ def library_remove_command(*, name: str, db: str | None) -> None:
     if not removed:
         raise UsageError(f"no template named {name!r}")
     click.echo(f"removed template {name!r}")
+
+
+# -- ReAct and the comparison ---------------------------------------------------------------
+
+
+@main.command("react")
+@click.argument("question", required=False)
+@tools_option
+@model_option
+@base_url_option
+@click.option(
+    "--policy",
+    "policy_file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    envvar="PLANGATE_POLICY",
+    help="Policy YAML file. Env: PLANGATE_POLICY.",
+)
+@click.option("--as", "user", default="react", show_default=True, metavar="USER", help="Who asks (recorded).")
+@click.option("--role", metavar="ROLE", help="The asker's role, for the policy.")
+@click.option(
+    "--mode",
+    type=click.Choice(["text", "native"]),
+    default="text",
+    show_default=True,
+    help="text: Thought/Action/Observation; native: the provider's tool calling.",
+)
+@click.option("--max-steps", default=10, show_default=True, help="Stop after this many turns.")
+@click.option("--max-tokens", default=1024, show_default=True, help="The most tokens per model turn.")
+@click.option("--resume", "resume_id", metavar="ID", help="Carry on a run paused for an approval.")
+@prices_option
+@db_option
+@_plain_errors
+def react_command(
+    *,
+    question: str | None,
+    tools_spec: str,
+    model_spec: str | None,
+    base_url: str | None,
+    policy_file: Path | None,
+    user: str,
+    role: str | None,
+    mode: str,
+    max_steps: int,
+    max_tokens: int,
+    resume_id: str | None,
+    prices_file: Path | None,
+    db: str | None,
+) -> None:
+    """Answer QUESTION with a ReAct loop, printing each step as it happens and the answer last.
+
+    Write actions pause for an approval (plangate approve RUN_ID ...), then --resume RUN_ID.
+    Exit 0 when answered (or paused), 3 when stopped (max steps, a loop, unparseable output).
+    """
+    from plangate.costs import PriceTable
+    from plangate.models import from_spec
+    from plangate.react import ReActAgent
+
+    if not model_spec:
+        raise UsageError("ReAct needs a model: --model PROVIDER:NAME")
+    if (question is None) == (resume_id is None):
+        raise UsageError("give a QUESTION, or --resume RUN_ID")
+    runtime = _runtime(db, tools_spec, policy_file)
+    agent = ReActAgent(
+        from_spec(model_spec, base_url=base_url),
+        runtime.catalogue,
+        runtime.store,
+        policy=runtime.policy,
+        clock=runtime.clock,
+        prices=PriceTable.load(prices_file),
+        mode="native" if mode == "native" else "text",
+        max_steps=max_steps,
+        max_tokens=max_tokens,
+        user=user,
+        role=role,
+        on_step=_print_step,
+    )
+    result = agent.resume(runtime.resolve_id(resume_id)) if resume_id else agent.run(question or "")
+    click.echo(
+        f"run {result.run_id}: {result.model_calls} model calls, {result.usage.input} input and "
+        f"{result.usage.output} output tokens, {result.tool_calls} tool calls"
+    )
+    if result.status == "answered":
+        click.echo(f"Final answer: {result.answer}")
+    elif result.status == "paused":
+        click.echo(
+            f"{result.reason}\n  approve with: plangate approve {result.run_id[:8]} --as APPROVER --hash "
+            f"{result.pending_hash}\n  then: plangate react --resume {result.run_id[:8]} --tools ... --model ..."
+        )
+    else:
+        click.echo(f"stopped: {result.reason}")
+    sys.exit(EXIT_HALTED if result.status == "stopped" else 0)
+
+
+def _print_step(step: Any) -> None:
+    if step.thought:
+        click.echo(f"[{step.number}] Thought: {step.thought}")
+    if step.tool:
+        click.echo(f"[{step.number}] Action: {step.tool} {json.dumps(step.arguments, ensure_ascii=False)}")
+    if step.kind in ("action", "refused", "unparsed"):
+        text = step.observation if len(step.observation) <= 300 else step.observation[:297] + "..."
+        click.echo(f"[{step.number}] Observation: {text}")
+
+
+@main.command("compare")
+@click.argument("tasks_file", metavar="TASKS.yaml", type=click.Path(dir_okay=False, path_type=Path))
+@tools_option
+@model_option
+@base_url_option
+@click.option(
+    "--policy",
+    "policy_file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    envvar="PLANGATE_POLICY",
+    help="Policy YAML file. Env: PLANGATE_POLICY.",
+)
+@click.option("--max-tokens", default=2048, show_default=True, help="The most tokens per model call.")
+@prices_option
+@db_option
+@_plain_errors
+def compare_command(
+    *,
+    tasks_file: Path,
+    tools_spec: str,
+    model_spec: str | None,
+    base_url: str | None,
+    policy_file: Path | None,
+    max_tokens: int,
+    prices_file: Path | None,
+    db: str | None,
+) -> None:
+    """Run each task in plan mode and in ReAct mode with the same model and tools; print a table."""
+    from plangate.compare import Comparison, load_tasks, table
+    from plangate.costs import PriceTable
+    from plangate.models import from_spec
+
+    if not model_spec:
+        raise UsageError("the comparison needs a model: --model PROVIDER:NAME")
+    tasks = load_tasks(tasks_file)
+    runtime = _runtime(db, tools_spec, policy_file)
+    comparison = Comparison(
+        model=from_spec(model_spec, base_url=base_url),
+        catalogue=runtime.catalogue,
+        store=runtime.store,
+        policy=runtime.policy,
+        clock=runtime.clock,
+        prices=PriceTable.load(prices_file),
+        max_tokens=max_tokens,
+    )
+    for line in table(comparison.run(tasks)):
+        click.echo(line)

@@ -207,10 +207,13 @@ class Policy(_Rules):
             raise PolicyError(f"cannot read policy {str(path)!r}: {exc}") from None
         return cls.from_yaml(text, source=str(path))
 
+    def canonical_json(self) -> str:
+        return canonical(self.model_dump(mode="json"))
+
     @cached
     def hash(self) -> str:
         """SHA-256 of the policy's canonical JSON form: recorded with every decision."""
-        return hashlib.sha256(canonical(self.model_dump(mode="json")).encode()).hexdigest()
+        return hashlib.sha256(self.canonical_json().encode()).hexdigest()
 
     def call_violations(self, step: Step, tool: Tool, params: Mapping[str, Any]) -> list[Violation]:
         """The deny rules held against a step's parameters as resolved just before the call.

@@ -40,13 +40,16 @@ class PlanRecord:
     category: str
     requested_by: str
     role: str | None
-    plan: Plan
+    plan: Plan | None
     violations: tuple[Violation, ...] = ()
     decision: dict[str, Any] | None = None
     needs: tuple[str, ...] = ()
+    kind: str = "plan"
+    action: dict[str, Any] | None = None
 
     def __str__(self) -> str:
-        text = f"plan {self.id} v{self.version} {self.hash[:12]}: {self.status}"
+        what = "ReAct run" if self.kind == "react" else "plan"
+        text = f"{what} {self.id} v{self.version} {self.hash[:12]}: {self.status}"
         if self.status == "pending_approval" and self.needs:
             text += f" (needs approval by {' and by '.join(self.needs)})"
         if self.violations:
@@ -202,6 +205,7 @@ class Runtime:
         parsed = new_plan if isinstance(new_plan, Plan) else Plan.parse(new_plan)
         with self.store.transaction():
             plan, _ = self._current(plan_id)
+            _not_react(plan)
             if plan.status not in ("pending_approval", "approved", "rejected"):
                 raise StateError(f"plan {plan.id} is {plan.status}; only a plan not yet executed can be edited")
             if parsed.hash == plan.hash:
@@ -226,6 +230,7 @@ class Runtime:
     ) -> RunResult:
         """Run an approved plan. A finished plan is not run again: its recorded result comes back."""
         plan, version = self._current(plan_id)
+        _not_react(plan)
         if plan.status in ("succeeded", "halted"):
             return self._recorded(plan, version)
         if plan.status == "running":
@@ -241,6 +246,7 @@ class Runtime:
     ) -> RunResult:
         """Continue a halted or interrupted run: completed steps are loaded, never run again."""
         plan, version = self._current(plan_id)
+        _not_react(plan)
         if plan.status == "succeeded":
             return self._recorded(plan, version)
         if plan.status not in ("running", "halted", "approved"):
@@ -270,6 +276,20 @@ class Runtime:
 
     # -- read ------------------------------------------------------------------------------
     def get(self, plan_id: str) -> PlanRecord:
+        row = self.store.get_plan(self.resolve_id(plan_id))
+        if row is not None and row.kind == "react" and row.version == 0:  # a ReAct run with no pending action
+            return PlanRecord(
+                id=row.id,
+                version=0,
+                hash=row.hash,
+                status=row.status,
+                task=row.task,
+                category=row.category,
+                requested_by=row.requested_by,
+                role=row.role,
+                plan=None,
+                kind="react",
+            )
         plan, version = self._current(plan_id)
         check_data = version.check
         violations = tuple(Violation(**v) for v in check_data.get("violations", []))
@@ -288,19 +308,20 @@ class Runtime:
             category=plan.category,
             requested_by=plan.requested_by,
             role=plan.role,
-            plan=Plan.parse(version.body),
+            plan=None if plan.kind == "react" else Plan.parse(version.body),
             violations=violations,
             decision=decision,
             needs=needs,
+            kind=plan.kind,
+            action=check_data.get("action"),
         )
 
     def list_plans(self, status: str | None = None, limit: int = 100) -> list[PlanRow]:
         return self.store.list_plans(status, limit)
 
     def trace(self, plan_id: str) -> list[Event]:
-        """Every event recorded under the plan, in order: the whole story."""
-        plan, _ = self._current(plan_id)
-        return list(self.store.events(plan.id))
+        """Every event recorded under the plan (or ReAct run), in order: the whole story."""
+        return list(self.store.events(self.resolve_id(plan_id)))
 
     def resolve_id(self, text: str) -> str:
         """A full plan id from an id or a unique prefix of one (at least 6 characters)."""
@@ -333,7 +354,7 @@ class Runtime:
 
     def _new_version(self, plan_id: str, number: int, plan: Plan, author: str, result: CheckResult) -> None:
         if self.policy is not None:
-            self.store.save_policy(self.policy.hash, self.policy.name, _policy_body(self.policy))
+            self.store.save_policy(self.policy.hash, self.policy.name, self.policy.canonical_json())
         self.store.insert_version(
             VersionRow(
                 plan_id=plan_id,
@@ -414,5 +435,6 @@ class Runtime:
         return iso(self.clock.now())
 
 
-def _policy_body(policy: Policy) -> str:
-    return json.dumps(policy.model_dump(mode="json"), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+def _not_react(plan: PlanRow) -> None:
+    if plan.kind == "react":
+        raise StateError(f"{plan.id} is a ReAct run, not a plan: continue it with plangate react --resume {plan.id}")

@@ -25,6 +25,7 @@ class PlanRow:
     tools: str | None
     created_at: str
     updated_at: str
+    kind: Literal["plan", "react"] = "plan"
 
 
 @dataclass(frozen=True, kw_only=True)

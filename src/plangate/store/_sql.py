@@ -78,7 +78,7 @@ class SQLStore(Store):
         self._require_tx()
         self._exec(
             "INSERT INTO plans (id, status, version, hash, task, category, requested_by, role, tools, created_at,"
-            " updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            " updated_at, kind) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (
                 row.id,
                 row.status,
@@ -91,6 +91,7 @@ class SQLStore(Store):
                 row.tools,
                 row.created_at,
                 row.updated_at,
+                row.kind,
             ),
         )
 
@@ -317,7 +318,7 @@ class SQLStore(Store):
 
     def get_plan(self, plan_id: str) -> PlanRow | None:
         row = self._exec(
-            "SELECT id, status, version, hash, task, category, requested_by, role, tools, created_at, updated_at"
+            "SELECT id, status, version, hash, task, category, requested_by, role, tools, created_at, updated_at, kind"
             " FROM plans WHERE id = ?",
             (plan_id,),
         ).fetchone()
@@ -330,7 +331,7 @@ class SQLStore(Store):
 
     def list_plans(self, status: str | None = None, limit: int = 100) -> list[PlanRow]:
         query = (
-            "SELECT id, status, version, hash, task, category, requested_by, role, tools, created_at, updated_at"
+            "SELECT id, status, version, hash, task, category, requested_by, role, tools, created_at, updated_at, kind"
             " FROM plans"
         )
         params: tuple[Any, ...] = ()
@@ -456,6 +457,7 @@ def _plan(row: Any) -> PlanRow:
         tools=row[8],
         created_at=row[9],
         updated_at=row[10],
+        kind=row[11],
     )
 
 
@@ -498,5 +500,6 @@ SCHEMA_V2 = [
         name TEXT PRIMARY KEY, pattern TEXT NOT NULL, slots TEXT NOT NULL, body TEXT NOT NULL,
         source_plan TEXT NOT NULL, created_by TEXT NOT NULL, created_at TEXT NOT NULL)""",
 ]
-MIGRATIONS: list[list[str]] = [SCHEMA_V1, SCHEMA_V2]
+SCHEMA_V3 = ["ALTER TABLE plans ADD COLUMN kind TEXT NOT NULL DEFAULT 'plan'"]
+MIGRATIONS: list[list[str]] = [SCHEMA_V1, SCHEMA_V2, SCHEMA_V3]
 """Schema migrations, in order: migration N brings the schema from version N-1 to N."""
