@@ -188,7 +188,7 @@ def test_a_write_action_pauses_for_approval_and_resumes(store: Store, tmp_path: 
     assert record.needs == ("a person", "privacy")
     with pytest.raises(Exception, match="ann requested"):
         runtime.approve(paused.run_id, "ann", paused.pending_hash or "")
-    with pytest.raises(Exception, match="not approved|pending_approval"):
+    with pytest.raises(Exception, match=r"not approved|pending_approval"):
         react.resume(paused.run_id)
     runtime.approve(paused.run_id, "ben", paused.pending_hash or "")
     runtime.approve(paused.run_id, "cat", paused.pending_hash or "")
