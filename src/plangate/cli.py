@@ -59,6 +59,13 @@ tools_option = click.option(
     help="Tools module: an import path (pkg.tools) or a .py file. Env: PLANGATE_TOOLS.",
 )
 json_option = click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+policy_option = click.option(
+    "--policy",
+    "policy_file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    envvar="PLANGATE_POLICY",
+    help="Policy YAML file to hold plans against. Env: PLANGATE_POLICY.",
+)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -70,13 +77,7 @@ def main() -> None:
 @main.command("check")
 @click.argument("plan_file", metavar="PLAN.json", type=click.Path(dir_okay=False, path_type=Path))
 @tools_option
-@click.option(
-    "--policy",
-    "policy_file",
-    type=click.Path(dir_okay=False, path_type=Path),
-    envvar="PLANGATE_POLICY",
-    help="Policy YAML file to hold the plan against. Env: PLANGATE_POLICY.",
-)
+@policy_option
 @click.option("--as", "user", metavar="USER", help="Who is asking (the policy may map users to roles).")
 @click.option("--role", metavar="ROLE", help="The requester's role (overrides the policy's user mapping).")
 @json_option
@@ -200,13 +201,7 @@ def _absolute(spec: str | None) -> str | None:
 @main.command("submit")
 @click.argument("plan_file", metavar="PLAN.json", type=click.Path(dir_okay=False, path_type=Path))
 @tools_option
-@click.option(
-    "--policy",
-    "policy_file",
-    type=click.Path(dir_okay=False, path_type=Path),
-    envvar="PLANGATE_POLICY",
-    help="Policy YAML file. Env: PLANGATE_POLICY.",
-)
+@policy_option
 @as_option
 @click.option("--role", metavar="ROLE", help="Your role (overrides the policy's user mapping).")
 @db_option
@@ -499,13 +494,7 @@ def _planning_summary(result: Any) -> str:
 @main.command("plan")
 @click.argument("task")
 @tools_option
-@click.option(
-    "--policy",
-    "policy_file",
-    type=click.Path(dir_okay=False, path_type=Path),
-    envvar="PLANGATE_POLICY",
-    help="Policy YAML file. Env: PLANGATE_POLICY.",
-)
+@policy_option
 @model_option
 @base_url_option
 @prices_option
@@ -563,13 +552,7 @@ def plan_command(
 @main.command("run")
 @click.argument("task")
 @tools_option
-@click.option(
-    "--policy",
-    "policy_file",
-    type=click.Path(dir_okay=False, path_type=Path),
-    envvar="PLANGATE_POLICY",
-    help="Policy YAML file. Env: PLANGATE_POLICY.",
-)
+@policy_option
 @model_option
 @base_url_option
 @prices_option
@@ -755,13 +738,7 @@ def library_remove_command(*, name: str, db: str | None) -> None:
 @tools_option
 @model_option
 @base_url_option
-@click.option(
-    "--policy",
-    "policy_file",
-    type=click.Path(dir_okay=False, path_type=Path),
-    envvar="PLANGATE_POLICY",
-    help="Policy YAML file. Env: PLANGATE_POLICY.",
-)
+@policy_option
 @click.option("--as", "user", default="react", show_default=True, metavar="USER", help="Who asks (recorded).")
 @click.option("--role", metavar="ROLE", help="The asker's role, for the policy.")
 @click.option(
@@ -853,13 +830,7 @@ def _print_step(step: Any) -> None:
 @tools_option
 @model_option
 @base_url_option
-@click.option(
-    "--policy",
-    "policy_file",
-    type=click.Path(dir_okay=False, path_type=Path),
-    envvar="PLANGATE_POLICY",
-    help="Policy YAML file. Env: PLANGATE_POLICY.",
-)
+@policy_option
 @click.option("--max-tokens", default=2048, show_default=True, help="The most tokens per model call.")
 @prices_option
 @db_option

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from importlib import resources
 from string import Template
@@ -182,47 +182,37 @@ class Planner:
     ) -> ModelResponse:
         self._check_caps(model, request, calls)
         at = iso(self.clock.now())
+        row = CallRow(
+            id=self.clock.new_id(),
+            at=at,
+            plan_id=None,
+            task=task,
+            model=model.name,
+            purpose=purpose,
+            expected_steps=budget.expected_steps,
+            budget=budget.tokens,
+            effort=budget.effort,
+            input_tokens=0,
+            output_tokens=0,
+            thinking_tokens=0,
+            cost=0.0,
+            seconds=0.0,
+            ok=False,
+        )
         try:
             response = model.complete(request)
         except ModelError as exc:
-            self._record(
-                calls,
-                CallRow(
-                    id=self.clock.new_id(),
-                    at=at,
-                    plan_id=None,
-                    task=task,
-                    model=model.name,
-                    purpose=purpose,
-                    expected_steps=budget.expected_steps,
-                    budget=budget.tokens,
-                    effort=budget.effort,
-                    input_tokens=0,
-                    output_tokens=0,
-                    thinking_tokens=0,
-                    cost=0.0,
-                    seconds=0.0,
-                    ok=False,
-                    error=str(exc),
-                ),
-            )
+            self._record(calls, replace(row, error=str(exc)))
             raise PlanningError(f"planning failed: {exc}", calls=tuple(calls)) from None
+        usage = response.usage
         self._record(
             calls,
-            CallRow(
-                id=self.clock.new_id(),
-                at=at,
-                plan_id=None,
-                task=task,
-                model=model.name,
-                purpose=purpose,
-                expected_steps=budget.expected_steps,
-                budget=budget.tokens,
-                effort=budget.effort,
-                input_tokens=response.usage.input,
-                output_tokens=response.usage.output,
-                thinking_tokens=response.usage.thinking,
-                cost=self.prices.cost(model.name, response.usage),
+            replace(
+                row,
+                input_tokens=usage.input,
+                output_tokens=usage.output,
+                thinking_tokens=usage.thinking,
+                cost=self.prices.cost(model.name, usage),
                 seconds=response.seconds,
                 ok=True,
             ),

@@ -88,6 +88,17 @@ class Model(Protocol):
     def complete(self, request: ModelRequest) -> ModelResponse: ...
 
 
+def http_error(model: str, status: int, exc: Any) -> ModelError:
+    """A provider's HTTP error in plain words; timeouts, conflicts, rate limits and 5xx may pass on retry."""
+    body = getattr(exc, "body", None)
+    detail = str(exc)
+    if isinstance(body, dict):
+        error = body.get("error", body)
+        if isinstance(error, dict):
+            detail = str(error.get("message") or error)
+    return ModelError(f"{model}: HTTP {status}: {detail}", retryable=status in (408, 409, 429) or status >= 500)
+
+
 class ModelError(PlangateError):
     """A model call failed: the provider errored or timed out, refused, or answered nothing.
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from plangate.models._base import Message, ModelError, ModelRequest, ModelResponse, ToolCall, Usage
+from plangate.models._base import Message, ModelError, ModelRequest, ModelResponse, ToolCall, Usage, http_error
 
 try:
     import anthropic
@@ -57,10 +57,7 @@ class AnthropicModel:
         except anthropic.APIConnectionError as exc:
             raise ModelError(f"{self.name}: cannot reach the API: {exc}", retryable=True) from None
         except anthropic.APIStatusError as exc:
-            raise ModelError(
-                f"{self.name}: HTTP {exc.status_code}: {_detail(exc)}",
-                retryable=exc.status_code in (408, 409, 429) or exc.status_code >= 500,
-            ) from None
+            raise http_error(self.name, exc.status_code, exc) from None
         return _response(self.name, message, time.perf_counter() - start)
 
 
@@ -102,10 +99,3 @@ def _response(name: str, message: Any, seconds: float) -> ModelResponse:
         stop_reason=message.stop_reason,
         seconds=seconds,
     )
-
-
-def _detail(exc: Any) -> str:
-    body = getattr(exc, "body", None)
-    if isinstance(body, dict) and isinstance(body.get("error"), dict):
-        return str(body["error"].get("message") or body["error"])
-    return str(exc)

@@ -12,7 +12,7 @@ import json
 import time
 from typing import Any, Literal
 
-from plangate.models._base import Message, ModelError, ModelRequest, ModelResponse, ToolCall, Usage
+from plangate.models._base import Message, ModelError, ModelRequest, ModelResponse, ToolCall, Usage, http_error
 
 try:
     import openai
@@ -84,10 +84,7 @@ class OpenAIModel:
         except openai.APIConnectionError as exc:
             raise ModelError(f"{self.name}: cannot reach the server: {exc}", retryable=True) from None
         except openai.APIStatusError as exc:
-            raise ModelError(
-                f"{self.name}: HTTP {exc.status_code}: {_detail(exc)}",
-                retryable=exc.status_code in (408, 409, 429) or exc.status_code >= 500,
-            ) from None
+            raise http_error(self.name, exc.status_code, exc) from None
         return _response(self.name, completion, time.perf_counter() - start)
 
 
@@ -144,12 +141,3 @@ def _response(name: str, completion: Any, seconds: float) -> ModelResponse:
         stop_reason=choice.finish_reason,
         seconds=seconds,
     )
-
-
-def _detail(exc: Any) -> str:
-    body = getattr(exc, "body", None)
-    if isinstance(body, dict):
-        error = body.get("error", body)
-        if isinstance(error, dict):
-            return str(error.get("message") or error)
-    return str(exc)
