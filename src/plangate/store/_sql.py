@@ -440,6 +440,13 @@ class SQLStore(Store):
         head = self._exec("SELECT seq, hash FROM audit_head WHERE id = 1").fetchone()
         return audit.verify(self.events(), (head[0], head[1]) if head and head[0] else None)
 
+    def query(self, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+        return [tuple(row) for row in self._exec(sql, params).fetchall()]
+
+    def command(self, sql: str, params: tuple[Any, ...] = ()) -> int:
+        self._require_tx()
+        return int(self._exec(sql, params).rowcount)
+
     def close(self) -> None:
         self._conn.close()
 
@@ -501,5 +508,14 @@ SCHEMA_V2 = [
         source_plan TEXT NOT NULL, created_by TEXT NOT NULL, created_at TEXT NOT NULL)""",
 ]
 SCHEMA_V3 = ["ALTER TABLE plans ADD COLUMN kind TEXT NOT NULL DEFAULT 'plan'"]
-MIGRATIONS: list[list[str]] = [SCHEMA_V1, SCHEMA_V2, SCHEMA_V3]
+SCHEMA_V4 = [
+    """CREATE TABLE users (
+        name TEXT PRIMARY KEY, role TEXT NOT NULL, categories TEXT NOT NULL, password_hash TEXT,
+        created_at TEXT NOT NULL)""",
+    """CREATE TABLE api_tokens (
+        digest TEXT PRIMARY KEY, user_name TEXT NOT NULL REFERENCES users (name), label TEXT NOT NULL,
+        created_at TEXT NOT NULL)""",
+    "CREATE TABLE settings (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
+]
+MIGRATIONS: list[list[str]] = [SCHEMA_V1, SCHEMA_V2, SCHEMA_V3, SCHEMA_V4]
 """Schema migrations, in order: migration N brings the schema from version N-1 to N."""

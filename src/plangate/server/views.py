@@ -1,0 +1,157 @@
+"""What the dashboard shows, computed from records: rows, summaries, the dependency graph."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from html import escape
+from typing import Any
+
+from plangate.graph import PlanGraph
+from plangate.plan import Plan
+from plangate.runtime import PlanRecord, Runtime
+from plangate.tools import Catalogue
+
+_RISK = {"read": 0, "write": 1, "irreversible": 2}
+
+
+def risk(plan: Plan | None, catalogue: Catalogue) -> str:
+    effects = [t.effect for t in (catalogue.get(s.tool) for s in (plan.steps if plan else ())) if t is not None]
+    return max(effects, key=lambda e: _RISK[e], default="read")
+
+
+def queue(rt: Runtime, catalogue: Catalogue, status: str | None, category: str, level: str) -> list[dict[str, Any]]:
+    rows = []
+    for row in rt.list_plans(status, limit=500):
+        if row.kind != "plan" or (category and row.category != category):
+            continue
+        record = rt.get(row.id)
+        rating = risk(record.plan, catalogue)
+        if level and rating != level:
+            continue
+        rows.append({**row.__dict__, "risk": rating})
+    return rows
+
+
+def steps(record: PlanRecord, catalogue: Catalogue) -> list[dict[str, Any]]:
+    out = []
+    for step in record.plan.steps if record.plan else ():
+        tool = catalogue.get(step.tool)
+        out.append(
+            {
+                "id": step.id,
+                "tool": step.tool,
+                "effect": tool.effect if tool else "unknown",
+                "external": bool(tool and tool.external),
+                "params": json.dumps(step.params, indent=1, ensure_ascii=False),
+                "rationale": step.rationale,
+                "rollback": step.rollback,
+                "condition": step.condition,
+            }
+        )
+    return out
+
+
+def touch(record: PlanRecord, catalogue: Catalogue) -> list[str]:
+    """A dry-run summary: what the plan would do, by kind of effect, without running anything."""
+    if record.plan is None:
+        return []
+    tools = [(s, catalogue.get(s.tool)) for s in record.plan.steps]
+    effects: Counter[str] = Counter(t.effect for _, t in tools if t is not None)
+    lines = [
+        f"{effects[kind]} step(s) that {words}"
+        for kind, words in (
+            ("read", "only read"),
+            ("write", "change something that can be undone"),
+            ("irreversible", "cannot be undone"),
+        )
+    ]
+    external = [s.tool for s, t in tools if t is not None and t.external]
+    lines.append(f"{len(external)} call(s) outside the company" + (f": {', '.join(external)}" if external else ""))
+    resources = sorted({r for s, t in tools if t is not None and (r := t.resource_for(s.params))})
+    if resources:
+        lines.append("resources: " + ", ".join(resources))
+    scopes = sorted({scope for _, t in tools if t is not None for scope in t.scopes})
+    if scopes:
+        lines.append("scopes needed: " + ", ".join(scopes))
+    return lines
+
+
+def graph_svg(record: PlanRecord) -> str:
+    """The dependency graph as an inline SVG: one column per depth, arrows from inputs to users."""
+    if record.plan is None:
+        return ""
+    graph = PlanGraph.of(record.plan)
+    depth: dict[int, int] = {}
+    for step_id in graph.order:
+        depth[step_id] = 1 + max((depth[d] for d in graph.deps[step_id]), default=-1)
+    columns: dict[int, list[int]] = {}
+    for step_id in graph.order:
+        columns.setdefault(depth[step_id], []).append(step_id)
+    box_w, box_h, gap_x, gap_y = 170, 44, 60, 18
+    where = {
+        sid: (20 + col * (box_w + gap_x), 20 + row * (box_h + gap_y))
+        for col, ids in columns.items()
+        for row, sid in enumerate(ids)
+    }
+    width = 40 + len(columns) * (box_w + gap_x)
+    height = 40 + max(len(ids) for ids in columns.values()) * (box_h + gap_y)
+    tools = {s.id: s.tool for s in record.plan.steps}
+    parts = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" role="img" '
+        f'aria-label="dependency graph"><defs><marker id="arrow" markerWidth="8" markerHeight="8" refX="8" '
+        f'refY="4" orient="auto"><path d="M0,0 L8,4 L0,8 z" fill="#5b6577"/></marker></defs>'
+    ]
+    for step_id, deps in graph.deps.items():
+        x2, y2 = where[step_id]
+        for dep in deps:
+            x1, y1 = where[dep]
+            parts.append(
+                f'<line x1="{x1 + box_w}" y1="{y1 + box_h / 2}" x2="{x2}" y2="{y2 + box_h / 2}" '
+                f'stroke="#5b6577" marker-end="url(#arrow)"/>'
+            )
+    for step_id, (x, y) in where.items():
+        parts.append(
+            f'<rect x="{x}" y="{y}" width="{box_w}" height="{box_h}" rx="6" fill="#fff" stroke="#2f5bd3"/>'
+            f'<text x="{x + 10}" y="{y + 27}" font-size="13" font-family="system-ui">{step_id}. '
+            f"{escape(tools[step_id][:18])}</text>"
+        )
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+def pretty(record: PlanRecord) -> str:
+    return pretty_plan(record.plan) if record.plan else ""
+
+
+def pretty_plan(plan: Plan) -> str:
+    body = json.loads(plan.canonical_json())
+    return json.dumps(body, indent=2, ensure_ascii=False)
+
+
+def record_json(record: PlanRecord) -> dict[str, Any]:
+    return {
+        "id": record.id,
+        "version": record.version,
+        "hash": record.hash,
+        "status": record.status,
+        "task": record.task,
+        "category": record.category,
+        "requested_by": record.requested_by,
+        "needs": list(record.needs),
+        "violations": [v.to_dict() for v in record.violations],
+        "policy": record.decision,
+        "plan": json.loads(record.plan.canonical_json()) if record.plan else None,
+    }
+
+
+def progress(rt: Runtime, record: PlanRecord) -> dict[str, Any]:
+    rows = rt.store.steps(record.id)
+    steps: dict[str, dict[str, Any]] = {}
+    for step in record.plan.steps if record.plan else ():
+        row = rows.get(step.id)
+        detail = ""
+        if row is not None:
+            detail = row.error or ("" if row.output is None else json.dumps(row.output, ensure_ascii=False)[:300])
+        steps[str(step.id)] = {"status": row.status if row else "waiting", "detail": detail}
+    return {"status": rt.get(record.id).status, "steps": steps}

@@ -1,0 +1,213 @@
+"""The dashboard in a real browser: Chromium (Debian's) driven by Playwright, against a real server."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from playwright.sync_api import Browser, Page, expect, sync_playwright
+
+from tests.conftest import EXAMPLES, ROOT
+
+CHROMIUM = "/usr/bin/chromium"
+FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+PASSWORD = "correct horse battery"
+SHOTS = ROOT / "docs" / "screenshots"
+PLAN = {
+    "task": "Refund 10 EUR of invoice 42",
+    "category": "refunds",
+    "steps": [
+        {
+            "id": 1,
+            "tool": "get_invoice",
+            "params": {"invoice_id": "42"},
+            "rationale": "Check the invoice is paid.",
+            "expected_output": "object",
+        },
+        {
+            "id": 2,
+            "tool": "issue_refund",
+            "params": {"invoice_id": "42", "amount": 10.0},
+            "rationale": "The partial refund the customer asked for.",
+            "condition": '${1.status} == "paid"',
+            "rollback": "void_refund(refund_id=${2.refund_id})",
+        },
+    ],
+}
+
+
+def plangate(*args: str, env: dict[str, str], stdin: str | None = None) -> str:
+    done = subprocess.run(
+        [sys.executable, "-m", "plangate", *args], env=env, input=stdin, capture_output=True, text=True, check=True
+    )
+    return done.stdout
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    folder = tmp_path_factory.mktemp("dashboard")
+    env = {
+        **os.environ,
+        "PLANGATE_DB": f"sqlite:///{folder}/plangate.db",
+        "PLANGATE_EXAMPLE_DB": str(folder / "business.db"),
+    }
+    for name, role, categories in (
+        ("alice", "requester", []),
+        ("dave", "approver", ["refunds"]),
+        ("carol", "approver", ["*"]),
+    ):
+        plangate(
+            "users",
+            "add",
+            name,
+            "--role",
+            role,
+            *(f"--category={c}" for c in categories),
+            "--password-stdin",
+            env=env,
+            stdin=PASSWORD + "\n",
+        )
+    token = plangate("users", "token", "alice", env=env).strip()
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    command = [
+        sys.executable,
+        "-m",
+        "plangate",
+        "serve",
+        "--port",
+        str(port),
+        "--tools",
+        str(EXAMPLES / "business.py"),
+        "--policy",
+        str(EXAMPLES / "policy.yaml"),
+    ]
+    with (
+        (folder / "server.log").open("wb") as log,
+        subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT) as process,
+    ):
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                urllib.request.urlopen(f"{url}/openapi.json", timeout=1).read()
+                break
+            except OSError:
+                assert process.poll() is None and time.monotonic() < deadline, (folder / "server.log").read_text()
+                time.sleep(0.2)
+        yield {"url": url, "token": token}
+        process.terminate()
+        process.wait(10)
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    assert Path(CHROMIUM).exists(), "make test installs Debian's chromium"
+    with sync_playwright() as playwright:
+        launched = playwright.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
+        yield launched
+        launched.close()
+
+
+def submit(server: dict[str, Any]) -> dict[str, Any]:
+    request = urllib.request.Request(
+        f"{server['url']}/api/plans",
+        data=json.dumps(PLAN).encode(),
+        method="POST",
+        headers={"Authorization": f"Bearer {server['token']}", "Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(request) as reply:
+        return json.loads(reply.read())  # type: ignore[no-any-return]
+
+
+def log_in(browser: Browser, server: dict[str, Any], name: str) -> Page:
+    page = browser.new_context(viewport={"width": 1200, "height": 900}).new_page()
+    page.goto(f"{server['url']}/login")
+    page.fill("input[name=name]", name)
+    page.fill("input[name=password]", PASSWORD)
+    page.click("button[type=submit]")
+    expect(page.locator("header .who")).to_contain_text(name)
+    return page
+
+
+def test_review_edit_approve_execute(server: dict[str, Any], browser: Browser) -> None:
+    plan = submit(server)
+    dave = log_in(browser, server, "dave")
+    expect(dave.locator("table")).to_contain_text(plan["task"])
+    dave.screenshot(path=str(SHOTS / "queue.png"), full_page=True)
+    dave.click(f"a[href='/plans/{plan['id']}']")
+    expect(dave.locator("svg[aria-label='dependency graph']")).to_be_visible()
+    expect(dave.locator("body")).to_contain_text("1 step(s) that change something that can be undone")
+    dave.screenshot(path=str(SHOTS / "plan.png"), full_page=True)
+
+    dave.click("text=Edit (a new version)")
+    text = dave.input_value("#plan-json").replace('"amount": 10.0', '"amount": 12.5')
+    dave.fill("#plan-json", text)
+    dave.click("#preview")
+    expect(dave.locator("#diff")).to_contain_text('+          "amount": 12.5')
+    expect(dave.locator("#diff")).to_contain_text('-          "amount": 10.0')
+    expect(dave.locator("#recheck")).to_contain_text("passes the checker and the policy")
+    dave.screenshot(path=str(SHOTS / "edit.png"), full_page=True)
+    dave.click("#save")
+    expect(dave.locator("body")).to_contain_text("version 2")
+    expect(dave.locator("#approve")).to_have_count(1)
+    dave.click("#approve")
+    expect(dave.locator("[role=alert]")).to_contain_text("wrote version v2")  # an editor may not approve their edit
+
+    carol = log_in(browser, server, "carol")
+    carol.goto(f"{server['url']}/plans/{plan['id']}")
+    carol.fill("form[action$='/approve'] input[name=comment]", "12.5 EUR is right")
+    carol.click("#approve")
+    expect(carol.locator("[role=alert]")).to_contain_text("Approved by carol")
+    carol.click("#execute")
+    expect(carol.locator("#run-status")).to_have_text("succeeded", timeout=15_000)
+    expect(carol.locator("#status-2")).to_have_text("succeeded")
+    expect(carol.locator("#detail-2")).to_contain_text('"amount": 12.5')
+    carol.screenshot(path=str(SHOTS / "run.png"), full_page=True)
+    carol.click("text=Trace")
+    expect(carol.locator("pre")).to_contain_text("run SUCCEEDED")
+    carol.screenshot(path=str(SHOTS / "trace.png"), full_page=True)
+
+
+def test_self_approval_and_forms_without_csrf_are_refused(server: dict[str, Any], browser: Browser) -> None:
+    plan = submit(server)
+    alice = log_in(browser, server, "alice")
+    alice.goto(f"{server['url']}/plans/{plan['id']}")
+    expect(alice.locator("#approve")).to_have_count(0)
+    csrf = alice.input_value("header input[name=csrf]")
+    status = alice.evaluate(
+        """async ([id, hash, csrf]) => {
+        const form = new URLSearchParams({plan_hash: hash, csrf});
+        const reply = await fetch(`/plans/${id}/approve`, {method: "POST", body: form});
+        return [reply.status, await reply.text()];
+    }""",
+        [plan["id"], plan["hash"], csrf],
+    )
+    assert status[0] == 403 and "may not decide" in status[1]
+
+    dave = log_in(browser, server, "dave")
+    dave.goto(f"{server['url']}/plans/{plan['id']}")
+    dave.evaluate("document.querySelector(\"form[action$='/approve'] input[name=csrf]\").remove()")
+    dave.click("#approve")
+    expect(dave.locator("body")).to_contain_text("no valid CSRF token")
+    dave.goto(f"{server['url']}/plans/{plan['id']}")
+    expect(dave.locator("body")).to_contain_text("pending approval")

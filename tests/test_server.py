@@ -1,0 +1,139 @@
+"""The JSON API and the dashboard's forms, through real HTTP requests to the app."""
+
+from __future__ import annotations
+
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from plangate import Catalogue, Policy
+from plangate.accounts import Accounts
+from plangate.server import create_app
+from plangate.store import open_store
+from tests.conftest import load_plan
+
+PASSWORD = "correct horse battery"
+
+
+@pytest.fixture
+def setup(tmp_path: Path, catalogue: Catalogue, policy: Policy) -> dict[str, Any]:
+    db = f"sqlite:///{tmp_path}/server.db"
+    accounts = Accounts(open_store(db))
+    accounts.add("alice", "requester", password=PASSWORD)
+    accounts.add("dave", "approver", password=PASSWORD, categories=("refunds",))
+    accounts.add("carol", "approver", password=PASSWORD, categories=("*",))
+    accounts.add("erin", "approver", password=PASSWORD, categories=("maintenance",))
+    accounts.add("audrey", "auditor", password=PASSWORD)
+    tokens = {name: accounts.issue_token(name) for name in ("alice", "dave", "carol", "erin", "audrey")}
+    app = create_app(catalogue, policy, db=db, secure_cookies=False)
+    return {"app": app, "db": db, "tokens": tokens}
+
+
+def api(setup: dict[str, Any], who: str) -> TestClient:
+    client = TestClient(setup["app"])
+    client.headers["Authorization"] = f"Bearer {setup['tokens'][who]}"
+    return client
+
+
+def browser(setup: dict[str, Any], who: str) -> tuple[TestClient, str]:
+    """A logged-in browser session, and its CSRF token."""
+    client = TestClient(setup["app"])
+    page = client.get("/login").text
+    token = re.search(r'name="csrf" value="([^"]+)"', page).group(1)  # type: ignore[union-attr]
+    done = client.post("/login", data={"name": who, "password": PASSWORD, "csrf": token}, follow_redirects=False)
+    assert done.status_code == 303
+    home = client.get("/").text
+    return client, re.search(r'name="csrf" value="([^"]+)"', home).group(1)  # type: ignore[union-attr]
+
+
+def test_the_api_path_with_tokens(setup: dict[str, Any]) -> None:
+    submitted = api(setup, "alice").post("/api/plans", json=load_plan("refund"))
+    assert submitted.status_code == 201
+    plan = submitted.json()
+    assert plan["status"] == "pending_approval" and plan["needs"] == ["a person", "privacy-officer"]
+    own = api(setup, "alice").post(f"/api/plans/{plan['id']}/approve", json={"hash": plan["hash"]})
+    assert own.status_code == 403 and "may not decide" in own.json()["error"]
+    stale = api(setup, "dave").post(f"/api/plans/{plan['id']}/approve", json={"hash": "0" * 64})
+    assert stale.status_code == 409 and "is not plan" in stale.json()["error"]
+    assert api(setup, "dave").post(f"/api/plans/{plan['id']}/approve", json={"hash": plan["hash"]}).status_code == 200
+    wrong_category = api(setup, "erin").post(f"/api/plans/{plan['id']}/approve", json={"hash": plan["hash"]})
+    assert wrong_category.status_code == 403 and "category 'refunds'" in wrong_category.json()["error"]
+    assert api(setup, "audrey").post(f"/api/plans/{plan['id']}/execute").status_code == 403
+    unapproved = api(setup, "alice").post(f"/api/plans/{plan['id']}/execute")
+    assert unapproved.status_code == 409 and "not approved" in unapproved.json()["error"]
+    listed = api(setup, "audrey").get("/api/plans").json()
+    assert [p["id"] for p in listed] == [plan["id"]]
+    assert api(setup, "audrey").get(f"/api/plans/{plan['id']}/trace").json()[0]["kind"] == "plan.submitted"
+
+
+@pytest.mark.parametrize(
+    ("request_kwargs", "status", "message"),
+    [
+        ({"content": b"{not json", "headers": {"content-type": "application/json"}}, 400, "not JSON"),
+        ({"json": [1, 2]}, 400, "a JSON object"),
+        ({"json": {"task": "x"}}, 422, "not a valid plan"),
+        ({"content": b"x" * 1_100_000, "headers": {"content-type": "application/json"}}, 413, "over the limit"),
+    ],
+)
+def test_bad_bodies_get_clear_errors_and_change_nothing(
+    setup: dict[str, Any], request_kwargs: dict[str, Any], status: int, message: str
+) -> None:
+    reply = api(setup, "alice").post("/api/plans", **request_kwargs)
+    assert reply.status_code == status and message in reply.json()["error"]
+    assert api(setup, "alice").get("/api/plans").json() == []
+
+
+def test_wrong_credentials_and_expired_sessions(setup: dict[str, Any], catalogue: Catalogue) -> None:
+    anonymous = TestClient(setup["app"])
+    assert anonymous.get("/api/plans").status_code == 401
+    assert anonymous.get("/", follow_redirects=False).headers["location"] == "/login"
+    bad_token = TestClient(setup["app"], headers={"Authorization": "Bearer pgt_nope"})
+    assert bad_token.get("/api/plans").status_code == 401
+    page = anonymous.get("/login").text
+    token = re.search(r'name="csrf" value="([^"]+)"', page).group(1)  # type: ignore[union-attr]
+    wrong = anonymous.post("/login", data={"name": "dave", "password": "wrong password", "csrf": token})
+    assert wrong.status_code == 401 and "Wrong user or password" in wrong.text
+    no_csrf = TestClient(setup["app"]).post("/login", data={"name": "dave", "password": PASSWORD})
+    assert no_csrf.status_code == 403
+
+    short = create_app(catalogue, None, db=setup["db"], session_hours=1 / 3600, secure_cookies=False)
+    client = TestClient(short)
+    page = client.get("/login").text
+    token = re.search(r'name="csrf" value="([^"]+)"', page).group(1)  # type: ignore[union-attr]
+    client.post("/login", data={"name": "dave", "password": PASSWORD, "csrf": token}, follow_redirects=False)
+    assert client.get("/api/plans").status_code == 200
+    time.sleep(2.1)
+    assert client.get("/api/plans").status_code == 401, "the session expired"
+
+
+def test_forms_need_the_session_csrf_token(setup: dict[str, Any]) -> None:
+    plan = api(setup, "alice").post("/api/plans", json=load_plan("refund")).json()
+    client, csrf = browser(setup, "dave")
+    forged = client.post(f"/plans/{plan['id']}/approve", data={"plan_hash": plan["hash"]})
+    assert forged.status_code == 403 and "CSRF" in forged.text
+    json_without_header = client.post(f"/api/plans/{plan['id']}/approve", json={"hash": plan["hash"]})
+    assert json_without_header.status_code == 403
+    done = client.post(
+        f"/plans/{plan['id']}/approve", data={"plan_hash": plan["hash"], "csrf": csrf}, follow_redirects=False
+    )
+    assert done.status_code == 303
+    assert api(setup, "audrey").get(f"/api/plans/{plan['id']}").json()["needs"] == ["privacy-officer"]
+
+
+def test_pages_render(setup: dict[str, Any]) -> None:
+    plan = api(setup, "alice").post("/api/plans", json=load_plan("refund")).json()
+    client, _ = browser(setup, "dave")
+    queue = client.get("/").text
+    assert plan["id"][:8] in queue and "irreversible" in queue
+    page = client.get(f"/plans/{plan['id']}").text
+    assert "<svg" in page and "1 call(s) outside the company: send_email" in page and "privacy-officer" in page
+    assert 'id="approve"' in page
+    assert "submitted" in client.get(f"/plans/{plan['id']}/trace").text
+    assert client.get("/audit").status_code == 403
+    auditor, _ = browser(setup, "audrey")
+    assert "audit log intact" in auditor.get("/audit").text
+    assert TestClient(setup["app"]).get("/openapi.json").json()["info"]["title"] == "plangate"
