@@ -21,7 +21,7 @@ $(STAMP): pyproject.toml constraints.txt
 	@touch $(STAMP)
 
 demo: $(STAMP)
-	@PATH="$(CURDIR)/$(BIN):$$PATH" bash examples/demo.sh
+	@PATH="$(CURDIR)/$(BIN):$$PATH" SERVE="$(SERVE)" bash examples/demo.sh
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests bench examples

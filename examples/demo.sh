@@ -70,3 +70,13 @@ run plangate list
 
 say "What the example business saw: two refunds, two emails (counted by the business itself)"
 python3 -c "import sys; sys.path.insert(0, 'examples'); import business; print(business.effect_counts())"
+
+if [ -n "${SERVE:-}" ]; then
+  say "The dashboard, with the demo's plans in it (Ctrl-C to stop)"
+  for who in "dave approver refunds" "carol approver *" "alice requester" "gina governance *" "audrey auditor"; do
+    set -- $who
+    printf 'demo-password\n' | plangate users add "$1" --role "$2" ${3:+--category "$3"} --password-stdin
+  done
+  echo "log in at http://127.0.0.1:${PORT:-8420} as dave, carol, alice, gina or audrey, password demo-password"
+  plangate serve --port "${PORT:-8420}" --tools "$TOOLS" --policy "$POLICY"
+fi

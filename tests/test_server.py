@@ -137,3 +137,21 @@ def test_pages_render(setup: dict[str, Any]) -> None:
     auditor, _ = browser(setup, "audrey")
     assert "audit log intact" in auditor.get("/audit").text
     assert TestClient(setup["app"]).get("/openapi.json").json()["info"]["title"] == "plangate"
+
+
+def test_the_register_page(setup: dict[str, Any]) -> None:
+    accounts = Accounts(open_store(setup["db"]))
+    accounts.add("gina", "governance", password=PASSWORD, categories=("*",))
+    client, csrf = browser(setup, "dave")
+    assert "Empty: every category follows the policy" in client.get("/register").text
+    refused = client.post("/register", data={"category": "lookups", "state": "on", "reason": "x", "csrf": csrf})
+    assert refused.status_code == 409 and "only governance" in refused.text
+    gina, csrf = browser(setup, "gina")
+    done = gina.post(
+        "/register",
+        data={"category": "lookups", "state": "on", "reason": "reviewed", "csrf": csrf},
+        follow_redirects=False,
+    )
+    assert done.status_code == 303
+    page = gina.get("/register").text
+    assert "reviewed" in page and 'id="register-save"' in page

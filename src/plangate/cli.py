@@ -944,3 +944,71 @@ def users_token_command(*, name: str, label: str, db: str | None) -> None:
 
     runtime = _runtime(db)
     click.echo(Accounts(runtime.store).issue_token(name, label, at=iso(runtime.clock.now())))
+
+
+@main.group("register")
+def register_group() -> None:
+    """The auto-approval register: which categories governance has cleared for automatic approval."""
+
+
+@register_group.command("set")
+@click.argument("category")
+@click.argument("state", type=click.Choice(["on", "off"]))
+@click.option("--as", "user", required=True, metavar="USER", help="A governance account.")
+@click.option("--reason", required=True, help="Why (recorded).")
+@db_option
+@_plain_errors
+def register_set_command(*, category: str, state: str, user: str, reason: str, db: str | None) -> None:
+    """Turn automatic approval of CATEGORY on or off (never beyond what the policy allows)."""
+    from plangate.register import Register
+
+    runtime = _runtime(db)
+    entry = Register(runtime.store, runtime.clock).set(category, state == "on", by=user, reason=reason)
+    click.echo(
+        f"{entry.category}: automatic approval {'on' if entry.auto else 'off'} (by {entry.changed_by}: {entry.reason})"
+    )
+
+
+@register_group.command("list")
+@db_option
+@_plain_errors
+def register_list_command(*, db: str | None) -> None:
+    """Show the register."""
+    from plangate.register import Register
+
+    entries = Register(_runtime(db).store).all()
+    for e in entries:
+        click.echo(f"{e.category:<16} {'on ' if e.auto else 'off'}  {e.changed_at[:16]}  {e.changed_by}: {e.reason}")
+    if not entries:
+        click.echo("the register is empty: every category follows the policy")
+
+
+@main.group("approvals")
+def approvals_group() -> None:
+    """Evidence about approvals."""
+
+
+@approvals_group.command("report")
+@click.option("--days", default=90, show_default=True, help="The window to look at.")
+@click.option("--min-plans", default=5, show_default=True, help="Decisions needed before a category is a candidate.")
+@db_option
+@_plain_errors
+def approvals_report_command(*, days: int, min_plans: int, db: str | None) -> None:
+    """Per category: plans, approval rate, edit rate, time to decision, and the candidates for auto-approval."""
+    from plangate.register import report
+
+    rows = report(_runtime(db).store, days=days, min_plans=min_plans)
+    click.echo(
+        f"{'CATEGORY':<16} {'PLANS':>5} {'APPROVED':>8} {'REJECTED':>8} {'APPROVAL':>8} {'EDITED':>6} "
+        f"{'MEDIAN MIN':>10}  CANDIDATE"
+    )
+    for r in rows:
+        rate = f"{r.approval_rate:.0%}" if r.approval_rate is not None else "-"
+        median = f"{r.median_minutes:.1f}" if r.median_minutes is not None else "-"
+        click.echo(
+            f"{r.category:<16} {r.plans:>5} {r.approved:>8} {r.rejected:>8} {rate:>8} {r.edited:>6} "
+            f"{median:>10}  {'yes' if r.candidate else 'no'}"
+        )
+    if not rows:
+        click.echo(f"no plans in the last {days} days")
+    click.echo(f"a candidate has at least {min_plans} decisions, all approvals, and no edits")

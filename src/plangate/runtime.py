@@ -355,6 +355,16 @@ class Runtime:
     def _new_version(self, plan_id: str, number: int, plan: Plan, author: str, result: CheckResult) -> None:
         if self.policy is not None:
             self.store.save_policy(self.policy.hash, self.policy.name, self.policy.canonical_json())
+        checked = {**result.to_dict(), "catalogue": self._fingerprint(plan)}
+        decision = checked["policy"]
+        if decision is not None and decision["approval"] == "auto":
+            held = self._held(plan.category)
+            if held is not None:  # the register holds this category for people, whatever the policy allows
+                decision = checked["policy"] = {
+                    **decision,
+                    "approval": "human",
+                    "reasons": [*decision["reasons"], held],
+                }
         self.store.insert_version(
             VersionRow(
                 plan_id=plan_id,
@@ -363,35 +373,43 @@ class Runtime:
                 body=plan.canonical_json(),
                 author=author,
                 created_at=self._now(),
-                check={**result.to_dict(), "catalogue": self._fingerprint(plan)},
+                check=checked,
                 policy_hash=self.policy.hash if self.policy else None,
             )
         )
-        self._event(plan_id, number, "plan.checked", "checker", result.to_dict())
+        self._event(plan_id, number, "plan.checked", "checker", checked)
         row = self.store.get_plan(plan_id)
         assert row is not None
         if not result.ok:
             self._set_status(row, "rejected", "checker", {"by": "check", "violations": len(result.violations)})
-        elif result.decision is not None and result.decision.approval == "auto":
-            actor = f"policy:{result.decision.policy}"
+        elif decision is not None and decision["approval"] == "auto":
+            actor = f"policy:{decision['policy']}"
             self.store.insert_approval(
                 ApprovalRow(
                     plan_id=plan_id,
                     version=number,
                     plan_hash=plan.hash,
-                    policy_hash=result.decision.policy_hash,
+                    policy_hash=decision["policy_hash"],
                     decision="approved",
                     actor=actor,
                     role=None,
                     kind="auto",
-                    comment="; ".join(result.decision.reasons),
+                    comment="; ".join(decision["reasons"]),
                     at=self._now(),
                 )
             )
-            self._set_status(row, "approved", actor, {"by": "auto", "reasons": list(result.decision.reasons)})
+            self._set_status(row, "approved", actor, {"by": "auto", "reasons": list(decision["reasons"])})
         else:
-            needs = approval.missing(result.to_dict()["policy"], [])
-            self._set_status(row, "pending_approval", "checker", {"needs": needs})
+            self._set_status(row, "pending_approval", "checker", {"needs": approval.missing(decision, [])})
+
+    def _held(self, category: str) -> str | None:
+        """Why the auto-approval register keeps ``category`` for people, or None when it does not."""
+        from plangate.register import Register
+
+        entry = Register(self.store, self.clock).get(category)
+        if entry is None or entry.auto:
+            return None
+        return f"the auto-approval register holds category {category!r} for people ({entry.reason})"
 
     def _fingerprint(self, plan: Plan) -> str:
         """The contracts of the tools the plan uses: if they change, the plan is checked again."""

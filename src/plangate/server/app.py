@@ -326,6 +326,37 @@ def create_app(
             ],
         )
 
+    @app.get("/register", response_class=HTMLResponse)
+    def register_page(request: Request, days: int = 90) -> HTMLResponse:
+        from plangate.register import Register, report
+
+        rt = runtime()
+        user, csrf = require(request, rt, write=False)
+        return page(
+            request,
+            "register.html",
+            user,
+            csrf,
+            entries=Register(rt.store).all(),
+            days=days,
+            report=report(rt.store, days=days),
+        )
+
+    @app.post("/register")
+    def register_form(
+        request: Request,
+        category: str = Form(""),
+        state: str = Form("off"),
+        reason: str = Form(""),
+        csrf: str = Form(""),
+    ) -> Response:
+        from plangate.register import Register
+
+        rt = runtime()
+        user, _ = require(request, rt, write=True, form_csrf=csrf)
+        governed(lambda: Register(rt.store).set(category, state == "on", by=user.name, reason=reason), "")
+        return RedirectResponse("/register", status_code=303)
+
     # -- the JSON API ----------------------------------------------------------------------
     @app.post("/api/plans", status_code=201)
     async def api_submit(request: Request) -> dict[str, Any]:

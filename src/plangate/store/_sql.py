@@ -517,5 +517,10 @@ SCHEMA_V4 = [
         created_at TEXT NOT NULL)""",
     "CREATE TABLE settings (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
 ]
-MIGRATIONS: list[list[str]] = [SCHEMA_V1, SCHEMA_V2, SCHEMA_V3, SCHEMA_V4]
+SCHEMA_V5 = [
+    """CREATE TABLE register (
+        category TEXT PRIMARY KEY, auto INTEGER NOT NULL, changed_by TEXT NOT NULL, changed_at TEXT NOT NULL,
+        reason TEXT NOT NULL)""",
+]
+MIGRATIONS: list[list[str]] = [SCHEMA_V1, SCHEMA_V2, SCHEMA_V3, SCHEMA_V4, SCHEMA_V5]
 """Schema migrations, in order: migration N brings the schema from version N-1 to N."""

@@ -1,0 +1,135 @@
+"""The auto-approval register, and the evidence for it.
+
+The policy says which categories *may* be approved automatically; the register says
+which ones governance has actually cleared. A category with no entry follows the policy;
+an entry turns automatic approval on (never beyond what the policy allows) or off. Only
+an account with the ``governance`` role changes the register, and every change is an
+audit event with who, when and why.
+
+``report`` gives, per category over a window, the evidence for such a decision: how
+many plans, how many a person approved or rejected, how many were edited before the
+decision, the median time to a decision, and whether the category is *consistently
+approved without modification* (enough plans, every decision an approval, no edits).
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from plangate._clock import Clock, SystemClock, iso, parse_iso
+from plangate.accounts import Accounts
+from plangate.errors import GovernanceError, UsageError
+from plangate.store import Store
+
+
+@dataclass(frozen=True, kw_only=True)
+class Entry:
+    category: str
+    auto: bool
+    changed_by: str
+    changed_at: str
+    reason: str
+
+
+class Register:
+    def __init__(self, store: Store, clock: Clock | None = None) -> None:
+        self.store = store
+        self.clock = clock or SystemClock()
+
+    def get(self, category: str) -> Entry | None:
+        rows = self.store.query(
+            "SELECT category, auto, changed_by, changed_at, reason FROM register WHERE category = ?", (category,)
+        )
+        return _entry(rows[0]) if rows else None
+
+    def all(self) -> list[Entry]:
+        rows = self.store.query("SELECT category, auto, changed_by, changed_at, reason FROM register ORDER BY category")
+        return [_entry(r) for r in rows]
+
+    def set(self, category: str, auto: bool, *, by: str, reason: str) -> Entry:
+        """Clear (or stop clearing) a category for automatic approval; governance only, with a reason."""
+        user = Accounts(self.store).get(by)
+        if user is None or user.role != "governance":
+            raise GovernanceError(
+                f"only governance may change the auto-approval register; {by} is "
+                f"{user.role if user else 'not a known user'}"
+            )
+        if not reason.strip():
+            raise UsageError("say why the register changes (--reason)")
+        at = iso(self.clock.now())
+        with self.store.transaction():
+            self.store.command(
+                "INSERT INTO register (category, auto, changed_by, changed_at, reason) VALUES (?, ?, ?, ?, ?)"
+                " ON CONFLICT (category) DO UPDATE SET auto = excluded.auto, changed_by = excluded.changed_by,"
+                " changed_at = excluded.changed_at, reason = excluded.reason",
+                (category, int(auto), by, at, reason),
+            )
+            self.store.append_event(
+                plan_id=None,
+                version=None,
+                step_id=None,
+                kind="register.changed",
+                actor=by,
+                at=at,
+                data={"category": category, "auto": auto, "reason": reason},
+            )
+        return Entry(category=category, auto=auto, changed_by=by, changed_at=at, reason=reason)
+
+
+def _entry(row: tuple[Any, ...]) -> Entry:
+    return Entry(category=row[0], auto=bool(row[1]), changed_by=row[2], changed_at=row[3], reason=row[4])
+
+
+@dataclass(frozen=True, kw_only=True)
+class CategoryStats:
+    category: str
+    plans: int
+    approved: int
+    rejected: int
+    edited: int
+    median_minutes: float | None
+    candidate: bool
+
+    @property
+    def approval_rate(self) -> float | None:
+        decided = self.approved + self.rejected
+        return self.approved / decided if decided else None
+
+    @property
+    def edit_rate(self) -> float | None:
+        return self.edited / self.plans if self.plans else None
+
+
+def report(store: Store, *, days: int = 90, min_plans: int = 5, clock: Clock | None = None) -> list[CategoryStats]:
+    """Per category over the last ``days``: the evidence for (or against) automatic approval."""
+    since = iso((clock or SystemClock()).now() - timedelta(days=days))
+    plans = store.query(
+        "SELECT id, category, version, created_at FROM plans WHERE kind = 'plan' AND created_at >= ?", (since,)
+    )
+    decisions = store.query("SELECT plan_id, decision, at FROM approvals WHERE kind = 'person' ORDER BY at")
+    first: dict[str, tuple[str, str]] = {}
+    for plan_id, decision, at in decisions:
+        first.setdefault(plan_id, (decision, at))
+    out = []
+    for category in sorted({row[1] for row in plans}):
+        rows = [r for r in plans if r[1] == category]
+        decided = [(first[r[0]], r) for r in rows if r[0] in first]
+        approved = sum(1 for (decision, _), _ in decided if decision == "approved")
+        rejected = len(decided) - approved
+        edited = sum(1 for r in rows if r[2] > 1)
+        waits = [(parse_iso(at) - parse_iso(r[3])).total_seconds() / 60 for (_, at), r in decided]
+        out.append(
+            CategoryStats(
+                category=category,
+                plans=len(rows),
+                approved=approved,
+                rejected=rejected,
+                edited=edited,
+                median_minutes=statistics.median(waits) if waits else None,
+                candidate=len(decided) >= min_plans and rejected == 0 and edited == 0,
+            )
+        )
+    return out

@@ -1,0 +1,92 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from plangate import Catalogue, Policy, tool
+from plangate.accounts import Accounts
+from plangate.cli import main
+from plangate.errors import GovernanceError, UsageError
+from plangate.register import Register, report
+from plangate.runtime import Runtime
+from tests.helpers import FixedClock, plan
+
+
+@tool
+def look(key: str) -> str:
+    return key
+
+
+POLICY = Policy.from_yaml("version: 1\nname: reg\napproval: {auto: [lookups]}\n")
+
+
+@pytest.fixture
+def runtime(tmp_path: Path) -> Runtime:
+    rt = Runtime(Catalogue([look]), POLICY, db=f"sqlite:///{tmp_path}/r.db", clock=FixedClock())
+    accounts = Accounts(rt.store)
+    accounts.add("gina", "governance")
+    accounts.add("dave", "approver", categories=("*",))
+    return rt
+
+
+def test_the_register_holds_or_clears_a_category(runtime: Runtime) -> None:
+    lookup = plan({"id": 1, "tool": "look", "params": {"key": "a"}}, category="lookups")
+    assert runtime.submit(lookup, "ann").status == "approved", "no entry: the policy decides"
+    register = Register(runtime.store, runtime.clock)
+    with pytest.raises(GovernanceError, match="only governance"):
+        register.set("lookups", False, by="dave", reason="no")
+    with pytest.raises(UsageError, match="say why"):
+        register.set("lookups", False, by="gina", reason=" ")
+    register.set("lookups", False, by="gina", reason="until the audit in March")
+    held = runtime.submit(lookup, "ann")
+    assert held.status == "pending_approval" and held.needs == ("a person",)
+    assert any(
+        "register holds category 'lookups' for people (until the audit in March)" in r for r in held.decision["reasons"]
+    )  # type: ignore[index]
+    register.set("lookups", True, by="gina", reason="cleared after review")
+    assert runtime.submit(lookup, "ann").status == "approved"
+    register.set("refunds", True, by="gina", reason="wants it")
+    refund = plan({"id": 1, "tool": "look", "params": {"key": "a"}}, category="refunds")
+    assert runtime.submit(refund, "ann").status == "pending_approval", "never beyond what the policy allows"
+    changes = [e for e in runtime.store.events() if e.kind == "register.changed"]
+    assert [(e.actor, e.data["category"], e.data["auto"]) for e in changes] == [
+        ("gina", "lookups", False),
+        ("gina", "lookups", True),
+        ("gina", "refunds", True),
+    ]
+
+
+def test_the_report_finds_categories_approved_without_changes(runtime: Runtime) -> None:
+    for n in range(5):
+        record = runtime.submit(plan({"id": 1, "tool": "look", "params": {"key": str(n)}}, category="reports"), "ann")
+        runtime.approve(record.id, "dave", record.hash)
+    edited = runtime.submit(plan({"id": 1, "tool": "look", "params": {"key": "x"}}, category="refunds"), "ann")
+    edited = runtime.edit(
+        edited.id, plan({"id": 1, "tool": "look", "params": {"key": "y"}}, category="refunds"), "dave"
+    )
+    runtime.approve(edited.id, "erin", edited.hash)
+    rejected = runtime.submit(plan({"id": 1, "tool": "look", "params": {"key": "z"}}, category="refunds"), "ann")
+    runtime.reject(rejected.id, "dave", "no")
+    rows = {r.category: r for r in report(runtime.store, clock=runtime.clock)}
+    assert rows["reports"].candidate and rows["reports"].approval_rate == 1.0 and rows["reports"].edit_rate == 0
+    assert rows["reports"].median_minutes is not None and rows["reports"].median_minutes < 1
+    refunds = rows["refunds"]
+    assert (refunds.plans, refunds.approved, refunds.rejected, refunds.edited) == (2, 1, 1, 1)
+    assert not refunds.candidate
+
+
+def test_the_register_and_report_on_the_command_line(
+    runtime: Runtime, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PLANGATE_DB", f"sqlite:///{tmp_path}/r.db")
+    runner = CliRunner()
+    assert runner.invoke(main, ["register", "list"]).stdout.startswith("the register is empty")
+    denied = runner.invoke(main, ["register", "set", "lookups", "off", "--as", "dave", "--reason", "x"])
+    assert denied.exit_code == 4 and "only governance" in denied.stderr
+    done = runner.invoke(main, ["register", "set", "lookups", "off", "--as", "gina", "--reason", "audit"])
+    assert done.exit_code == 0 and "automatic approval off (by gina: audit)" in done.stdout
+    assert "lookups" in runner.invoke(main, ["register", "list"]).stdout
+    out = runner.invoke(main, ["approvals", "report"]).stdout
+    assert out.splitlines()[0].split()[:3] == ["CATEGORY", "PLANS", "APPROVED"]
