@@ -882,15 +882,34 @@ def compare_command(
 def serve_command(
     *, host: str, port: int, tools_spec: str, policy_file: Path | None, db: str | None, session_hours: float
 ) -> None:
-    """Serve the dashboard and the JSON API (OpenAPI docs at /docs)."""
+    """Serve the dashboard and the JSON API (OpenAPI docs at /docs).
+
+    Chat notifications: set PLANGATE_SLACK_WEBHOOK (an incoming-webhook URL),
+    PLANGATE_SLACK_SIGNING_SECRET (to accept the approve/reject buttons at /slack/actions)
+    and PLANGATE_BASE_URL (for links to plan pages).
+    """
+    import os
+
     import uvicorn
 
+    from plangate.notify import SlackNotifier
     from plangate.server import create_app
 
     catalogue = Catalogue.from_module(tools_spec)
     policy = Policy.load(policy_file) if policy_file else None
     loopback = host in ("127.0.0.1", "localhost", "::1")
-    app = create_app(catalogue, policy, db=db, session_hours=session_hours, secure_cookies=not loopback)
+    webhook = os.environ.get("PLANGATE_SLACK_WEBHOOK")
+    base = os.environ.get("PLANGATE_BASE_URL") or f"http://{host}:{port}"
+    notify = SlackNotifier(webhook_url=webhook, base_url=base) if webhook else None
+    app = create_app(
+        catalogue,
+        policy,
+        db=db,
+        session_hours=session_hours,
+        secure_cookies=not loopback,
+        notify=notify,
+        slack_signing_secret=os.environ.get("PLANGATE_SLACK_SIGNING_SECRET"),
+    )
     click.echo(f"plangate serving on http://{host}:{port} (API docs at /docs)")
     uvicorn.run(app, host=host, port=port, log_level="warning")
 

@@ -74,6 +74,7 @@ class Runtime:
         clock: Clock | None = None,
         max_concurrency: int = DEFAULT_CONCURRENCY,
         tools: str | None = None,
+        notify: Callable[[PlanRecord], str | None] | None = None,
     ) -> None:
         self.catalogue = catalogue
         self.policy = policy
@@ -81,6 +82,7 @@ class Runtime:
         self.clock = clock or SystemClock()
         self.max_concurrency = max_concurrency
         self.tools = tools
+        self.notify = notify
 
     # -- submit, decide, edit --------------------------------------------------------------
     def submit(self, plan: PlanInput | PlanningResult, requested_by: str, role: str | None = None) -> PlanRecord:
@@ -132,7 +134,7 @@ class Runtime:
                 self._event(plan_id, 1, "plan.planned", planning.model or "library", planning.record())
                 self.store.link_calls([call.id for call in planning.calls], plan_id)
             self._new_version(plan_id, 1, parsed, requested_by, result)
-        return self.get(plan_id)
+        return self._notified(self.get(plan_id))
 
     def approve(
         self, plan_id: str, approver: str, plan_hash: str, comment: str | None = None, role: str | None = None
@@ -222,7 +224,7 @@ class Runtime:
                 {"from_version": plan.version, "from_hash": plan.hash, "hash": parsed.hash, "approvals_voided": voided},
             )
             self._new_version(plan.id, number, parsed, editor, result)
-        return self.get(plan.id)
+        return self._notified(self.get(plan.id))
 
     # -- execute ---------------------------------------------------------------------------
     def execute(
@@ -401,6 +403,20 @@ class Runtime:
             self._set_status(row, "approved", actor, {"by": "auto", "reasons": list(decision["reasons"])})
         else:
             self._set_status(row, "pending_approval", "checker", {"needs": approval.missing(decision, [])})
+
+    def _notified(self, record: PlanRecord) -> PlanRecord:
+        """Tell reviewers about a plan that waits for them; record whether that worked."""
+        if self.notify is not None and record.status == "pending_approval":
+            failure = self.notify(record)
+            with self.store.transaction():
+                self._event(
+                    record.id,
+                    record.version,
+                    "plan.notify_failed" if failure else "plan.notified",
+                    "notifier",
+                    {"error": failure} if failure else {},
+                )
+        return record
 
     def _held(self, category: str) -> str | None:
         """Why the auto-approval register keeps ``category`` for people, or None when it does not."""

@@ -55,6 +55,8 @@ def create_app(
     *,
     session_hours: float = 8.0,
     secure_cookies: bool = True,
+    notify: Callable[[PlanRecord], str | None] | None = None,
+    slack_signing_secret: str | None = None,
 ) -> FastAPI:
     """The server's ASGI app. ``db`` is a store URL; each request opens its own connection."""
     app = FastAPI(title="plangate", description="Plans: submit, review, approve, execute, trace.", version="0.1.0")
@@ -66,7 +68,7 @@ def create_app(
     max_age = int(session_hours * 3600)
 
     def runtime() -> Runtime:
-        return Runtime(catalogue, policy, db=db)
+        return Runtime(catalogue, policy, db=db, notify=notify)
 
     def csrf_for(session_id: str) -> str:
         return hmac.new(secret, f"csrf:{session_id}".encode(), hashlib.sha256).hexdigest()
@@ -101,7 +103,7 @@ def create_app(
 
     @app.exception_handler(_Refused)
     async def refused(request: Request, exc: _Refused) -> Response:
-        if request.url.path.startswith("/api/"):
+        if request.url.path.startswith(("/api/", "/slack/")):
             return JSONResponse({"error": exc.message}, status_code=exc.status)
         if exc.status == 401:
             return RedirectResponse("/login", status_code=303)
@@ -356,6 +358,42 @@ def create_app(
         user, _ = require(request, rt, write=True, form_csrf=csrf)
         governed(lambda: Register(rt.store).set(category, state == "on", by=user.name, reason=reason), "")
         return RedirectResponse("/register", status_code=303)
+
+    @app.post("/slack/actions")
+    async def slack_actions(request: Request) -> dict[str, Any]:
+        """Approve or reject from a chat message's buttons: signed by the chat service, never forged."""
+        from urllib.parse import parse_qs
+
+        from plangate.notify import verify
+
+        body = await request.body()
+        if slack_signing_secret is None:
+            raise _Refused(404, "chat buttons are not set up (no signing secret)")
+        problem = verify(
+            slack_signing_secret,
+            request.headers.get("x-slack-request-timestamp", ""),
+            body,
+            request.headers.get("x-slack-signature", ""),
+        )
+        if problem is not None:
+            raise _Refused(401, f"refused: {problem}")
+        try:
+            payload = json.loads(parse_qs(body.decode())["payload"][0])
+            action = payload["actions"][0]
+            plan_id, plan_hash = str(action["value"]).split(":", 1)
+            name = str(payload["user"].get("username") or payload["user"]["name"])
+        except (KeyError, IndexError, ValueError, json.JSONDecodeError) as exc:
+            raise _Refused(400, f"not an interaction payload: {exc}") from None
+        rt = runtime()
+        user = Accounts(rt.store).get(name)
+        if user is None or user.read_only:
+            return {"response_type": "ephemeral", "text": f"{name} may not decide on plans here."}
+        approve = action.get("action_id") == "plangate_approve"
+        try:
+            record = _decide(rt, user, plan_id, plan_hash, None if approve else "rejected from chat", approve=approve)
+        except (GovernanceError, _Refused, NotFoundError) as exc:
+            return {"response_type": "ephemeral", "text": f"Refused: {getattr(exc, 'message', exc)}"}
+        return {"replace_original": False, "text": f"{user.name}: {record.task} is now {record.status}."}
 
     # -- the JSON API ----------------------------------------------------------------------
     @app.post("/api/plans", status_code=201)
