@@ -43,6 +43,7 @@ bench: $(BENCH_STAMP)
 	$(BIN)/python bench/check.py
 	$(BIN)/python bench/engine.py
 	$(BIN)/python bench/compare.py
+	$(BIN)/python bench/approvals.py
 
 clean:
 	rm -rf $(VENV) .plangate .pytest_cache .mypy_cache .ruff_cache .hypothesis

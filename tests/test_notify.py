@@ -49,8 +49,9 @@ def receiver() -> Iterator[dict[str, Any]]:
     server.server_close()
 
 
-def test_a_waiting_plan_is_announced_with_a_link_and_buttons(receiver: dict[str, Any], tmp_path: Path,
-                                                             catalogue: Catalogue, policy: Policy) -> None:
+def test_a_waiting_plan_is_announced_with_a_link_and_buttons(
+    receiver: dict[str, Any], tmp_path: Path, catalogue: Catalogue, policy: Policy
+) -> None:
     notify = SlackNotifier(webhook_url=receiver["url"], base_url="http://127.0.0.1:8420")
     runtime = Runtime(catalogue, policy, db=f"sqlite:///{tmp_path}/n.db", notify=notify)
     record = runtime.submit(load_plan("refund"), "alice")
@@ -62,8 +63,12 @@ def test_a_waiting_plan_is_announced_with_a_link_and_buttons(receiver: dict[str,
     assert "needs approval by a person and by privacy-officer" in message["blocks"][0]["text"]["text"]
     assert runtime.trace(record.id)[-1].kind == "plan.notified"
 
-    broken = Runtime(catalogue, policy, db=f"sqlite:///{tmp_path}/n.db",
-                     notify=SlackNotifier(webhook_url="http://127.0.0.1:9/none", base_url="x", timeout=1))
+    broken = Runtime(
+        catalogue,
+        policy,
+        db=f"sqlite:///{tmp_path}/n.db",
+        notify=SlackNotifier(webhook_url="http://127.0.0.1:9/none", base_url="x", timeout=1),
+    )
     other = broken.submit(load_plan("refund"), "alice")
     assert other.status == "pending_approval", "a failed notice never fails the plan"
     assert broken.trace(other.id)[-1].kind == "plan.notify_failed"
@@ -80,17 +85,22 @@ def test_signatures() -> None:
 
 
 def click(app: Any, record: Any, user: str, action: str, *, secret: str = SECRET) -> Any:
-    payload = {"type": "block_actions", "user": {"id": "U1", "username": user, "name": user},
-               "actions": [{"action_id": action, "value": f"{record.id}:{record.hash}", "type": "button"}]}
+    payload = {
+        "type": "block_actions",
+        "user": {"id": "U1", "username": user, "name": user},
+        "actions": [{"action_id": action, "value": f"{record.id}:{record.hash}", "type": "button"}],
+    }
     body = urllib.parse.urlencode({"payload": json.dumps(payload)}).encode()
     stamp = str(int(time.time()))
-    headers = {"x-slack-request-timestamp": stamp, "x-slack-signature": sign(secret, stamp, body),
-               "content-type": "application/x-www-form-urlencoded"}
+    headers = {
+        "x-slack-request-timestamp": stamp,
+        "x-slack-signature": sign(secret, stamp, body),
+        "content-type": "application/x-www-form-urlencoded",
+    }
     return TestClient(app).post("/slack/actions", content=body, headers=headers)
 
 
-def test_the_buttons_approve_through_a_signed_callback(tmp_path: Path, catalogue: Catalogue,
-                                                       policy: Policy) -> None:
+def test_the_buttons_approve_through_a_signed_callback(tmp_path: Path, catalogue: Catalogue, policy: Policy) -> None:
     db = f"sqlite:///{tmp_path}/cb.db"
     accounts = Accounts(open_store(db))
     accounts.add("dave", "approver", categories=("refunds",))
