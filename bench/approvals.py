@@ -38,8 +38,12 @@ def look(key: str) -> str:
 
 
 def call(url: str, token: str, body: dict[str, Any]) -> tuple[int, dict[str, Any], float]:
-    request = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST", headers={
-        "Authorization": f"Bearer {token}", "Content-Type": "application/json"})
+    request = urllib.request.Request(
+        url,
+        data=json.dumps(body).encode(),
+        method="POST",
+        headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
+    )
     start = time.perf_counter()
     try:
         with urllib.request.urlopen(request, timeout=30) as reply:
@@ -52,14 +56,16 @@ def client(base: str, tokens: dict[str, str], number: int, until: float, log: li
     n = 0
     while time.monotonic() < until:
         n += 1
-        plan = {"task": f"look {number}-{n}", "category": "bench",
-                "steps": [{"id": 1, "tool": "look", "params": {"key": f"{number}-{n}"}, "rationale": "load"}]}
+        plan = {
+            "task": f"look {number}-{n}",
+            "category": "bench",
+            "steps": [{"id": 1, "tool": "look", "params": {"key": f"{number}-{n}"}, "rationale": "load"}],
+        }
         status, body, seconds = call(f"{base}/api/plans", tokens["requester"], plan)
         log.append({"op": "submit", "status": status, "seconds": seconds, "id": body.get("id")})
         if status != 201:
             continue
-        status, _, seconds = call(f"{base}/api/plans/{body['id']}/approve", tokens["approver"],
-                                  {"hash": body["hash"]})
+        status, _, seconds = call(f"{base}/api/plans/{body['id']}/approve", tokens["approver"], {"hash": body["hash"]})
         log.append({"op": "approve", "status": status, "seconds": seconds, "id": body["id"], "hash": body["hash"]})
 
 
@@ -76,8 +82,11 @@ def main() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(create_app(Catalogue([look]), db=db, secure_cookies=False),
-                                           host="127.0.0.1", port=port, log_level="warning"))
+    server = uvicorn.Server(
+        uvicorn.Config(
+            create_app(Catalogue([look]), db=db, secure_cookies=False), host="127.0.0.1", port=port, log_level="warning"
+        )
+    )
     threading.Thread(target=server.run, daemon=True).start()
     while not server.started:
         time.sleep(0.05)
@@ -111,11 +120,15 @@ def report(log: list[dict[str, Any]], db: str, args: argparse.Namespace) -> None
         times = sorted(e["seconds"] * 1000 for e in log if e["op"] == op)
         if times:
             p99 = times[min(len(times) - 1, int(len(times) * 0.99))]
-            print(f"  {op:<8} {len(times):6} requests  {len(times) / args.seconds:7.1f}/s  "
-                  f"p50 {statistics.median(times):6.1f} ms  p99 {p99:6.1f} ms")
+            print(
+                f"  {op:<8} {len(times):6} requests  {len(times) / args.seconds:7.1f}/s  "
+                f"p50 {statistics.median(times):6.1f} ms  p99 {p99:6.1f} ms"
+            )
     print(f"  decisions: {len(approved)} approvals acknowledged; in the ledger: {sum(approvals.values())}")
-    print(f"  lost plans {len(lost)}, plans nobody submitted {extra}, duplicated decisions {len(duplicated)}, "
-          f"acknowledged but not recorded once {len(unrecorded)}, error replies {dict(errors) or 0}")
+    print(
+        f"  lost plans {len(lost)}, plans nobody submitted {extra}, duplicated decisions {len(duplicated)}, "
+        f"acknowledged but not recorded once {len(unrecorded)}, error replies {dict(errors) or 0}"
+    )
     print(f"  audit log: {store.verify_audit()}")
 
 
