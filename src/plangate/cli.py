@@ -1031,3 +1031,60 @@ def approvals_report_command(*, days: int, min_plans: int, db: str | None) -> No
     if not rows:
         click.echo(f"no plans in the last {days} days")
     click.echo(f"a candidate has at least {min_plans} decisions, all approvals, and no edits")
+
+
+@main.command("settle")
+@click.argument("plan_id", metavar="ID")
+@click.argument("step", type=int)
+@click.option("--done/--not-done", required=True, help="Whether the step's effect happened.")
+@click.option("--output", "output_json", metavar="JSON", help="With --done: the output you observed, as JSON.")
+@click.option("--note", help="What you checked (recorded).")
+@as_option
+@recorded_tools_option
+@db_option
+@_plain_errors
+def settle_command(
+    *,
+    plan_id: str,
+    step: int,
+    done: bool,
+    output_json: str | None,
+    note: str | None,
+    user: str,
+    tools_spec: str | None,
+    db: str | None,
+) -> None:
+    """Settle a step whose outcome is unknown: it happened (--done) or it did not (--not-done, safe to run again).
+
+    Then `plangate resume ID` carries on.
+    """
+    runtime = _runtime(db)
+    record = runtime.get(plan_id)
+    spec = tools_spec or runtime.store.get_plan(record.id).tools
+    runtime.catalogue = Catalogue.from_module(spec) if spec else None
+    try:
+        output = json.loads(output_json) if output_json else None
+    except json.JSONDecodeError as exc:
+        raise UsageError(f"--output is not JSON: {exc}") from None
+    record = runtime.settle(record.id, step, done=done, actor=user, output=output, note=note)
+    click.echo(f"step {step} settled as {'done' if done else 'not done'}; now: plangate resume {record.id[:8]}")
+
+
+@main.command("compensate")
+@click.argument("plan_id", metavar="ID")
+@as_option
+@click.option("--reason", required=True, help="Why the plan is rolled back (recorded).")
+@recorded_tools_option
+@db_option
+@_plain_errors
+def compensate_command(*, plan_id: str, user: str, reason: str, tools_spec: str | None, db: str | None) -> None:
+    """Roll back halted plan ID: completed steps with a compensating tool are undone, last first."""
+    runtime = _runtime(db)
+    record = runtime.get(plan_id)
+    spec = tools_spec or runtime.store.get_plan(record.id).tools
+    if spec is None:
+        raise UsageError("give --tools: the plan was submitted without a tools module on record")
+    runtime.catalogue = Catalogue.from_module(spec)
+    result = runtime.compensate(record.id, actor=user, reason=reason)
+    click.echo(str(result))
+    sys.exit(0 if result.status == "compensated" else EXIT_HALTED)

@@ -137,6 +137,12 @@ class Budgets(_Rules):
     per_day_usd: float | None = Field(default=None, ge=0)
 
 
+class CompensationRules(_Rules):
+    on_halt: Literal["manual", "auto"] = Field(
+        default="manual", description="auto: roll back a plan's completed steps as soon as it halts on a failure."
+    )
+
+
 class ResourceRules(_Rules):
     exclusive_writes: bool = True
 
@@ -164,6 +170,7 @@ class Policy(_Rules):
     resources: ResourceRules = Field(default_factory=ResourceRules)
     approval: ApprovalRules = Field(default_factory=ApprovalRules)
     budgets: Budgets = Field(default_factory=Budgets)
+    compensation: CompensationRules = Field(default_factory=CompensationRules)
 
     @model_validator(mode="after")
     def _consistent(self) -> Policy:

@@ -10,18 +10,19 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from plangate import approval
 from plangate._clock import Clock, SystemClock, iso
 from plangate.check import CheckResult, check
+from plangate.compensation import Compensation, CompensationResult
 from plangate.engine import DEFAULT_CONCURRENCY, Engine, Progress, RunResult, recorded_result
 from plangate.errors import GovernanceError, NotFoundError, StateError, UsageError
 from plangate.plan import Plan
 from plangate.planner import PlanningResult
 from plangate.policy import Policy
-from plangate.store import ApprovalRow, Event, PlanRow, PlanStatus, Store, VersionRow, open_store
+from plangate.store import DONE, ApprovalRow, Event, PlanRow, PlanStatus, Store, VersionRow, open_store
 from plangate.tools import Catalogue
 from plangate.violations import Violation
 
@@ -208,8 +209,12 @@ class Runtime:
         with self.store.transaction():
             plan, _ = self._current(plan_id)
             _not_react(plan)
-            if plan.status not in ("pending_approval", "approved", "rejected"):
-                raise StateError(f"plan {plan.id} is {plan.status}; only a plan not yet executed can be edited")
+            if plan.status not in ("pending_approval", "approved", "rejected", "halted"):
+                raise StateError(
+                    f"plan {plan.id} is {plan.status}; only a plan not yet executed, or halted, can be edited"
+                )
+            if plan.status == "halted":
+                self._check_correction(plan, parsed)
             if parsed.hash == plan.hash:
                 raise StateError(f"the edit does not change plan {plan.id} (same hash {plan.hash[:12]}…)")
             result = check(parsed, self._catalogue(), self.policy, user=plan.requested_by, role=plan.role)
@@ -225,6 +230,71 @@ class Runtime:
             )
             self._new_version(plan.id, number, parsed, editor, result)
         return self._notified(self.get(plan.id))
+
+    def _check_correction(self, plan: PlanRow, corrected: Plan) -> None:
+        """A correction of a halted plan may change only what has not run: what ran is kept."""
+        old = self.store.get_version(plan.id, plan.version)
+        assert old is not None
+        before = {s.id: s for s in Plan.parse(old.body).steps}
+        after = {s.id: s for s in corrected.steps}
+        rows = sorted(self.store.steps(plan.id).items())
+        unknown = [step_id for step_id, row in rows if row.status in ("started", "outcome_unknown")]
+        if unknown:
+            raise StateError(f"step {unknown[0]}'s outcome is unknown: settle it first (plangate settle)")
+        for step_id, row in rows:
+            if row.status in DONE and step_id > 0 and after.get(step_id) != before.get(step_id):
+                raise StateError(
+                    f"step {step_id} already ran ({row.status}); a correction may change only steps "
+                    "that have not succeeded, and keeps the others as they are"
+                )
+
+    def settle(
+        self, plan_id: str, step_id: int, *, done: bool, actor: str, output: Any = None, note: str | None = None
+    ) -> PlanRecord:
+        """A person settles a step whose outcome is unknown: it happened (with the output they saw) or it did not."""
+        with self.store.transaction():
+            plan, version = self._current(plan_id)
+            row = self.store.steps(plan.id).get(step_id)
+            if row is None or row.status not in ("outcome_unknown", "started"):
+                raise StateError(f"step {step_id} of plan {plan.id} has no unknown outcome to settle")
+            step = Plan.parse(version.body).step(step_id)
+            now = self._now()
+            if done:
+                tool = self._catalogue()[step.tool]
+                try:
+                    output = tool.dump_output(output)
+                except ValueError as exc:
+                    raise UsageError(f"the output given does not match {tool.name}'s declared type: {exc}") from None
+                self.store.put_step(replace(row, status="succeeded", output=output, error=None, finished_at=now))
+            else:
+                error = f"settled as not done by {actor}" + (f": {note}" if note else "")
+                self.store.put_step(replace(row, status="failed", error=error, finished_at=now))
+            self._event(
+                plan.id,
+                plan.version,
+                "step.settled",
+                actor,
+                {"step": step_id, "done": done, "output": output, "note": note},
+            )
+        return self.get(plan.id)
+
+    def compensate(self, plan_id: str, *, actor: str, reason: str) -> CompensationResult:
+        """Undo a halted plan's completed steps in reverse order (see :mod:`plangate.compensation`)."""
+        plan, version = self._current(plan_id)
+        _not_react(plan)
+        if plan.status not in ("halted", "compensation_incomplete"):
+            raise StateError(f"plan {plan.id} is {plan.status}; only a halted plan can be compensated")
+        if not reason.strip():
+            raise UsageError("say why the plan is rolled back")
+        return Compensation(
+            store=self.store,
+            catalogue=self._catalogue(),
+            clock=self.clock,
+            plan_id=plan.id,
+            version=plan.version,
+            plan=Plan.parse(version.body),
+            actor=actor,
+        ).run(reason)
 
     # -- execute ---------------------------------------------------------------------------
     def execute(
@@ -271,7 +341,12 @@ class Runtime:
             max_concurrency=self.max_concurrency,
             progress=progress,
         )
-        return engine.run(plan.id, plan.version, body, actor=actor)
+        result = engine.run(plan.id, plan.version, body, actor=actor)
+        policy = self._policy_for(version)
+        unknown = (result.error or "").startswith("outcome unknown")
+        if not result.ok and not unknown and policy is not None and policy.compensation.on_halt == "auto":
+            self.compensate(plan.id, actor=f"policy:{policy.name}", reason="the policy rolls back halted plans")
+        return result
 
     def _recorded(self, plan: PlanRow, version: VersionRow) -> RunResult:
         return recorded_result(plan.id, plan.version, Plan.parse(version.body), self.store.steps(plan.id), plan.status)

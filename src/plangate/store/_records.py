@@ -5,7 +5,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-PlanStatus = Literal["rejected", "pending_approval", "approved", "running", "succeeded", "halted"]
+PlanStatus = Literal[
+    "rejected",
+    "pending_approval",
+    "approved",
+    "running",
+    "succeeded",
+    "halted",
+    "compensated",
+    "compensation_incomplete",
+]
 StepStatus = Literal["started", "succeeded", "failed", "skipped", "outcome_unknown"]
 DONE: frozenset[str] = frozenset({"succeeded", "skipped"})
 

@@ -1,0 +1,152 @@
+"""Undoing a halted plan: compensating tools run in reverse order, each step durable and audited.
+
+A completed step whose tool declares ``compensate="other_tool"`` is undone by calling
+that tool. Its parameters are found by name: first in the step's recorded output (a
+refund's ``refund_id``), then in the step's own parameters (the ``invoice_id``). Each
+undo is recorded as ``started`` before its call, under the idempotency key
+``plan_id:undo:step_id``, and its outcome after, so a crash never undoes a step twice:
+an undo that started with no outcome runs again only if the compensating tool is
+idempotent. Steps that only read need no undo; steps that write but declare no
+compensating tool are listed for a person. The plan ends ``compensated`` or
+``compensation_incomplete`` (run it again once a person has dealt with what is listed).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any, Literal
+
+from pydantic import ValidationError
+
+from plangate._clock import Clock, iso
+from plangate.errors import ParamsError
+from plangate.plan import Plan, Step
+from plangate.store import StepRow, Store
+from plangate.tools import Catalogue, RunContext, Tool
+
+
+@dataclass(frozen=True, kw_only=True)
+class CompensationResult:
+    plan_id: str
+    status: Literal["compensated", "compensation_incomplete"]
+    undone: tuple[int, ...] = ()
+    not_undoable: tuple[tuple[int, str], ...] = ()
+    failed: tuple[tuple[int, str], ...] = ()
+
+    def __str__(self) -> str:
+        lines = [f"{self.status}: undone steps {list(self.undone) or 'none'}"]
+        lines += [f"  step {s} cannot be undone by plangate: {why}" for s, why in self.not_undoable]
+        lines += [f"  step {s}: the undo failed: {error}" for s, error in self.failed]
+        return "\n".join(lines)
+
+
+@dataclass
+class Compensation:
+    store: Store
+    catalogue: Catalogue
+    clock: Clock
+    plan_id: str
+    version: int
+    plan: Plan
+    actor: str
+
+    def run(self, reason: str) -> CompensationResult:
+        rows = self.store.steps(self.plan_id)
+        undone: list[int] = []
+        not_undoable: list[tuple[int, str]] = []
+        failed: list[tuple[int, str]] = []
+        self._event("compensation.started", None, {"reason": reason})
+        for step in reversed(self.plan.steps):
+            row = rows.get(step.id)
+            tool = self.catalogue.get(step.tool)
+            if row is None or row.status != "succeeded" or tool is None or tool.effect == "read":
+                continue
+            if tool.compensate is None:
+                not_undoable.append((step.id, f"{tool.name} ({tool.effect}) declares no compensating tool"))
+                continue
+            error = self._undo(step, row, self.catalogue[tool.compensate], rows.get(-step.id))
+            (failed.append((step.id, error)) if error else undone.append(step.id))
+        status: Literal["compensated", "compensation_incomplete"] = (
+            "compensated" if not (not_undoable or failed) else "compensation_incomplete"
+        )
+        with self.store.transaction():
+            self.store.update_plan(self.plan_id, status=status, updated_at=iso(self.clock.now()))
+            self._event(
+                "compensation.finished",
+                None,
+                {
+                    "status": status,
+                    "undone": undone,
+                    "not_undoable": [list(x) for x in not_undoable],
+                    "failed": [list(x) for x in failed],
+                },
+            )
+        return CompensationResult(
+            plan_id=self.plan_id,
+            status=status,
+            undone=tuple(undone),
+            not_undoable=tuple(not_undoable),
+            failed=tuple(failed),
+        )
+
+    def _undo(self, step: Step, row: StepRow, undo: Tool, previous: StepRow | None) -> str | None:
+        """Undo one step durably; None when it is undone, else why not."""
+        if previous is not None and previous.status == "succeeded":
+            return None  # undone before: never twice
+        if previous is not None and previous.status == "started" and not undo.idempotent:
+            return (
+                f"the undo started at {previous.started_at} with no recorded outcome, and {undo.name} is not "
+                "idempotent: a person must check it"
+            )
+        source: dict[str, Any] = {**step.params, **(row.output if isinstance(row.output, dict) else {})}
+        params = {name: source[name] for name in undo.param_names if name in source}
+        try:
+            kwargs = undo.validate_params(params)
+        except ParamsError as exc:
+            return str(exc)
+        now = iso(self.clock.now())
+        started = StepRow(
+            plan_id=self.plan_id,
+            step_id=-step.id,
+            version=self.version,
+            status="started",
+            attempt=(previous.attempt + 1) if previous else 1,
+            idempotency_key=f"{self.plan_id}:undo:{step.id}",
+            params=params,
+            started_at=previous.started_at if previous and previous.started_at else now,
+        )
+        with self.store.transaction():
+            self.store.put_step(started)
+            self._event(
+                "compensation.step_started",
+                step.id,
+                {"tool": undo.name, "params": params, "idempotency_key": started.idempotency_key},
+            )
+        if undo.ctx_param is not None:
+            kwargs[undo.ctx_param] = RunContext(
+                plan_id=f"{self.plan_id}:undo", step_id=step.id, now=self.clock.now(), attempt=started.attempt
+            )
+        try:
+            output = undo.dump_output(undo.fn(**kwargs))
+        except (ValidationError, Exception) as exc:  # noqa: BLE001 - a failed undo is recorded and listed
+            error = f"{type(exc).__name__}: {exc}"
+            with self.store.transaction():
+                self.store.put_step(replace(started, status="failed", error=error, finished_at=iso(self.clock.now())))
+                self._event("compensation.step_failed", step.id, {"error": error})
+            return error
+        with self.store.transaction():
+            self.store.put_step(replace(started, status="succeeded", output=output, finished_at=iso(self.clock.now())))
+            self._event("compensation.step_succeeded", step.id, {"output": output})
+        return None
+
+    def _event(self, kind: str, step_id: int | None, data: dict[str, Any]) -> None:
+        with self.store.transaction():
+            self.store.append_event(
+                plan_id=self.plan_id,
+                version=self.version,
+                step_id=step_id,
+                kind=kind,
+                actor=self.actor,
+                at=iso(self.clock.now()),
+                data=data,
+            )

@@ -1,0 +1,154 @@
+"""After a halt: a person settles an unknown outcome, corrects a failed step, or rolls the plan back."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from plangate import Catalogue, Policy
+from plangate.cli import main
+from plangate.errors import StateError
+from plangate.runtime import Runtime
+from tests.conftest import EXAMPLES
+from tests.helpers import FixedClock, plan
+
+REFUND_THEN_FAIL = plan(
+    {"id": 1, "tool": "get_invoice", "params": {"invoice_id": "42"}},
+    {"id": 2, "tool": "issue_refund", "params": {"invoice_id": "42", "amount": 20.0}},
+    {"id": 3, "tool": "issue_refund", "params": {"invoice_id": "43", "amount": 5000.0}},
+    category="refunds",
+)
+
+
+@pytest.fixture
+def rt(tmp_path: Path, catalogue: Catalogue, policy: Policy) -> Runtime:
+    return Runtime(
+        catalogue, policy, db=f"sqlite:///{tmp_path}/r.db", clock=FixedClock(), tools=str(EXAMPLES / "business.py")
+    )
+
+
+def halted(rt: Runtime, data: dict[str, Any]) -> str:
+    record = rt.submit(data, "bob")
+    rt.approve(record.id, "dave", record.hash)
+    result = rt.execute(record.id)
+    assert result.status == "halted"
+    return record.id
+
+
+def test_correct_one_failed_step_and_resume_without_rerunning(rt: Runtime) -> None:
+    from examples import business
+
+    plan_id = halted(rt, REFUND_THEN_FAIL)
+    assert business.effect_counts() == {"refund": 1}
+    changed_done = dict(REFUND_THEN_FAIL, steps=[dict(s) for s in REFUND_THEN_FAIL["steps"]])
+    changed_done["steps"][1]["params"] = {"invoice_id": "42", "amount": 21.0}
+    with pytest.raises(StateError, match="step 2 already ran"):
+        rt.edit(plan_id, changed_done, "carol")
+    corrected = dict(REFUND_THEN_FAIL, steps=[dict(s) for s in REFUND_THEN_FAIL["steps"]])
+    corrected["steps"][2]["params"] = {"invoice_id": "43", "amount": 50.0}
+    record = rt.edit(plan_id, corrected, "carol")
+    assert (record.version, record.status) == (2, "pending_approval")
+    rt.approve(plan_id, "dave", record.hash)
+    result = rt.execute(plan_id)
+    assert result.ok and result.ran == (3,), "what succeeded is kept, only the corrected step runs"
+    assert business.effect_counts() == {"refund": 2}
+
+
+def test_compensation_undoes_completed_steps_in_reverse(rt: Runtime) -> None:
+    from examples import business
+
+    plan_id = halted(rt, REFUND_THEN_FAIL)
+    with pytest.raises(Exception, match="say why"):
+        rt.compensate(plan_id, actor="dave", reason=" ")
+    result = rt.compensate(plan_id, actor="dave", reason="the customer cancelled")
+    assert result.status == "compensated" and result.undone == (2,)
+    assert business.effect_counts() == {"refund": 1, "void": 1}
+    assert rt.get(plan_id).status == "compensated"
+    undo = rt.store.steps(plan_id)[-2]
+    assert undo.idempotency_key == f"{plan_id}:undo:2" and undo.params["refund_id"].startswith("r-42-2-")
+    with pytest.raises(StateError, match="only a halted plan"):
+        rt.compensate(plan_id, actor="dave", reason="again")
+    kinds = [e.kind for e in rt.trace(plan_id)]
+    assert kinds[-3:] == ["compensation.step_started", "compensation.step_succeeded", "compensation.finished"]
+
+
+def test_steps_that_cannot_be_undone_are_listed(rt: Runtime) -> None:
+    from examples import business
+
+    data = plan(
+        {"id": 1, "tool": "issue_refund", "params": {"invoice_id": "42", "amount": 20.0}},
+        {
+            "id": 2,
+            "tool": "send_email",
+            "params": {"to": "ada@example.com", "subject": "s", "body": "b"},
+            "condition": "${1.amount} > 0",
+        },
+        {"id": 3, "tool": "issue_refund", "params": {"invoice_id": "43", "amount": 5000.0}, "condition": "${2} != ''"},
+        category="refunds",
+    )
+    plan_id = halted(rt, data)
+    result = rt.compensate(plan_id, actor="dave", reason="wrong customer")
+    assert result.status == "compensation_incomplete" and result.undone == (1,)
+    assert result.not_undoable == ((2, "send_email (irreversible) declares no compensating tool"),)
+    assert business.effect_counts() == {"refund": 1, "email": 1, "void": 1}
+    assert "cannot be undone by plangate" in str(result)
+
+
+def test_the_policy_can_roll_back_on_halt(tmp_path: Path, catalogue: Catalogue, policy: Policy) -> None:
+    from examples import business
+
+    rolling = policy.model_copy(update={"compensation": policy.compensation.model_copy(update={"on_halt": "auto"})})
+    rt = Runtime(catalogue, rolling, db=f"sqlite:///{tmp_path}/a.db", clock=FixedClock())
+    plan_id = halted(rt, REFUND_THEN_FAIL)
+    assert rt.get(plan_id).status == "compensated"
+    assert business.effect_counts() == {"refund": 1, "void": 1}
+
+
+def test_settling_an_unknown_outcome_on_the_command_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests.test_crash import approved_plan, kill_during_step, ledger
+
+    monkeypatch.setenv("CRASH_DIR", str(tmp_path))
+    monkeypatch.setenv("CRASH_LEDGER", str(tmp_path / "ledger.db"))
+    monkeypatch.setenv("PLANGATE_DB", f"sqlite:///{tmp_path}/plangate.db")
+    rt, plan_id = approved_plan(tmp_path)
+    kill_during_step(tmp_path, plan_id, 4)
+    assert rt.resume(plan_id).failed_step == 4
+    runner = CliRunner()
+    done = runner.invoke(
+        main,
+        ["settle", plan_id, "4", "--done", "--output", "4", "--as", "dave", "--note", "the message is in the outbox"],
+    )
+    assert done.exit_code == 0, done.output
+    result = rt.resume(plan_id)
+    assert result.ok and result.ran == (5,)
+    calls, _, sends = ledger()
+    assert calls[4] == 1 and sends == {4: 1}, "settled as done: never sent again"
+    settled = next(e for e in rt.trace(plan_id) if e.kind == "step.settled")
+    assert settled.actor == "dave" and settled.data["note"] == "the message is in the outbox"
+
+
+def test_settled_as_not_done_runs_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests.test_crash import approved_plan, kill_during_step, ledger
+
+    monkeypatch.setenv("CRASH_DIR", str(tmp_path))
+    monkeypatch.setenv("CRASH_LEDGER", str(tmp_path / "ledger.db"))
+    rt, plan_id = approved_plan(tmp_path)
+    kill_during_step(tmp_path, plan_id, 4)
+    rt.resume(plan_id)
+    with pytest.raises(StateError, match="outcome is unknown: settle it first"):
+        rt.edit(
+            plan_id,
+            {
+                "task": "t",
+                "category": "ops",
+                "steps": [{"id": 1, "tool": "apply_once", "params": {"n": 1}, "rationale": "r"}],
+            },
+            "carol",
+        )
+    rt.settle(plan_id, 4, done=False, actor="dave", note="nothing arrived")
+    result = rt.resume(plan_id)
+    assert result.ok and result.ran == (4, 5)
+    assert ledger()[2] == {4: 2}, "the person said it did not happen, so it ran again"
