@@ -44,6 +44,7 @@ bench: $(BENCH_STAMP)
 	$(BIN)/python bench/engine.py
 	$(BIN)/python bench/compare.py
 	$(BIN)/python bench/approvals.py
+	$(BIN)/python bench/torture.py
 
 clean:
 	rm -rf $(VENV) .plangate .pytest_cache .mypy_cache .ruff_cache .hypothesis
