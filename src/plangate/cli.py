@@ -1088,3 +1088,49 @@ def compensate_command(*, plan_id: str, user: str, reason: str, tools_spec: str 
     result = runtime.compensate(record.id, actor=user, reason=reason)
     click.echo(str(result))
     sys.exit(0 if result.status == "compensated" else EXIT_HALTED)
+
+
+@main.command("worker")
+@recorded_tools_option
+@policy_option
+@db_option
+@click.option(
+    "--lease",
+    "lease_seconds",
+    default=30.0,
+    show_default=True,
+    help="Seconds a claimed plan stays this worker's without renewal.",
+)
+@click.option("--drain", is_flag=True, help="Exit when no plan is left to run.")
+@click.option("--name", help="This worker's name (default: host and process).")
+@_plain_errors
+def worker_command(
+    *,
+    tools_spec: str | None,
+    policy_file: Path | None,
+    db: str | None,
+    lease_seconds: float,
+    drain: bool,
+    name: str | None,
+) -> None:
+    """Claim approved plans and run them; several workers (on several machines) share the work.
+
+    Use a PostgreSQL store (--db postgresql://...) to share it across machines. A killed
+    worker's plan is taken over by another once its lease expires.
+    """
+    import os
+
+    from plangate.worker import Worker
+
+    if tools_spec is None:
+        raise UsageError("a worker needs --tools (or PLANGATE_TOOLS)")
+    worker = Worker(
+        Catalogue.from_module(tools_spec),
+        db=db,
+        policy=Policy.load(policy_file) if policy_file else None,
+        lease_seconds=lease_seconds,
+        name=name or f"{os.uname().nodename}:{os.getpid()}",
+    )
+    click.echo(f"worker {worker.name} on {worker.db or 'the default store'}", err=True)
+    ran = worker.serve(drain=drain, on_result=lambda r: click.echo(f"{r.plan_id}: {r.status}"))
+    click.echo(f"worker {worker.name}: {ran} plans run", err=True)

@@ -65,5 +65,7 @@ def open_store(url: str | None = None) -> Store:
             raise StoreError(f"synchronous must be normal or full, not {synchronous!r}")
         return SQLiteStore(path, synchronous="full" if synchronous == "full" else "normal")
     if parts.scheme in ("postgresql", "postgres"):
-        raise StoreError("the PostgreSQL store is not built yet; use sqlite:///PATH")
-    raise StoreError(f"unknown store URL {url!r}: use sqlite:///PATH")
+        from plangate.store.postgres import PostgresStore
+
+        return PostgresStore(url)
+    raise StoreError(f"unknown store URL {url!r}: use sqlite:///PATH or postgresql://USER@HOST:PORT/DB")

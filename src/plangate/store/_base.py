@@ -118,6 +118,16 @@ class Store(abc.ABC):
     def verify_audit(self) -> AuditReport: ...
 
     @abc.abstractmethod
+    def claim(self, worker: str, now: str, until: str) -> str | None:
+        """Lease the next plan to run (approved, or running under an expired lease) to ``worker``."""
+
+    @abc.abstractmethod
+    def renew(self, plan_id: str, worker: str, until: str) -> bool: ...
+
+    @abc.abstractmethod
+    def release(self, plan_id: str, worker: str) -> None: ...
+
+    @abc.abstractmethod
     def query(self, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
         """Rows from plangate's own tables (portable SQL, ``?`` placeholders), for small modules
         such as accounts that keep a table of their own."""

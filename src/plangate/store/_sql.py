@@ -40,6 +40,9 @@ class SQLStore(Store):
     def _begin(self) -> None:
         self._conn.execute("BEGIN")
 
+    def _rollback(self) -> None:
+        self._conn.execute("ROLLBACK")
+
     def _sql(self, query: str) -> str:
         return query
 
@@ -68,6 +71,11 @@ class SQLStore(Store):
                 raise
             self._depth, self._head = 0, None
             self._conn.execute("COMMIT")
+
+    def _head_for_append(self) -> tuple[int, str]:
+        """The audit head, read so that no other writer can append until this transaction ends."""
+        row = self._exec("SELECT seq, hash FROM events ORDER BY seq DESC LIMIT 1").fetchone()
+        return (row[0], row[1]) if row else (0, audit.GENESIS)
 
     def _require_tx(self) -> None:
         if not self._depth:
@@ -195,9 +203,8 @@ class SQLStore(Store):
         data: dict[str, Any],
     ) -> Event:
         self._require_tx()
-        if self._head is None:  # the write lock is held: nobody else can append until we commit
-            row = self._exec("SELECT seq, hash FROM events ORDER BY seq DESC LIMIT 1").fetchone()
-            self._head = (row[0], row[1]) if row else (0, audit.GENESIS)
+        if self._head is None:
+            self._head = self._head_for_append()
         seq, prev = self._head[0] + 1, self._head[1]
         event = Event(
             seq=seq,
@@ -440,6 +447,36 @@ class SQLStore(Store):
         head = self._exec("SELECT seq, hash FROM audit_head WHERE id = 1").fetchone()
         return audit.verify(self.events(), (head[0], head[1]) if head and head[0] else None)
 
+    _LOCK_ROWS = ""  # PostgreSQL: FOR UPDATE SKIP LOCKED (SQLite's write lock already serialises)
+
+    def claim(self, worker: str, now: str, until: str) -> str | None:
+        """Lease the oldest plan a worker should run: approved, or running under an expired lease."""
+        with self.transaction():
+            row = self._exec(
+                "SELECT id FROM plans WHERE kind = 'plan' AND (status = 'approved' OR (status = 'running'"
+                " AND lease_until IS NOT NULL AND lease_until < ?)) ORDER BY created_at, id LIMIT 1" + self._LOCK_ROWS,
+                (now,),
+            ).fetchone()
+            if row is None:
+                return None
+            self._exec("UPDATE plans SET lease_owner = ?, lease_until = ? WHERE id = ?", (worker, until, row[0]))
+            return str(row[0])
+
+    def renew(self, plan_id: str, worker: str, until: str) -> bool:
+        """Extend a lease this worker holds; False when it lost it."""
+        with self.transaction():
+            cursor = self._exec(
+                "UPDATE plans SET lease_until = ? WHERE id = ? AND lease_owner = ?", (until, plan_id, worker)
+            )
+            return int(cursor.rowcount) == 1
+
+    def release(self, plan_id: str, worker: str) -> None:
+        with self.transaction():
+            self._exec(
+                "UPDATE plans SET lease_owner = NULL, lease_until = NULL WHERE id = ? AND lease_owner = ?",
+                (plan_id, worker),
+            )
+
     def query(self, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
         return [tuple(row) for row in self._exec(sql, params).fetchall()]
 
@@ -522,5 +559,6 @@ SCHEMA_V5 = [
         category TEXT PRIMARY KEY, auto INTEGER NOT NULL, changed_by TEXT NOT NULL, changed_at TEXT NOT NULL,
         reason TEXT NOT NULL)""",
 ]
-MIGRATIONS: list[list[str]] = [SCHEMA_V1, SCHEMA_V2, SCHEMA_V3, SCHEMA_V4, SCHEMA_V5]
+SCHEMA_V6 = ["ALTER TABLE plans ADD COLUMN lease_owner TEXT", "ALTER TABLE plans ADD COLUMN lease_until TEXT"]
+MIGRATIONS: list[list[str]] = [SCHEMA_V1, SCHEMA_V2, SCHEMA_V3, SCHEMA_V4, SCHEMA_V5, SCHEMA_V6]
 """Schema migrations, in order: migration N brings the schema from version N-1 to N."""

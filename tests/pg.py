@@ -1,0 +1,72 @@
+"""A throwaway PostgreSQL cluster on loopback for the tests (the server refuses to run as root)."""
+
+from __future__ import annotations
+
+import glob
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+
+def binaries() -> Path:
+    found = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"))
+    assert found, "make test installs Debian's postgresql when its server binaries are missing"
+    return Path(found[-1]).parent
+
+
+def _as_owner(command: str) -> list[str]:
+    if os.geteuid() == 0:  # PostgreSQL will not run as root: run it as an unprivileged user
+        return ["su", "-s", "/bin/sh", "nobody", "-c", command]
+    return ["sh", "-c", command]
+
+
+@contextmanager
+def cluster() -> Iterator[str]:
+    """Start a cluster in a fresh folder under the system's temporary directory; yield its URL; stop it.
+
+    (Not under pytest's own temporary folders: those are private to root, and the server
+    runs as another user.)
+    """
+    bin_dir = binaries()
+    folder = Path(tempfile.mkdtemp(prefix="plangate-pg-"))
+    if os.geteuid() == 0:
+        shutil.chown(folder, "nobody")
+    data = folder / "data"
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    subprocess.run(
+        _as_owner(f"{bin_dir}/initdb -D {data} -U postgres --auth=trust -E UTF8 >{folder}/initdb.log 2>&1"), check=True
+    )
+    options = f"-p {port} -h 127.0.0.1 -k {folder} -c fsync=off -c max_connections=200"
+    subprocess.run(
+        _as_owner(f"{bin_dir}/pg_ctl -D {data} -o '{options}' -l {folder}/server.log -w start"),
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
+    try:
+        yield f"postgresql://postgres@127.0.0.1:{port}/postgres"
+    finally:
+        subprocess.run(
+            _as_owner(f"{bin_dir}/pg_ctl -D {data} -m immediate stop"),
+            check=False,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        time.sleep(0.1)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def fresh_database(url: str, name: str) -> str:
+    """A new empty database in the cluster, so tests do not see each other's plans."""
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    return url.rsplit("/", 1)[0] + f"/{name}"
