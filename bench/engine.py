@@ -42,6 +42,13 @@ def nap(i: int) -> int:
     return i
 
 
+@tool
+def wait10(i: int) -> int:
+    """A step that waits 10 ms on something outside (I/O), for worker throughput."""
+    time.sleep(0.01)
+    return i
+
+
 def chain(n: int) -> dict[str, Any]:
     steps = [
         {"id": i, "tool": "noop", "params": {"i": f"${{{i - 1}}}" if i > 1 else 0}, "rationale": "bench"}
@@ -76,8 +83,8 @@ def plain_loop(folder: Path, n: int, repeat: int) -> float:
     return median_ms_per_step(run, n, repeat)
 
 
-def plangate_chain(folder: Path, n: int, repeat: int, synchronous: str) -> tuple[float, float]:
-    rt = Runtime(Catalogue([noop]), db=f"sqlite:///{folder}/plangate-{synchronous}.db?synchronous={synchronous}")
+def plangate_chain(folder: Path, n: int, repeat: int, synchronous: str, db: str | None = None) -> tuple[float, float]:
+    rt = Runtime(Catalogue([noop]), db=db or f"sqlite:///{folder}/plangate-{synchronous}.db?synchronous={synchronous}")
     commits = [0]
     ids = []
     for _ in range(repeat):
@@ -91,10 +98,64 @@ def plangate_chain(folder: Path, n: int, repeat: int, synchronous: str) -> tuple
     def run() -> None:
         assert rt.execute(next(pending)).ok
 
-    rt.store._conn.set_trace_callback(count)  # type: ignore[attr-defined]
+    sqlite = db is None
+    if sqlite:
+        rt.store._conn.set_trace_callback(count)  # type: ignore[attr-defined]
     per_step = median_ms_per_step(run, n, repeat)
-    rt.store._conn.set_trace_callback(None)  # type: ignore[attr-defined]
+    if sqlite:
+        rt.store._conn.set_trace_callback(None)  # type: ignore[attr-defined]
+    rt.close()
     return per_step, commits[0] / (repeat * n)
+
+
+def postgres(repeat: int) -> None:
+    """Per-step overhead on PostgreSQL, and plans per second with one and with two workers."""
+    import subprocess
+
+    from plangate.testing import fresh_database, postgres_cluster
+
+    try:
+        context = postgres_cluster()
+        url = context.__enter__()
+    except (RuntimeError, OSError, subprocess.CalledProcessError) as exc:
+        print(f"\nPostgreSQL: skipped ({exc})")
+        return
+    try:
+        print("\nPostgreSQL 15 on loopback (fsync off: the throwaway cluster measures plangate, not the disk)")
+        for n in CHAINS:
+            per_step, _ = plangate_chain(Path("."), n, repeat, "normal", db=fresh_database(url, f"chain{n}"))
+            print(f"  {n:3} steps: plangate {per_step:7.3f} ms/step")
+        for workers in (1, 2):
+            db = fresh_database(url, f"workers{workers}")
+            print(
+                f"  {workers} worker(s): {throughput(db, workers):6.1f} plans/s (40 plans of 5 steps that each "
+                "wait 10 ms)"
+            )
+    finally:
+        context.__exit__(None, None, None)
+
+
+def throughput(db: str, workers: int) -> float:
+    import os
+    import subprocess
+
+    rt = Runtime(Catalogue([wait10]), db=db)
+    for p in range(40):
+        steps = [{"id": i, "tool": "wait10", "params": {"i": p}, "rationale": "bench"} for i in range(1, 6)]
+        record = rt.submit({"task": f"plan {p}", "category": "bench", "steps": steps}, "bench")
+        rt.approve(record.id, "reviewer", record.hash)
+    rt.close()
+    command = [sys.executable, "-m", "plangate", "worker", "--tools", __file__, "--db", db, "--drain"]
+    start = time.perf_counter()
+    running = [
+        subprocess.Popen(
+            [*command, "--name", f"w{i}"], env=dict(os.environ), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
+        for i in range(workers)
+    ]
+    for process in running:
+        process.wait()
+    return 40 / (time.perf_counter() - start)
 
 
 def langgraph_chain(folder: Path, n: int, repeat: int) -> float | str:
@@ -209,6 +270,7 @@ def main() -> int:
         for name, value in (("LangGraph", lang), ("DBOS", dbos[n])):
             if not isinstance(value, str):
                 print(f"  -> plangate (normal) takes {normal / value:.2f}x the time of {name} per step")
+    postgres(args.repeat)
     naps = parallel_naps(folder)
     print(f"\n10 independent steps sleeping 100 ms each: {naps:.0f} ms wall time (target under 150 ms)")
     print(

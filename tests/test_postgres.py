@@ -21,15 +21,15 @@ import pytest
 from plangate import Catalogue, Policy
 from plangate.runtime import Runtime
 from plangate.store import open_store
+from plangate.testing import fresh_database, postgres_cluster
 from tests.conftest import ROOT, load_plan
-from tests.pg import cluster, fresh_database
 
 _COUNTER = iter(range(10**6))
 
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[str]:
-    with cluster() as url:
+    with postgres_cluster() as url:
         yield url
 
 

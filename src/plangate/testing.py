@@ -1,4 +1,10 @@
-"""A throwaway PostgreSQL cluster on loopback for the tests (the server refuses to run as root)."""
+"""Helpers for testing with real parts: a throwaway PostgreSQL cluster on loopback.
+
+``with postgres_cluster() as url:`` starts PostgreSQL (its server binaries must be
+installed; Debian's ``postgresql`` package has them) in a temporary folder, on a free
+loopback port, as an unprivileged user when run as root (the server refuses root), and
+stops it afterwards.
+"""
 
 from __future__ import annotations
 
@@ -16,7 +22,8 @@ from pathlib import Path
 
 def binaries() -> Path:
     found = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"))
-    assert found, "make test installs Debian's postgresql when its server binaries are missing"
+    if not found:
+        raise RuntimeError("PostgreSQL's server binaries are missing: install Debian's postgresql package")
     return Path(found[-1]).parent
 
 
@@ -27,7 +34,7 @@ def _as_owner(command: str) -> list[str]:
 
 
 @contextmanager
-def cluster() -> Iterator[str]:
+def postgres_cluster() -> Iterator[str]:
     """Start a cluster in a fresh folder under the system's temporary directory; yield its URL; stop it.
 
     (Not under pytest's own temporary folders: those are private to root, and the server
