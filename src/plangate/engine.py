@@ -113,6 +113,10 @@ class Engine:
         """Run (or continue) the plan to its end or to a halt."""
         return asyncio.run(_Run(self, plan_id, version, plan, actor).go())
 
+    def stepper(self, plan_id: str, version: int, plan: Plan, *, actor: str = "engine") -> _Run:
+        """The engine one step at a time (``one(step_id)``, then ``finish``), for an orchestrator."""
+        return _Run(self, plan_id, version, plan, actor)
+
 
 class _Run:
     def __init__(self, engine: Engine, plan_id: str, version: int, plan: Plan, actor: str) -> None:
@@ -166,6 +170,55 @@ class _Run:
                 for task in done:
                     del self.in_flight[task]
                     self.finished.append(task.result())
+
+    # -- one step at a time, for an outside orchestrator (the Temporal backend) -------------
+    def one(self, step_id: int) -> str:
+        """Run exactly one step with the usual rules; its status comes back (repeat calls are safe).
+
+        The first step of a run also marks the plan running.
+        """
+        with self.store.transaction():
+            self._tick()
+            plan = self.store.get_plan(self.plan_id)
+            if plan is not None and plan.status == "approved":
+                self.store.update_plan(self.plan_id, status="running", updated_at=self._now())
+                self._event("run.started", None, {"steps": len(self.order)})
+            self.rows = self.store.steps(self.plan_id)
+            for sid, done in self.rows.items():
+                if done.status in DONE and sid in self.steps:
+                    self.outputs[sid] = done.output if done.status == "succeeded" else _SKIPPED
+            row = self.rows.get(step_id)
+            if row is not None and row.status in DONE:
+                return row.status
+            if row is not None and row.status in ("started", "outcome_unknown"):
+                self._unknown_outcome(row)
+                if self.halt is not None:
+                    return "outcome_unknown"
+            if not self.steps[step_id].refs.depends_on <= self.outputs.keys():
+                return "blocked"
+            if not self._prepare(step_id):
+                return self.rows[step_id].status
+        outcome = self._call_inline(step_id)
+        with self.store.transaction():
+            self._tick()
+            self.finished = [outcome]
+            self._record_finished()
+        return "succeeded" if outcome.ok else "failed"
+
+    def finish(self) -> RunResult:
+        """Record how the run ended, from what the steps recorded."""
+        with self.store.transaction():
+            self._tick()
+            self.rows = self.store.steps(self.plan_id)
+            for sid in self.order:
+                row = self.rows.get(sid)
+                if row is not None and row.status in DONE:
+                    self.outputs[sid] = row.output if row.status == "succeeded" else _SKIPPED
+                elif row is not None and self.halt is None:
+                    self.halt = (sid, row.error or row.status, None)
+                elif row is None and self.halt is None:
+                    self.halt = (sid, "the step never ran", None)
+            return self._end()
 
     def _load(self) -> None:
         """Load what earlier runs recorded; decide what an unknown outcome means."""

