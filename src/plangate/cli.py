@@ -225,7 +225,7 @@ def submit_command(
     runtime = _runtime(db, tools_spec, policy_file)
     record = runtime.submit(plan, requested_by=user, role=role)
     if as_json:
-        click.echo(json.dumps(_record_dict(record), indent=2))
+        click.echo(json.dumps(record.to_dict(), indent=2))
     else:
         click.echo(str(record))
         for violation in record.violations:
@@ -233,21 +233,6 @@ def submit_command(
         if record.status == "pending_approval":
             click.echo(f"  approve with: plangate approve {record.id[:8]} --as APPROVER --hash {record.hash}")
     sys.exit(EXIT_VIOLATIONS if record.status == "rejected" else 0)
-
-
-def _record_dict(record: Any) -> dict[str, Any]:
-    return {
-        "id": record.id,
-        "version": record.version,
-        "hash": record.hash,
-        "status": record.status,
-        "task": record.task,
-        "category": record.category,
-        "requested_by": record.requested_by,
-        "needs": list(record.needs),
-        "violations": [v.to_dict() for v in record.violations],
-        "policy": record.decision,
-    }
 
 
 @main.command("approve")

@@ -48,6 +48,21 @@ class PlanRecord:
     kind: str = "plan"
     action: dict[str, Any] | None = None
 
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "version": self.version,
+            "hash": self.hash,
+            "status": self.status,
+            "task": self.task,
+            "category": self.category,
+            "requested_by": self.requested_by,
+            "needs": list(self.needs),
+            "violations": [v.to_dict() for v in self.violations],
+            "policy": self.decision,
+            "plan": json.loads(self.plan.canonical_json()) if self.plan else None,
+        }
+
     def __str__(self) -> str:
         what = "ReAct run" if self.kind == "react" else "plan"
         text = f"{what} {self.id} v{self.version} {self.hash[:12]}: {self.status}"

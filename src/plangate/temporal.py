@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
-from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
@@ -33,12 +32,6 @@ with workflow.unsafe.imports_passed_through():
     from plangate.tools import Catalogue
 
 TASK_QUEUE = "plangate"
-
-
-@dataclass(frozen=True)
-class _Config:
-    db: str
-    tools: str
 
 
 def _stepper(args: dict[str, Any]) -> Any:

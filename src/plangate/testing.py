@@ -27,6 +27,13 @@ def binaries() -> Path:
     return Path(found[-1]).parent
 
 
+def free_port() -> int:
+    """A TCP port on loopback that nothing listens on right now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
 def _as_owner(command: str) -> list[str]:
     if os.geteuid() == 0:  # PostgreSQL will not run as root: run it as an unprivileged user
         return ["su", "-s", "/bin/sh", "nobody", "-c", command]

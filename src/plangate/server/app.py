@@ -159,17 +159,29 @@ def create_app(
         return response
 
     # -- pages -----------------------------------------------------------------------------
-    @app.get("/", response_class=HTMLResponse)
-    def queue(request: Request, category: str = "", risk: str = "") -> HTMLResponse:
+    def listing(
+        request: Request, status: str | None, *, category: str, risk: str, heading: str, subtitle: str
+    ) -> HTMLResponse:
         rt = runtime()
         user, csrf = require(request, rt, write=False)
-        rows = views.queue(rt, catalogue, "pending_approval", category, risk)
+        rows = views.queue(rt, catalogue, status, category, risk)
         return page(
             request,
             "queue.html",
             user,
             csrf,
             plans=rows,
+            category=category,
+            risk=risk,
+            heading=heading,
+            subtitle=subtitle,
+        )
+
+    @app.get("/", response_class=HTMLResponse)
+    def queue(request: Request, category: str = "", risk: str = "") -> HTMLResponse:
+        return listing(
+            request,
+            "pending_approval",
             category=category,
             risk=risk,
             heading="Waiting for approval",
@@ -178,26 +190,15 @@ def create_app(
 
     @app.get("/plans", response_class=HTMLResponse)
     def all_plans(request: Request, category: str = "", risk: str = "") -> HTMLResponse:
-        rt = runtime()
-        user, csrf = require(request, rt, write=False)
-        rows = views.queue(rt, catalogue, None, category, risk)
-        return page(
-            request,
-            "queue.html",
-            user,
-            csrf,
-            plans=rows,
-            category=category,
-            risk=risk,
-            heading="All plans",
-            subtitle="Every plan, oldest first.",
+        return listing(
+            request, None, category=category, risk=risk, heading="All plans", subtitle="Every plan, oldest first."
         )
 
     @app.get("/plans/{plan_id}", response_class=HTMLResponse)
     def plan_page(request: Request, plan_id: str, flash: str = "") -> HTMLResponse:
         rt = runtime()
         user, csrf = require(request, rt, write=False)
-        record = governed(lambda: rt.get(plan_id), plan_id)
+        record: PlanRecord = governed(lambda: rt.get(plan_id), plan_id)
         return page(
             request,
             "plan.html",
@@ -219,7 +220,9 @@ def create_app(
     ) -> Response:
         rt = runtime()
         user, _ = require(request, rt, write=True, form_csrf=csrf)
-        record = governed(lambda: _decide(rt, user, plan_id, plan_hash, comment or None, approve=True), plan_id)
+        record: PlanRecord = governed(
+            lambda: _decide(rt, user, plan_id, plan_hash, comment or None, approve=True), plan_id
+        )
         return RedirectResponse(f"/plans/{record.id}?flash=Approved+by+{user.name}", status_code=303)
 
     @app.post("/plans/{plan_id}/reject")
@@ -228,14 +231,14 @@ def create_app(
     ) -> Response:
         rt = runtime()
         user, _ = require(request, rt, write=True, form_csrf=csrf)
-        record = governed(lambda: _decide(rt, user, plan_id, plan_hash, comment, approve=False), plan_id)
+        record: PlanRecord = governed(lambda: _decide(rt, user, plan_id, plan_hash, comment, approve=False), plan_id)
         return RedirectResponse(f"/plans/{record.id}?flash=Rejected+by+{user.name}", status_code=303)
 
     @app.get("/plans/{plan_id}/edit", response_class=HTMLResponse)
     def edit_page(request: Request, plan_id: str) -> HTMLResponse:
         rt = runtime()
         user, csrf = require(request, rt, write=False)
-        record = governed(lambda: rt.get(plan_id), plan_id)
+        record: PlanRecord = governed(lambda: rt.get(plan_id), plan_id)
         return page(request, "edit.html", user, csrf, record=record, text=views.pretty(record), diff=None)
 
     @app.post("/plans/{plan_id}/edit", response_class=HTMLResponse)
@@ -244,7 +247,7 @@ def create_app(
     ) -> Response:
         rt = runtime()
         user, csrf_token = require(request, rt, write=True, form_csrf=csrf)
-        record = governed(lambda: rt.get(plan_id), plan_id)
+        record: PlanRecord = governed(lambda: rt.get(plan_id), plan_id)
         try:
             new = Plan.parse(plan)
         except PlanError as exc:
@@ -273,14 +276,14 @@ def create_app(
     def execute_form(request: Request, plan_id: str, csrf: str = Form("")) -> Response:
         rt = runtime()
         user, _ = require(request, rt, write=True, form_csrf=csrf)
-        record = governed(lambda: _start(rt.get(plan_id), user, catalogue, policy, db), plan_id)
+        record: PlanRecord = governed(lambda: _start(rt.get(plan_id), user, catalogue, policy, db), plan_id)
         return RedirectResponse(f"/plans/{record.id}/run", status_code=303)
 
     @app.get("/plans/{plan_id}/run", response_class=HTMLResponse)
     def run_page(request: Request, plan_id: str) -> HTMLResponse:
         rt = runtime()
         user, csrf = require(request, rt, write=False)
-        record = governed(lambda: rt.get(plan_id), plan_id)
+        record: PlanRecord = governed(lambda: rt.get(plan_id), plan_id)
         progress = views.progress(rt, record)
         steps = (
             [{"id": s.id, "tool": s.tool, **progress["steps"][str(s.id)]} for s in record.plan.steps]
@@ -295,7 +298,7 @@ def create_app(
 
         rt = runtime()
         user, csrf = require(request, rt, write=False)
-        record = governed(lambda: rt.get(plan_id), plan_id)
+        record: PlanRecord = governed(lambda: rt.get(plan_id), plan_id)
         return page(
             request,
             "lines.html",
@@ -401,8 +404,8 @@ def create_app(
         body = await _json(request)
         rt = runtime()
         user, _ = require(request, rt, write=True)
-        record = governed(lambda: rt.submit(body, requested_by=user.name), "")
-        return views.record_json(record)
+        record: PlanRecord = governed(lambda: rt.submit(body, requested_by=user.name), "")
+        return record.to_dict()
 
     @app.get("/api/plans")
     def api_list(request: Request, status: str | None = None) -> list[dict[str, Any]]:
@@ -414,35 +417,36 @@ def create_app(
     def api_get(request: Request, plan_id: str) -> dict[str, Any]:
         rt = runtime()
         require(request, rt, write=False)
-        return views.record_json(governed(lambda: rt.get(plan_id), plan_id))
+        record: PlanRecord = governed(lambda: rt.get(plan_id), plan_id)
+        return record.to_dict()
 
     @app.post("/api/plans/{plan_id}/approve")
     async def api_approve(request: Request, plan_id: str) -> dict[str, Any]:
         body = await _json(request)
         rt = runtime()
         user, _ = require(request, rt, write=True)
-        record = governed(
+        record: PlanRecord = governed(
             lambda: _decide(rt, user, plan_id, str(body.get("hash", "")), body.get("comment"), approve=True), plan_id
         )
-        return views.record_json(record)
+        return record.to_dict()
 
     @app.post("/api/plans/{plan_id}/reject")
     async def api_reject(request: Request, plan_id: str) -> dict[str, Any]:
         body = await _json(request)
         rt = runtime()
         user, _ = require(request, rt, write=True)
-        record = governed(
+        record: PlanRecord = governed(
             lambda: _decide(rt, user, plan_id, body.get("hash"), str(body.get("comment", "")), approve=False), plan_id
         )
-        return views.record_json(record)
+        return record.to_dict()
 
     @app.post("/api/plans/{plan_id}/edit")
     async def api_edit(request: Request, plan_id: str) -> dict[str, Any]:
         body = await _json(request)
         rt = runtime()
         user, _ = require(request, rt, write=True)
-        record = governed(lambda: rt.edit(plan_id, body.get("plan", {}), editor=user.name), plan_id)
-        return views.record_json(record)
+        record: PlanRecord = governed(lambda: rt.edit(plan_id, body.get("plan", {}), editor=user.name), plan_id)
+        return record.to_dict()
 
     @app.post("/api/plans/{plan_id}/execute")
     def api_execute(request: Request, plan_id: str) -> dict[str, Any]:

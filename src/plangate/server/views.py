@@ -129,22 +129,6 @@ def pretty_plan(plan: Plan) -> str:
     return json.dumps(body, indent=2, ensure_ascii=False)
 
 
-def record_json(record: PlanRecord) -> dict[str, Any]:
-    return {
-        "id": record.id,
-        "version": record.version,
-        "hash": record.hash,
-        "status": record.status,
-        "task": record.task,
-        "category": record.category,
-        "requested_by": record.requested_by,
-        "needs": list(record.needs),
-        "violations": [v.to_dict() for v in record.violations],
-        "policy": record.decision,
-        "plan": json.loads(record.plan.canonical_json()) if record.plan else None,
-    }
-
-
 def progress(rt: Runtime, record: PlanRecord) -> dict[str, Any]:
     rows = rt.store.steps(record.id)
     steps: dict[str, dict[str, Any]] = {}
