@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import time
+import urllib.parse
 from pathlib import Path
 from typing import Any
 
@@ -155,3 +156,46 @@ def test_the_register_page(setup: dict[str, Any]) -> None:
     assert done.status_code == 303
     page = gina.get("/register").text
     assert "reviewed" in page and 'id="register-save"' in page
+
+
+def test_after_a_halt_settle_resume_and_roll_back_from_the_dashboard(setup: dict[str, Any]) -> None:
+    from plangate.store import StepRow
+
+    failing = {
+        "task": "Refund and fail",
+        "category": "refunds",
+        "steps": [
+            {"id": 1, "tool": "issue_refund", "params": {"invoice_id": "42", "amount": 20.0}, "rationale": "r"},
+            {
+                "id": 2,
+                "tool": "issue_refund",
+                "params": {"invoice_id": "43", "amount": 5000.0},
+                "rationale": "r",
+                "condition": "${1.amount} > 0",
+            },
+        ],
+    }
+    plan = api(setup, "alice").post("/api/plans", json=failing).json()
+    assert api(setup, "dave").post(f"/api/plans/{plan['id']}/approve", json={"hash": plan["hash"]}).status_code == 200
+    assert api(setup, "alice").post(f"/api/plans/{plan['id']}/execute").json()["status"] == "halted"
+
+    store = open_store(setup["db"])
+    row = store.steps(plan["id"])[2]
+    with store.transaction():  # as if the process had died during step 2's call
+        store.put_step(StepRow(**{**row.__dict__, "status": "outcome_unknown", "error": "outcome unknown"}))
+    client, csrf = browser(setup, "dave")
+    page = client.get(f"/plans/{plan['id']}/run").text
+    assert 'id="settle-2"' in page and 'id="compensate"' in page and 'id="resume"' in page
+    settled = client.post(
+        f"/plans/{plan['id']}/settle",
+        data={"step": "2", "done": "no", "note": "no refund", "csrf": csrf},
+        follow_redirects=False,
+    )
+    assert settled.status_code == 303 and store.steps(plan["id"])[2].status == "failed"
+    done = client.post(
+        f"/plans/{plan['id']}/compensate", data={"reason": "cancelled", "csrf": csrf}, follow_redirects=False
+    )
+    assert done.status_code == 303 and "compensated" in urllib.parse.unquote_plus(done.headers["location"])
+    assert api(setup, "audrey").get(f"/api/plans/{plan['id']}").json()["status"] == "compensated"
+    kinds = [e["kind"] for e in api(setup, "audrey").get(f"/api/plans/{plan['id']}/trace").json()]
+    assert "step.settled" in kinds and kinds[-1] == "compensation.finished"

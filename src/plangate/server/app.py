@@ -279,6 +279,48 @@ def create_app(
         record: PlanRecord = governed(lambda: _start(rt.get(plan_id), user, catalogue, policy, db), plan_id)
         return RedirectResponse(f"/plans/{record.id}/run", status_code=303)
 
+    @app.post("/plans/{plan_id}/settle")
+    def settle_form(
+        request: Request,
+        plan_id: str,
+        *,
+        step: int = Form(...),
+        done: str = Form(""),
+        output: str = Form(""),
+        note: str = Form(""),
+        csrf: str = Form(""),
+    ) -> Response:
+        rt = runtime()
+        user, _ = require(request, rt, write=True, form_csrf=csrf)
+        try:
+            observed = json.loads(output) if output.strip() else None
+        except json.JSONDecodeError as exc:
+            raise _Refused(422, f"the output is not JSON: {exc}") from None
+        governed(
+            lambda: rt.settle(plan_id, step, done=done == "yes", actor=user.name, output=observed, note=note or None),
+            plan_id,
+        )
+        return RedirectResponse(f"/plans/{plan_id}/run", status_code=303)
+
+    @app.post("/plans/{plan_id}/compensate")
+    def compensate_form(request: Request, plan_id: str, reason: str = Form(""), csrf: str = Form("")) -> Response:
+        rt = runtime()
+        user, _ = require(request, rt, write=True, form_csrf=csrf)
+        result = governed(lambda: rt.compensate(plan_id, actor=user.name, reason=reason), plan_id)
+        return RedirectResponse(
+            f"/plans/{plan_id}?{urlencode({'flash': str(result).splitlines()[0]})}", status_code=303
+        )
+
+    @app.post("/plans/{plan_id}/resume")
+    def resume_form(request: Request, plan_id: str, csrf: str = Form("")) -> Response:
+        rt = runtime()
+        user, _ = require(request, rt, write=True, form_csrf=csrf)
+        record: PlanRecord = governed(lambda: rt.get(plan_id), plan_id)
+        if record.status != "halted":
+            raise _Refused(409, f"plan {record.id} is {record.status}; only a halted plan resumes here")
+        _background(lambda worker: worker.resume(record.id, actor=user.name), catalogue, policy, db)
+        return RedirectResponse(f"/plans/{record.id}/run", status_code=303)
+
     @app.get("/plans/{plan_id}/run", response_class=HTMLResponse)
     def run_page(request: Request, plan_id: str) -> HTMLResponse:
         rt = runtime()
@@ -491,15 +533,21 @@ def _start(record: PlanRecord, user: User, catalogue: Catalogue, policy: Policy 
     if record.status != "approved":
         raise GovernanceError(f"plan {record.id} is {record.status}, not approved")
 
+    _background(lambda worker: worker.execute(record.id, actor=user.name), catalogue, policy, db)
+    return record
+
+
+def _background(job: Callable[[Runtime], Any], catalogue: Catalogue, policy: Policy | None, db: str | None) -> None:
+    """Run ``job`` in a thread with a runtime (and store connection) of its own."""
+
     def run() -> None:
         worker = Runtime(catalogue, policy, db=db)
         try:
-            worker.execute(record.id, actor=user.name)
+            job(worker)
         finally:
             worker.close()
 
-    threading.Thread(target=run, name=f"plangate-run-{record.id[:8]}", daemon=True).start()
-    return record
+    threading.Thread(target=run, name="plangate-run", daemon=True).start()
 
 
 async def _json(request: Request) -> dict[str, Any]:
