@@ -84,7 +84,7 @@ def test_two_workers_with_kills_lose_and_repeat_nothing(
     monkeypatch.setenv("TORTURE_LEDGER", str(tmp_path / "ledger.db"))
     rt = Runtime(Catalogue.from_module(bench.TOOLS), db=db)
     rng = random.Random(5)
-    for number in range(14):
+    for number in range(50):
         record = rt.submit(bench.make_plan(rng, number), "torture")
         rt.approve(record.id, "reviewer", record.hash)
     rt.close()
@@ -100,9 +100,9 @@ def test_two_workers_with_kills_lose_and_repeat_nothing(
     kills = 0
     deadline = time.monotonic() + 60
     while any(w.poll() is None for w in workers.values()) and time.monotonic() < deadline:
-        time.sleep(rng.uniform(0.3, 0.8))
+        time.sleep(rng.uniform(0.2, 0.5))
         victim = rng.choice(sorted(workers))
-        if workers[victim].poll() is None and kills < 6:
+        if workers[victim].poll() is None and kills < 5:
             workers[victim].send_signal(signal.SIGKILL)
             workers[victim].wait()
             kills += 1

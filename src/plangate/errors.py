@@ -17,7 +17,8 @@ Three families, so callers can tell a mistake from a failure from a signal::
     │   ├── StateError             the plan is not in a state that allows this
     │   ├── StaleHashError         an approval for a version that is no longer current
     │   └── SelfApprovalError      the requester (or the author of the version) approving it
-    └── StoreError                 the store cannot be opened, or is of a newer schema
+    ├── StoreError                 the store cannot be opened, or is of a newer schema
+    └── LeaseLostError             a control-flow signal: a worker's lease expired and another took the plan
 
 Run failures (a tool raising, an output of the wrong type) are not raised: the engine
 records them and halts, and ``Runtime.execute`` returns a halted result that says which
@@ -125,3 +126,7 @@ class SelfApprovalError(GovernanceError):
 
 class StoreError(PlangateError):
     """The store cannot be opened or used (a bad URL, a newer schema, a locked file)."""
+
+
+class LeaseLostError(PlangateError):
+    """A worker's lease on a plan expired and another worker took the plan over: this one stops."""

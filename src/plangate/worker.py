@@ -19,6 +19,7 @@ from typing import Any
 
 from plangate._clock import Clock, SystemClock, iso
 from plangate.engine import Progress, RunResult
+from plangate.errors import LeaseLostError
 from plangate.policy import Policy
 from plangate.runtime import Runtime
 from plangate.tools import Catalogue
@@ -44,7 +45,11 @@ class Worker:
 
             def renew(_: Progress) -> None:
                 if time.monotonic() - last[0] > self.lease_seconds / 3:
-                    runtime.store.renew(plan_id, self.name, self._until())
+                    if not runtime.store.renew(plan_id, self.name, self._until()):
+                        raise LeaseLostError(
+                            f"worker {self.name} lost its lease on plan {plan_id}: another worker "
+                            "took it over, so this one stops"
+                        )
                     last[0] = time.monotonic()
 
             try:
@@ -58,7 +63,10 @@ class Worker:
         """Run plans until stopped (or, with ``drain``, until none is left). Returns how many ran."""
         ran = 0
         while True:
-            result = self.run_one()
+            try:
+                result = self.run_one()
+            except LeaseLostError:
+                continue  # another worker has the plan now; look for the next one
             if result is None:
                 if drain:
                     return ran

@@ -453,9 +453,12 @@ class SQLStore(Store):
         """Lease the oldest plan a worker should run: approved, or running under an expired lease."""
         with self.transaction():
             row = self._exec(
-                "SELECT id FROM plans WHERE kind = 'plan' AND (status = 'approved' OR (status = 'running'"
-                " AND lease_until IS NOT NULL AND lease_until < ?)) ORDER BY created_at, id LIMIT 1" + self._LOCK_ROWS,
-                (now,),
+                # Never a plan under a live lease, whatever its status: a plan just claimed is still
+                # "approved" until its engine starts, and must not be claimed twice in between.
+                "SELECT id FROM plans WHERE kind = 'plan' AND ((status = 'approved' AND (lease_until IS NULL"
+                " OR lease_until < ?)) OR (status = 'running' AND lease_until IS NOT NULL AND lease_until < ?))"
+                " ORDER BY created_at, id LIMIT 1" + self._LOCK_ROWS,
+                (now, now),
             ).fetchone()
             if row is None:
                 return None
