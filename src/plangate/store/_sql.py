@@ -40,9 +40,6 @@ class SQLStore(Store):
     def _begin(self) -> None:
         self._conn.execute("BEGIN")
 
-    def _rollback(self) -> None:
-        self._conn.execute("ROLLBACK")
-
     def _sql(self, query: str) -> str:
         return query
 
