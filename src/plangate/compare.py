@@ -135,16 +135,16 @@ class Comparison:
         try:
             planned = planner.plan(task.question)
         except PlanningError as exc:
-            return self._row(number, "plan", None, exc.calls, start, note=str(exc).splitlines()[0])
+            return _plan_row(number, task, None, exc.calls, start, note=str(exc).splitlines()[0])
         record = runtime.submit(planned, requested_by="compare")
         approvals = 0
         if record.status == "pending_approval":
             approvals = 1
             runtime.approve(record.id, APPROVER, record.hash)
         if record.status == "rejected":
-            return self._row(
+            return _plan_row(
                 number,
-                "plan",
+                task,
                 None,
                 planned.calls,
                 start,
@@ -154,17 +154,15 @@ class Comparison:
         result = runtime.execute(record.id)
         last = result.outputs.get(record.plan.steps[-1].id) if record.plan and result.ok else None
         answer = None if last is None else last if isinstance(last, str) else json.dumps(last)
-        return self._row(
+        return _plan_row(
             number,
-            "plan",
+            task,
             answer,
             planned.calls,
             start,
             tool_calls=len(result.ran),
             approvals=approvals,
             note="" if result.ok else f"halted: {result.error}",
-            success=None,
-            task=task,
         )
 
     def react_mode(self, number: int, task: Task) -> Row:
@@ -207,37 +205,35 @@ class Comparison:
             note=result.reason or "",
         )
 
-    @staticmethod
-    def _row(
-        number: int,
-        mode: Literal["plan", "react"],
-        answer: str | None,
-        calls: Any,
-        start: float,
-        *,
-        tool_calls: int = 0,
-        violations: int = 0,
-        approvals: int = 0,
-        note: str = "",
-        success: bool | None = False,
-        task: Task | None = None,
-    ) -> Row:
-        ok = task.passes(answer) if task is not None and success is None else bool(success)
-        return Row(
-            task=number,
-            mode=mode,
-            success=ok,
-            answer=answer,
-            model_calls=len(calls),
-            input_tokens=sum(c.input_tokens for c in calls),
-            output_tokens=sum(c.output_tokens for c in calls),
-            thinking_tokens=sum(c.thinking_tokens for c in calls),
-            tool_calls=tool_calls,
-            seconds=time.perf_counter() - start,
-            violations=violations,
-            approvals=approvals,
-            note=note,
-        )
+
+def _plan_row(
+    number: int,
+    task: Task,
+    answer: str | None,
+    calls: Any,
+    start: float,
+    *,
+    tool_calls: int = 0,
+    violations: int = 0,
+    approvals: int = 0,
+    note: str = "",
+) -> Row:
+    """A plan-mode row: the model calls from the planning ledger; success when the answer fits the task."""
+    return Row(
+        task=number,
+        mode="plan",
+        success=task.passes(answer),
+        answer=answer,
+        model_calls=len(calls),
+        input_tokens=sum(c.input_tokens for c in calls),
+        output_tokens=sum(c.output_tokens for c in calls),
+        thinking_tokens=sum(c.thinking_tokens for c in calls),
+        tool_calls=tool_calls,
+        seconds=time.perf_counter() - start,
+        violations=violations,
+        approvals=approvals,
+        note=note,
+    )
 
 
 def table(rows: list[Row]) -> list[str]:
