@@ -208,7 +208,19 @@ def test_sequence_rules_can_require_a_named_approval() -> None:
             "approval: {default: auto, escalate: []}",
             "x",
             [{"id": 1, "tool": "mail", "params": {"to": "a", "body": "b"}}],
+            "human",  # no escalation, but a cleared category is read-only unless its envelope names the tool
+        ),
+        (
+            "approval: {default: auto, escalate: []}\ncategories: {x: {tools: [mail]}}",
+            "x",
+            [{"id": 1, "tool": "mail", "params": {"to": "a", "body": "b"}}],
             "auto",
+        ),
+        (
+            "approval: {default: auto, escalate: []}\ncategories: {x: {tools: ['*']}}",
+            "x",
+            [{"id": 1, "tool": "mail", "params": {"to": "a", "body": "b"}}],
+            "human",
         ),
     ],
 )

@@ -7,6 +7,7 @@ format is documented, with an example of every rule, in ``docs/policy.md``.
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import re
 from collections.abc import Iterator, Mapping, Sequence
@@ -42,6 +43,8 @@ POLICY_RULES: dict[str, str] = {
     "resource-conflict": "two steps write the same resource and neither depends on the other",
     "deny:NAME": "a parameter value matches the deny rule NAME's pattern",
     "sequence:NAME": "a step the sequence rule NAME forbids comes after (or uses) a step it names",
+    "unknown-category": "the plan's category is not one the policy's categories define",
+    "category-envelope": "the step's tool is outside what its category may do (tools, effects, external calls)",
 }
 
 
@@ -130,6 +133,45 @@ class SequenceRule(_Rules):
     message: str | None = None
 
 
+class Envelope(_Rules):
+    """What the plans of one category may do.
+
+    A plan's category is its requester's own label, and approval rules key on it; the
+    envelope is what keeps a lenient category from being borrowed for work it was never
+    meant for. ``tools`` and ``effects`` are allow-lists (both must hold when both are
+    given); ``external: false`` refuses every tool that calls outside.
+    """
+
+    tools: tuple[str, ...] | None = Field(default=None, min_length=1, description="Tool name patterns allowed.")
+    effects: tuple[Effect, ...] | None = Field(default=None, min_length=1, description="Tool effects allowed.")
+    external: bool = Field(default=True, description="false: no step may use an external tool.")
+    description: str | None = None
+
+    @model_validator(mode="after")
+    def _says_something(self) -> Envelope:
+        if self.tools is None and self.effects is None:
+            raise ValueError("an envelope needs tools or effects (tools: ['*'] allows every tool)")
+        return self
+
+    @cached
+    def named_tools(self) -> tuple[str, ...]:
+        """The tool patterns with literal text in them: only these clear a write for automatic approval."""
+        return tuple(p for p in self.tools or () if _WILDCARDS.sub("", p))
+
+    def breach(self, tool: Tool) -> str | None:
+        """Why a step using ``tool`` is outside this envelope, in words; None when it is inside."""
+        if self.tools is not None and not _matches(self.tools, tool.name):
+            return f"may use only the tools {', '.join(self.tools)}; {tool.name!r} ({tool.effect}) is not one of them"
+        limits, facts = [], []
+        if self.effects is not None and tool.effect not in self.effects:
+            limits.append(f"allows only {' or '.join(self.effects)} tools")
+            facts.append(f"is {tool.effect}")
+        if not self.external and tool.external:
+            limits.append("allows no external calls")
+            facts.append("calls outside")
+        return f"{' and '.join(limits)}; {tool.name!r} {' and '.join(facts)}" if limits else None
+
+
 class Budgets(_Rules):
     """Caps on what planning may cost, in US dollars (prices from the price table)."""
 
@@ -169,6 +211,9 @@ class Policy(_Rules):
     sequences: list[SequenceRule] = Field(default_factory=list)
     resources: ResourceRules = Field(default_factory=ResourceRules)
     approval: ApprovalRules = Field(default_factory=ApprovalRules)
+    categories: dict[str, Envelope] | None = Field(
+        default=None, description="Category -> what its plans may do; when given, no other category is accepted."
+    )
     budgets: Budgets = Field(default_factory=Budgets)
     compensation: CompensationRules = Field(default_factory=CompensationRules)
 
@@ -222,6 +267,25 @@ class Policy(_Rules):
         """SHA-256 of the policy's canonical JSON form: recorded with every decision."""
         return hashlib.sha256(self.canonical_json().encode()).hexdigest()
 
+    def category_envelope(self, name: str) -> Envelope | None:
+        """What plans of category ``name`` may do; None when the policy does not say.
+
+        Without an envelope a category may still be cleared for automatic approval, but
+        only for plans that do nothing but read.
+        """
+        return (self.categories or {}).get(name)
+
+    def auto_approves(self, category: str, tool: Tool) -> bool:
+        """Whether a step using ``tool`` may go without a person in a plan of ``category``.
+
+        The category must be cleared for automatic approval, the tool's effect must not
+        escalate, and a tool that writes must be named in the category's envelope: being
+        cleared makes a category read-only unless its envelope names the writes it may do.
+        """
+        if not _cleared(self.approval, category) or tool.effect in self.approval.escalate:
+            return False
+        return tool.effect == "read" or _named(self, category, tool)
+
     def call_violations(self, step: Step, tool: Tool, params: Mapping[str, Any]) -> list[Violation]:
         """The deny rules held against a step's parameters as resolved just before the call.
 
@@ -255,6 +319,8 @@ class PolicyDecision:
     approval: Approval
     reasons: tuple[str, ...]
     required_approvals: tuple[str, ...] = ()
+    step_approvals: tuple[tuple[int, str], ...] = ()
+    """Which step needs which named approval: (step id, role), for a caller that acts step by step."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -265,6 +331,7 @@ class PolicyDecision:
             "approval": self.approval,
             "reasons": list(self.reasons),
             "required_approvals": list(self.required_approvals),
+            "step_approvals": [list(pair) for pair in self.step_approvals],
             "violations": [v.to_dict() for v in self.violations],
         }
 
@@ -273,6 +340,23 @@ class PolicyDecision:
 def _matches(patterns: tuple[str, ...], value: str) -> bool:
     """Whether ``value`` matches any of the shell-style ``patterns`` (answers are remembered)."""
     return any(fnmatchcase(value, pattern) for pattern in patterns)
+
+
+_WILDCARDS = re.compile(r"\[[^\]]*\]|[*?]")
+"""What a shell-style pattern can match freely: ``*``, ``?`` and ``[...]`` sets."""
+
+
+def _cleared(rules: ApprovalRules, category: str) -> bool:
+    """Whether the approval rules let plans of ``category`` be approved automatically at all."""
+    if _matches(rules.human, category):
+        return False
+    return rules.default == "auto" or _matches(rules.auto, category)
+
+
+def _named(policy: Policy, category: str, tool: Tool) -> bool:
+    """Whether the category's envelope names ``tool`` by more than a bare wildcard."""
+    envelope = policy.category_envelope(category)
+    return envelope is not None and _matches(envelope.named_tools, tool.name)
 
 
 def _resources_clash(a: str, b: str) -> bool:
@@ -290,7 +374,7 @@ class _Evaluation:
     role: str | None
     violations: list[Violation] = field(default_factory=list)
     reasons: list[str] = field(default_factory=list)
-    named: list[str] = field(default_factory=list)
+    named: list[tuple[int, str]] = field(default_factory=list)
 
     def run(self) -> PolicyDecision:
         steps = self.plan.steps
@@ -298,6 +382,7 @@ class _Evaluation:
         resources = [t.resource_for(s.params) if t else None for s, t in zip(steps, tools, strict=True)]
         role = self._role()
         self._limits(tools)
+        self._category(tools)
         if role is not None:
             self._role_rules(role, tools)
         self._deny(resources)
@@ -313,7 +398,8 @@ class _Evaluation:
             violations=tuple(self.violations),
             approval=approval,
             reasons=tuple(self.reasons),
-            required_approvals=tuple(dict.fromkeys(self.named)),
+            required_approvals=tuple(dict.fromkeys(role for _, role in self.named)),
+            step_approvals=tuple(dict.fromkeys(self.named)),
         )
 
     def _flag(self, rule: str, message: str, step: int | None = None) -> None:
@@ -341,6 +427,24 @@ class _Evaluation:
                 f"{len(external)} steps call outside (steps {_ids(external)}); "
                 f"the limit is {limits.max_external_calls}",
             )
+
+    def _category(self, tools: list[Tool | None]) -> None:
+        """The plan's category must be one the policy knows, and every step inside its envelope."""
+        categories = self.policy.categories
+        name = self.plan.category
+        if categories is None:
+            return
+        envelope = categories.get(name)
+        if envelope is None:
+            close = difflib.get_close_matches(name, list(categories), n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            known = ", ".join(sorted(categories)) or "none"
+            self._flag("unknown-category", f"category {name!r} is not defined (categories: {known}){hint}")
+            return
+        for step, tool in zip(self.plan.steps, tools, strict=True):
+            why = envelope.breach(tool) if tool is not None else None  # an unknown tool: the checker says so
+            if why is not None:
+                self._flag("category-envelope", f"category {name!r} {why}", step.id)
 
     def _role_rules(self, name: str, tools: list[Tool | None]) -> None:
         role = self.policy.roles[name]
@@ -397,24 +501,46 @@ class _Evaluation:
         if rule.unless_approved_by is None:
             self._flag(f"sequence:{rule.name}", text, step.id)
         else:
-            self.named.append(rule.unless_approved_by)
+            self.named.append((step.id, rule.unless_approved_by))
             self.reasons.append(f"{text}: needs approval by {rule.unless_approved_by!r} (sequence:{rule.name})")
 
     def _approval(self, tools: list[Tool | None]) -> Approval:
-        """Human unless the category is cleared and nothing escalates; every reason is kept."""
+        """Human unless the category is cleared and nothing escalates; every reason is kept.
+
+        A cleared category still covers a step that writes only when the category's
+        envelope names that tool: otherwise a requester could clear any write by
+        labelling its plan with a cleared category.
+        """
         rules = self.policy.approval
         category = self.plan.category
+        cleared = _cleared(rules, category)
         if _matches(rules.human, category):
             self.reasons.append(f"category {category!r} always needs a person")
-        elif rules.default == "human" and not _matches(rules.auto, category):
+        elif not cleared:
             self.reasons.append(f"category {category!r} is not cleared for automatic approval")
+        covered = []
         for step, tool in zip(self.plan.steps, tools, strict=True):
             if tool is not None and tool.effect in rules.escalate:
                 self.reasons.append(f"step {step.id} ({step.tool}) is {tool.effect}")
+            elif tool is None or tool.effect == "read":
+                continue
+            elif _named(self.policy, category, tool):
+                covered.append(f"step {step.id} ({step.tool}) is {tool.effect}, a tool its envelope names")
+            elif cleared:
+                self.reasons.append(self._unnamed_write(step, tool))
         if self.reasons:
             return "human"
-        self.reasons.append(f"category {category!r} is cleared for automatic approval")
+        self.reasons += [f"category {category!r} is cleared for automatic approval", *covered]
         return "auto"
+
+    def _unnamed_write(self, step: Step, tool: Tool) -> str:
+        envelope = self.policy.category_envelope(self.plan.category)
+        names = envelope.named_tools if envelope is not None else ()
+        scope = f"read tools and the writes its envelope names ({', '.join(names)})" if names else "read-only plans"
+        return (
+            f"category {self.plan.category!r} is cleared for automatic approval only for {scope}; "
+            f"step {step.id} ({step.tool}) is {tool.effect}"
+        )
 
 
 def _denied(
