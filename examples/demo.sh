@@ -65,7 +65,12 @@ say "The story of the refund, rebuilt from the audit log"
 run plangate trace "$ID"
 
 say "The audit log is intact (any edit, deletion or reordering would be named)"
+# Hash-chained under a key kept outside the database: PLANGATE_AUDIT_KEY, or the key file
+# PLANGATE_AUDIT_KEY_FILE (default ~/.config/plangate/audit.key, made on first use, mode 0600).
 run plangate audit verify
+say "Keep the head outside the database: a log cut short (its head row rewritten too) is then caught"
+run plangate audit head
+run plangate audit verify --head "$(plangate audit head | tr ' ' ':')"
 run plangate list
 
 say "What the example business saw: two refunds, two emails (counted by the business itself)"

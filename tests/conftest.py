@@ -13,6 +13,19 @@ ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
 
 
+@pytest.fixture(autouse=True, scope="session")
+def audit_key_file(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """One audit key for the session, made in a temporary folder on first use: no test touches ~/.config.
+
+    Set in the environment, so the plangate processes tests start use it too.
+    """
+    path = tmp_path_factory.mktemp("audit-key") / "audit.key"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.delenv("PLANGATE_AUDIT_KEY", raising=False)
+        patch.setenv("PLANGATE_AUDIT_KEY_FILE", str(path))
+        yield path
+
+
 @pytest.fixture(autouse=True)
 def example_db(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     """Every test gets its own example-business database."""

@@ -113,7 +113,7 @@ def test_approval_rules(rt: Runtime) -> None:
         rt.approve(record.id, "ann", record.hash)
     with pytest.raises(StaleHashError, match="is not plan"):
         rt.approve(record.id, "ben", "f" * 64)
-    with pytest.raises(GovernanceError, match="holds role 'reviewer' under the policy, not 'privacy'"):
+    with pytest.raises(GovernanceError, match="holds role 'reviewer' under policy 'test', not 'privacy'"):
         rt.approve(record.id, "ben", record.hash, role="privacy")
     with pytest.raises(NotFoundError):
         rt.approve("no-such-plan", "ben", record.hash)
@@ -153,7 +153,11 @@ def test_reject_needs_a_comment_and_ends_the_plan(rt: Runtime) -> None:
     assert rt.reject(record.id, "ben", "not now").status == "rejected"
     with pytest.raises(StateError, match="is rejected; edit it"):
         rt.approve(record.id, "cat", record.hash)
-    assert rt.trace(record.id)[-1].data == {"by": "person", "comment": "not now"}
+    assert rt.trace(record.id)[-1].data == {
+        "by": "person",
+        "comment": "not now",
+        "transition": {"from": "pending_approval", "to": "rejected"},
+    }
 
 
 def test_edit_makes_a_new_version_and_voids_approvals(rt: Runtime) -> None:
@@ -164,7 +168,7 @@ def test_edit_makes_a_new_version_and_voids_approvals(rt: Runtime) -> None:
     assert all(a.void for a in rt.store.approvals(record.id, 1))
     with pytest.raises(StaleHashError):
         rt.approve(record.id, "ben", record.hash)
-    with pytest.raises(SelfApprovalError, match="cat wrote version v2"):
+    with pytest.raises(SelfApprovalError, match="cat wrote a version of plan"):
         rt.approve(record.id, "cat", edited.hash)
     with pytest.raises(StateError, match="does not change"):
         rt.edit(record.id, plan({"id": 1, "tool": "fetch", "params": {"key": "b"}}), "cat")
@@ -368,7 +372,9 @@ def test_a_plan_is_checked_again_when_its_tools_changed(rt: Runtime) -> None:
         return str(x)
 
     rt.catalogue = Catalogue([fetch, text_v2])
-    with pytest.raises(StateError, match="no longer fits the catalogue: step 1: param-type"):
+    with pytest.raises(
+        GovernanceError, match="the tools changed since v1 was checked, and it no longer passes: step 1: param-type"
+    ):
         rt.execute(plan_id)
     rt.catalogue = CAT
     assert rt.execute(plan_id).ok

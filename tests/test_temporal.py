@@ -103,7 +103,8 @@ def test_a_retried_step_activity_follows_the_resume_rules(tmp_path: Path) -> Non
         "ann",
     )
     rt.approve(record.id, "ben", record.hash)
-    engine = Engine(store=rt.store, catalogue=rt.catalogue, clock=rt.clock)  # type: ignore[arg-type]
+    claim = rt.start(record.id, actor="temporal")  # what the Temporal worker does before it starts the workflow
+    engine = Engine(store=rt.store, catalogue=rt.catalogue, clock=rt.clock, owner=claim.owner)  # type: ignore[arg-type]
     now = datetime(2026, 1, 1, tzinfo=UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
     for step_id in (1, 2):  # both left "started" by a worker that died during the call
         with rt.store.transaction():

@@ -5,11 +5,12 @@ Pure functions over stored records; the runtime applies them inside one transact
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Sequence, Set
 from typing import Any
 
-from plangate.errors import SelfApprovalError, StaleHashError, StateError
-from plangate.store import ApprovalRow, PlanRow, VersionRow
+from plangate.errors import GovernanceError, SelfApprovalError, StaleHashError, StateError
+from plangate.policy import Policy
+from plangate.store import ApprovalRow, PlanRow
 
 A_PERSON = "a person"
 
@@ -29,9 +30,30 @@ def missing(decision: dict[str, Any] | None, approvals: Sequence[ApprovalRow]) -
     return needs
 
 
-def check_can_decide(plan: PlanRow, version: VersionRow, actor: str, plan_hash: str | None) -> None:
+def held_role(policy: Policy | None, user: str, claimed: str | None = None) -> str | None:
+    """The role ``user`` acts in: the one the policy gives them. A claim may only name it.
+
+    Roles come from the policy's ``users`` mapping (or its ``default_role``), never from
+    what someone says about themselves: claiming a role the user does not hold is refused.
+    """
+    held = role_of(policy, user)
+    if claimed is None or claimed == held:
+        return held
+    if policy is None:
+        raise GovernanceError(f"{user} claims role {claimed!r}, but no policy is in force to give anyone a role")
+    holds = f"holds role {held!r}" if held else "holds no role"
+    raise GovernanceError(f"{user} {holds} under policy {policy.name!r}, not {claimed!r}: a role cannot be claimed")
+
+
+def role_of(policy: Policy | None, user: str) -> str | None:
+    if policy is None:
+        return None
+    return policy.users.get(user) or policy.default_role
+
+
+def check_can_decide(plan: PlanRow, actor: str, plan_hash: str | None) -> None:
     """Refuse a decision on a plan that is not waiting for one, or on a version that is not current."""
-    if plan.status in ("running", "succeeded", "halted"):
+    if plan.status in ("running", "succeeded", "halted", "compensating", "compensated", "compensation_incomplete"):
         raise StateError(f"plan {plan.id} is {plan.status}: it was already executed, there is nothing to decide")
     if plan_hash is not None and plan_hash != plan.hash:
         raise StaleHashError(
@@ -40,15 +62,27 @@ def check_can_decide(plan: PlanRow, version: VersionRow, actor: str, plan_hash: 
         )
 
 
-def check_can_approve(plan: PlanRow, version: VersionRow, approver: str, approvals: Sequence[ApprovalRow]) -> None:
-    """Refuse self-approval, approving a rejected plan, and approving the same version twice."""
+def check_can_approve(plan: PlanRow, authors: Set[str], approver: str, approvals: Sequence[ApprovalRow]) -> None:
+    """Refuse self-approval (the requester, or an author of any version), approving a rejected
+    plan, and approving the same version twice."""
     if plan.status == "rejected":
         raise StateError(f"plan {plan.id} v{plan.version} is rejected; edit it (a new version) to submit it again")
     if plan.status == "approved":
         raise StateError(f"plan {plan.id} v{plan.version} is already approved")
-    if approver == plan.requested_by:
-        raise SelfApprovalError(f"{approver} requested plan {plan.id} and may not approve it")
-    if approver == version.author:
-        raise SelfApprovalError(f"{approver} wrote version v{version.version} of plan {plan.id} and may not approve it")
+    _check_four_eyes(plan, authors, approver, "approve")
     if any(a.actor == approver and not a.void and a.decision == "approved" for a in approvals):
         raise StateError(f"{approver} has already approved plan {plan.id} v{plan.version}")
+
+
+def check_may_decide(plan: PlanRow, authors: Set[str], actor: str, policy: Policy | None, doing: str) -> None:
+    """Settling or undoing a step is a decision like an approval: the same people may make it."""
+    _check_four_eyes(plan, authors, actor, doing)
+    if policy is not None and (policy.users or policy.default_role) and role_of(policy, actor) is None:
+        raise GovernanceError(f"{actor} holds no role under policy {policy.name!r} and may not {doing} plan {plan.id}")
+
+
+def _check_four_eyes(plan: PlanRow, authors: Set[str], actor: str, doing: str) -> None:
+    if actor == plan.requested_by:
+        raise SelfApprovalError(f"{actor} requested plan {plan.id} and may not {doing} it")
+    if actor in authors:
+        raise SelfApprovalError(f"{actor} wrote a version of plan {plan.id} and may not {doing} it")

@@ -1,76 +1,118 @@
-"""The audit log's hash chain: how an event's hash is made, and how the chain is verified.
+"""The audit log's keyed hash chain: how an event's hash is made, and how the chain is verified.
 
-Each event's hash is the SHA-256 of the canonical JSON of its content together with the
-previous event's hash, so editing, deleting or reordering any event breaks the chain at
-that event. The store also keeps the head (the last sequence number and hash) beside the
-log, so cutting events off the end is caught too; anyone who must guard against a
-rewrite of the whole database keeps a copy of the head elsewhere (``plangate audit
-verify`` prints it).
+Each event's hash is the HMAC-SHA256, under the audit key, of its canonical header
+(sequence number, plan, version, step, kind, actor, time, the previous event's hash) and
+its data in canonical JSON, joined by a newline. The key is kept outside the database
+(``PLANGATE_AUDIT_KEY`` or a key file, see ``plangate._auditkey``); the store records only
+the key's id (an HMAC of a fixed text under the key, which reveals nothing of the key)
+when the first event is appended. A process with another key may not append (one log,
+one key) and is told plainly that its key is not the log's, rather than that the log is
+broken; a log with events but no key id was written before the chain was keyed, and is
+reported as such, never as intact.
+
+What someone who can write the database, but has no key, can do undetected, and not:
+
+- edit, insert or reorder events: caught at the first event changed, since they cannot
+  make a valid hash and every event's hash covers the one before;
+- delete events in the middle: caught, as a gap in the sequence numbers;
+- delete the newest events and rewrite the head the store keeps beside the log: *not*
+  caught by the log alone, since what is left is a valid chain. Keep the head elsewhere
+  too (``plangate audit head`` prints it) and verify that the log still holds it
+  (``plangate audit verify --head SEQ:HASH``).
+
+Whoever holds the key can rewrite the whole log: guard it like a signing key.
+
+Verification hashes the data text as stored, not a re-serialisation of the parsed data.
+The hash then covers exactly the bytes the store holds, so any edit to them is caught,
+even one that leaves the JSON meaning alone; and no JSON is parsed, which makes
+verifying about twice as fast. Both backends keep the text exactly as written (a
+``TEXT`` column); a backend that kept JSON in its own layout (PostgreSQL's ``jsonb``)
+would have to hash the canonical re-serialisation instead.
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable
-from dataclasses import dataclass
+import hmac
+import itertools
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
+from plangate._auditkey import FILE_VARIABLE, KEY_VARIABLE, key_path
 from plangate.plan import canonical
-from plangate.store._records import Event
 
 GENESIS = "0" * 64
+KEY_ID = "audit_key_id"
+"""The ``settings`` row naming the key the log is written with."""
+
+_SET_KEY = f"set {KEY_VARIABLE} or {FILE_VARIABLE} to the key it was written with"
+UNKEYED = (
+    "the audit log has events but no key id: it was written before plangate keyed its audit chain, with plain "
+    "SHA-256 that anyone who can write the database can recompute, so it cannot be verified, and plangate "
+    "appends no keyed events to it; start a new store"
+)
 
 
-def event_hash(
-    *,
-    seq: int,
-    plan_id: str | None,
-    version: int | None,
-    step_id: int | None,
-    kind: str,
-    actor: str,
-    at: str,
-    data: dict[str, Any] | str,
-    prev: str,
-) -> str:
-    """SHA-256 of the event's header and its data, each in canonical JSON, joined by a newline.
-
-    ``data`` may be given already in canonical JSON (the store writes that same text), so a
-    large output is serialised once. Verification always re-serialises what it reads back,
-    so the stored text's layout does not matter, only its content.
-    """
-    header = {
-        "seq": seq,
-        "plan_id": plan_id,
-        "version": version,
-        "step_id": step_id,
-        "kind": kind,
-        "actor": actor,
-        "at": at,
-        "prev": prev,
-    }
-    body = data if isinstance(data, str) else canonical(data)
-    return hashlib.sha256(f"{canonical(header)}\n{body}".encode()).hexdigest()
+def key_id(key: bytes) -> str:
+    """The key's public name: 16 hex digits of an HMAC of a fixed text, from which the key cannot be found."""
+    return hmac.new(key, b"plangate key id", hashlib.sha256).hexdigest()[:16]
 
 
-def hash_of(event: Event, data_text: str | None = None) -> str:
-    """What ``event``'s hash must be (``data_text``: its data already in canonical JSON)."""
-    return event_hash(
-        seq=event.seq,
-        plan_id=event.plan_id,
-        version=event.version,
-        step_id=event.step_id,
-        kind=event.kind,
-        actor=event.actor,
-        at=event.at,
-        data=event.data if data_text is None else data_text,
-        prev=event.prev,
-    )
+class Chain:
+    """The hashes under one key: :meth:`hash` of an event, and the key's :attr:`key_id`."""
+
+    __slots__ = ("_mac", "key_id")
+
+    def __init__(self, key: bytes) -> None:
+        self._mac = hmac.new(key, digestmod=hashlib.sha256)  # keyed once, copied for each event
+        self.key_id = key_id(key)
+
+    def hash(self, row: Sequence[Any]) -> str:
+        """The hash of an event given as its row: the events table's columns in order, its data as text.
+
+        (seq, plan_id, version, step_id, kind, actor, at, data, prev); a tenth column, the hash, is ignored.
+        """
+        seq, plan_id, version, step_id, kind, actor, at, data, prev = row[:9]
+        header = {
+            "seq": seq,
+            "plan_id": plan_id,
+            "version": version,
+            "step_id": step_id,
+            "kind": kind,
+            "actor": actor,
+            "at": at,
+            "prev": prev,
+        }
+        mac = self._mac.copy()
+        mac.update(f"{canonical(header)}\n{data}".encode())
+        return mac.hexdigest()
+
+
+def key_problem(written_with: str | None, chain: Chain | None, *, has_events: bool) -> str | None:
+    """Why this process's key cannot append to or verify the log (another key, none, an unkeyed log), or None."""
+    if written_with is None:
+        return UNKEYED if has_events else None
+    if chain is None:
+        return (
+            f"the audit log was written with key id {written_with}, and this process has no audit key "
+            f"({KEY_VARIABLE} is not set and there is no key file at {key_path()}): {_SET_KEY}"
+        )
+    if chain.key_id != written_with:
+        return (
+            f"the audit log was written with another key (key id {written_with}; this process has "
+            f"{chain.key_id}): {_SET_KEY}"
+        )
+    return None
 
 
 @dataclass(frozen=True, kw_only=True)
 class AuditReport:
-    """The verdict on the whole log: ``ok``, how many events, the head, or the first bad event."""
+    """The verdict on the whole log: ``ok``, how many events, the head; or what is wrong.
+
+    ``bad_seq`` names the first event that does not fit; it is None when the log could not
+    be checked at all (another key, no key, an unkeyed log).
+    """
 
     ok: bool
     events: int
@@ -78,54 +120,113 @@ class AuditReport:
     head_hash: str
     problem: str | None = None
     bad_seq: int | None = None
+    key_id: str | None = None
+    tables: tuple[str, ...] = ()
+    """Rows that disagree with an intact log (see :func:`plangate.ledger.verify`)."""
 
     def __str__(self) -> str:
+        if self.tables:
+            more = "".join(f"\n  {problem}" for problem in self.tables)
+            return f"audit log intact, but {len(self.tables)} stored row(s) disagree with it:{more}"
         if self.ok:
-            return f"audit log intact: {self.events} events, head {self.head_seq} {self.head_hash}"
+            key = f", key id {self.key_id}" if self.key_id else ""
+            return f"audit log intact: {self.events} events, head {self.head_seq} {self.head_hash}{key}"
+        if self.bad_seq is None:
+            return f"audit log NOT VERIFIED: {self.problem}"
         return f"audit log BROKEN at event {self.bad_seq}: {self.problem}"
 
 
-def verify(events: Iterable[Event], head: tuple[int, str] | None) -> AuditReport:
-    """Walk the log in order; name the first event that does not fit the chain."""
-    prev_seq, prev_hash, count = 0, GENESIS, 0
-    for event in events:
-        count += 1
-        if event.seq != prev_seq + 1:
-            return _broken(
-                count,
-                prev_seq,
-                prev_hash,
-                event.seq,
-                f"expected event {prev_seq + 1} here, found event {event.seq}: events were deleted or reordered",
-            )
-        if event.prev != prev_hash:
-            return _broken(
-                count,
-                prev_seq,
-                prev_hash,
-                event.seq,
-                f"it does not follow event {prev_seq} (its previous-hash is not event {prev_seq}'s hash)",
-            )
-        expected = hash_of(event)
-        if event.hash != expected:
-            return _broken(
-                count,
-                prev_seq,
-                prev_hash,
-                event.seq,
-                f"its content does not match its hash ({event.kind} for plan {event.plan_id}): it was edited",
-            )
-        prev_seq, prev_hash = event.seq, event.hash
-    if head is not None and head != (prev_seq, prev_hash):
-        return _broken(
-            count,
-            prev_seq,
-            prev_hash,
-            prev_seq + 1,
-            f"the log ends at event {prev_seq} but its recorded head is event {head[0]}: events were cut off the end",
+@dataclass
+class _Walked:
+    """How far the walk got, and the hashes of the events a head names."""
+
+    events: int = 0
+    seq: int = 0
+    hash: str = GENESIS
+    named: dict[int, str] = field(default_factory=dict)
+
+
+def verify(
+    rows: Iterable[Sequence[Any]],
+    *,
+    written_with: str | None,
+    key: bytes | None,
+    head: tuple[int, str] | None,
+    anchor: tuple[int, str] | None = None,
+    start: tuple[int, str] = (0, GENESIS),
+) -> AuditReport:
+    """Walk the log in order; name the first event that does not fit the chain.
+
+    ``rows``: the events table's rows in sequence order, in its column order (seq, plan_id,
+    version, step_id, kind, actor, at, data text, prev, hash). ``written_with``: the key id
+    the store records; ``key``: this process's key. ``head``: the head the store keeps
+    beside the log; ``anchor``: a head kept elsewhere. The log must hold each head's event,
+    at its sequence number with its hash; events after a head are fine (only a key holder
+    can add them). ``start``: where the walk begins, the event before ``rows``' first and
+    its hash (a segment of the log: from one plan's first event on, before it runs).
+    """
+    heads = {"its recorded head": head, "the anchored head": anchor}
+    walked = _Walked(seq=start[0], hash=start[1], named={at[0]: "" for at in heads.values() if at is not None})
+    rows = iter(rows)
+    first = next(rows, None)
+    if first is not None:
+        rows = itertools.chain([first], rows)
+        chain = Chain(key) if key is not None else None
+        problem = key_problem(written_with, chain, has_events=True)
+        if problem is not None or chain is None:
+            return _unverified(rows, problem or UNKEYED)
+        if (bad := _walk(rows, chain, walked)) is not None:
+            return _report(walked, *bad)
+    for what, at in heads.items():
+        if at is not None and (bad := _holds(walked, at, what)) is not None:
+            return _report(walked, *bad)
+    return AuditReport(ok=True, events=walked.events, head_seq=walked.seq, head_hash=walked.hash, key_id=written_with)
+
+
+def _walk(rows: Iterator[Sequence[Any]], chain: Chain, walked: _Walked) -> tuple[int, str] | None:
+    """The first event that does not fit (its seq and why), or None; ``walked`` says how far it got."""
+    named = walked.named
+    for row in rows:
+        seq, before = row[0], walked.seq
+        walked.events += 1
+        if seq != before + 1:
+            return seq, f"expected event {before + 1} here, found event {seq}: events were deleted or reordered"
+        if row[8] != walked.hash:
+            return seq, f"it does not follow event {before} (its previous-hash is not event {before}'s hash)"
+        if chain.hash(row) != row[9]:
+            return seq, f"its content does not match its hash ({row[4]} for plan {row[1]}): it was edited"
+        walked.seq, walked.hash = seq, row[9]
+        if seq in named:
+            named[seq] = row[9]
+    return None
+
+
+def _holds(walked: _Walked, at: tuple[int, str], what: str) -> tuple[int, str] | None:
+    """Whether the walked log holds the event a head names; if not, where it parts and why."""
+    seq, digest = at
+    if seq > walked.seq:
+        return (
+            walked.seq + 1,
+            f"the log ends at event {walked.seq} but {what} is event {seq}: events were cut off the end",
         )
-    return AuditReport(ok=True, events=count, head_seq=prev_seq, head_hash=prev_hash)
+    found = GENESIS if seq == 0 else walked.named.get(seq, "")
+    if found != digest:
+        return seq, (
+            f"its hash is {found[:16]}..., but {what} says {digest[:16]}...: the log does not extend {what} "
+            "(it was rewritten from here, or the head is of another log)"
+        )
+    return None
 
 
-def _broken(count: int, seq: int, head: str, bad: int, problem: str) -> AuditReport:
-    return AuditReport(ok=False, events=count, head_seq=seq, head_hash=head, problem=problem, bad_seq=bad)
+def _report(walked: _Walked, bad_seq: int, problem: str) -> AuditReport:
+    return AuditReport(
+        ok=False, events=walked.events, head_seq=walked.seq, head_hash=walked.hash, problem=problem, bad_seq=bad_seq
+    )
+
+
+def _unverified(rows: Iterable[Sequence[Any]], problem: str) -> AuditReport:
+    """A log that cannot be checked: count it, and say why."""
+    events, seq, digest = 0, 0, GENESIS
+    for row in rows:
+        events, seq, digest = events + 1, row[0], row[9]
+    return AuditReport(ok=False, events=events, head_seq=seq, head_hash=digest, problem=problem)

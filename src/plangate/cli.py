@@ -22,6 +22,7 @@ from plangate import __version__
 from plangate._clock import iso
 from plangate.check import RULES, CheckResult, check
 from plangate.errors import GovernanceError, PlanError, PlangateError, UsageError
+from plangate.lifecycle import TRANSITIONS
 from plangate.plan import Plan, plan_json_schema
 from plangate.policy import POLICY_RULES, Policy
 from plangate.tools import Catalogue
@@ -203,7 +204,7 @@ def _absolute(spec: str | None) -> str | None:
 @tools_option
 @policy_option
 @as_option
-@click.option("--role", metavar="ROLE", help="Your role (overrides the policy's user mapping).")
+@click.option("--role", metavar="ROLE", help="The role you act in: only one the policy gives you (a claim is refused).")
 @db_option
 @json_option
 @_plain_errors
@@ -297,13 +298,25 @@ def _progress(event: Any) -> None:
         click.echo(f"  [{event.done}/{event.total}] step {event.step_id} {event.tool}: already {event.detail}, kept")
 
 
-def _run_command(method: str, plan_id: str, tools_spec: str | None, db: str | None, user: str | None) -> None:
-    runtime = _runtime(db)
+def _with_tools(runtime: Any, plan_id: str, tools_spec: str | None, *, required: bool = True) -> Any:
+    """The plan's record, with the runtime given the plan's tools (--tools, or the module on record).
+
+    The module on record is read from the audit log before anything is imported, so a
+    changed row cannot make plangate import another file.
+    """
     record = runtime.get(plan_id)
-    spec = tools_spec or runtime.store.get_plan(record.id).tools
-    if spec is None:
+    spec = _absolute(tools_spec) or runtime.recorded_tools(record.id)
+    if spec is None and required:
         raise UsageError("give --tools: the plan was submitted without a tools module on record")
-    runtime.catalogue = Catalogue.from_module(spec)
+    runtime.catalogue, runtime.tools = (Catalogue.from_module(spec), spec) if spec else (None, None)
+    return record
+
+
+def _run_command(
+    method: str, plan_id: str, *, tools_spec: str | None, policy_file: Path | None, db: str | None, user: str | None
+) -> None:
+    runtime = _runtime(db, policy_file=policy_file)
+    record = _with_tools(runtime, plan_id, tools_spec)
     click.echo(f"{method} plan {record.id} v{record.version}: {record.task}")
     result = getattr(runtime, method)(record.id, actor=user or "engine", progress=_progress)
     click.echo(str(result))
@@ -313,36 +326,45 @@ def _run_command(method: str, plan_id: str, tools_spec: str | None, db: str | No
 @main.command("execute")
 @click.argument("plan_id", metavar="ID")
 @recorded_tools_option
+@policy_option
 @click.option("--as", "user", metavar="USER", help="Who starts the run (recorded; default 'engine').")
 @db_option
 @_plain_errors
-def execute_command(*, plan_id: str, tools_spec: str | None, user: str | None, db: str | None) -> None:
-    """Execute approved plan ID. Exit 0 when it succeeds, 3 when it halts.
+def execute_command(
+    *, plan_id: str, tools_spec: str | None, policy_file: Path | None, user: str | None, db: str | None
+) -> None:
+    """Execute approved plan ID. Exit 0 when it succeeds, 3 when it halts, 4 when it may not run.
 
-    A finished plan is not run again: its recorded result is shown.
+    A finished plan is not run again: its recorded result is shown. The exact text that was
+    approved runs, or nothing: a plan whose stored text, rows or approvals disagree with the
+    audit log is refused. When the tools' contracts or the policy (--policy) changed since
+    the plan was checked, it is checked again, and sent back for approval if it must be.
     """
-    _run_command("execute", plan_id, tools_spec, db, user)
+    _run_command("execute", plan_id, tools_spec=tools_spec, policy_file=policy_file, db=db, user=user)
 
 
 @main.command("resume")
 @click.argument("plan_id", metavar="ID")
 @recorded_tools_option
+@policy_option
 @click.option("--as", "user", metavar="USER", help="Who resumes the run (recorded; default 'engine').")
 @db_option
 @_plain_errors
-def resume_command(*, plan_id: str, tools_spec: str | None, user: str | None, db: str | None) -> None:
+def resume_command(
+    *, plan_id: str, tools_spec: str | None, policy_file: Path | None, user: str | None, db: str | None
+) -> None:
     """Resume plan ID after a halt or a crash: finished steps are kept, never run again.
 
     A step that started but has no recorded outcome is run again only if its tool is
     idempotent (with the same idempotency key); otherwise the run halts for a person.
     """
-    _run_command("resume", plan_id, tools_spec, db, user)
+    _run_command("resume", plan_id, tools_spec=tools_spec, policy_file=policy_file, db=db, user=user)
 
 
 @main.command("list")
 @click.option(
     "--status",
-    type=click.Choice(["rejected", "pending_approval", "approved", "running", "succeeded", "halted"]),
+    type=click.Choice(sorted(TRANSITIONS)),
     help="Only plans in this state.",
 )
 @db_option
@@ -409,17 +431,64 @@ def trace_command(*, plan_id: str, db: str | None, as_json: bool) -> None:
 
 @main.group("audit")
 def audit_group() -> None:
-    """The hash-chained audit log."""
+    """The audit log, hash-chained under a key kept outside the database.
+
+    The key: PLANGATE_AUDIT_KEY (the key itself), else the file PLANGATE_AUDIT_KEY_FILE,
+    by default ~/.config/plangate/audit.key (made on first use, mode 0600).
+    """
+
+
+def _anchor(_ctx: click.Context, _param: click.Parameter, value: str | None) -> tuple[int, str] | None:
+    """``--head SEQ:HASH``; ``SEQ HASH``, as ``plangate audit head`` prints it, is taken too."""
+    if value is None:
+        return None
+    match = re.fullmatch(r"\s*(\d+)(?::|\s+)([0-9a-fA-F]{64})\s*", value)
+    if match is None:
+        raise click.BadParameter(f"{value!r} is not SEQ:HASH (a sequence number, a colon, 64 hex digits)")
+    return int(match[1]), match[2].lower()
 
 
 @audit_group.command("verify")
+@click.option(
+    "--head",
+    "anchor",
+    metavar="SEQ:HASH",
+    callback=_anchor,
+    help="A head kept elsewhere (from `plangate audit head`; `SEQ HASH` is taken too): the log must still "
+    "hold that event with that hash.",
+)
 @db_option
 @_plain_errors
-def audit_verify_command(*, db: str | None) -> None:
-    """Check the whole audit log: exit 0 if intact, 1 naming the first event that was changed."""
-    report = _runtime(db).store.verify_audit()
+def audit_verify_command(*, anchor: tuple[int, str] | None, db: str | None) -> None:
+    """Check the whole audit log and the tables against it: exit 0 if intact, 1 naming what does not fit.
+
+    The chain first (the first event that does not fit), then every stored plan, version,
+    approval, policy and step row that disagrees with what the log recorded. Also 1 when
+    the log cannot be checked: written with another key, or before the log was keyed.
+    """
+    from plangate import ledger
+
+    runtime = _runtime(db)
+    try:
+        report = ledger.verify(runtime.store, anchor)
+    finally:
+        runtime.close()
     click.echo(str(report))
     sys.exit(0 if report.ok else EXIT_VIOLATIONS)
+
+
+@audit_group.command("head")
+@db_option
+@json_option
+@_plain_errors
+def audit_head_command(*, db: str | None, as_json: bool) -> None:
+    """Print the audit log's head, SEQ HASH: keep it elsewhere, then `audit verify --head SEQ:HASH`."""
+    runtime = _runtime(db)
+    try:
+        seq, digest = runtime.store.audit_head()
+    finally:
+        runtime.close()
+    click.echo(json.dumps({"seq": seq, "hash": digest}) if as_json else f"{seq} {digest}")
 
 
 # -- planning: plan, run, usage, library ----------------------------------------------------
@@ -1044,9 +1113,7 @@ def settle_command(
     Then `plangate resume ID` carries on.
     """
     runtime = _runtime(db)
-    record = runtime.get(plan_id)
-    spec = tools_spec or runtime.store.get_plan(record.id).tools
-    runtime.catalogue = Catalogue.from_module(spec) if spec else None
+    record = _with_tools(runtime, plan_id, tools_spec, required=False)
     try:
         output = json.loads(output_json) if output_json else None
     except json.JSONDecodeError as exc:
@@ -1065,11 +1132,7 @@ def settle_command(
 def compensate_command(*, plan_id: str, user: str, reason: str, tools_spec: str | None, db: str | None) -> None:
     """Roll back halted plan ID: completed steps with a compensating tool are undone, last first."""
     runtime = _runtime(db)
-    record = runtime.get(plan_id)
-    spec = tools_spec or runtime.store.get_plan(record.id).tools
-    if spec is None:
-        raise UsageError("give --tools: the plan was submitted without a tools module on record")
-    runtime.catalogue = Catalogue.from_module(spec)
+    record = _with_tools(runtime, plan_id, tools_spec)
     result = runtime.compensate(record.id, actor=user, reason=reason)
     click.echo(str(result))
     sys.exit(0 if result.status == "compensated" else EXIT_HALTED)
@@ -1110,8 +1173,8 @@ def worker_command(
     Use a PostgreSQL store (--db postgresql://...) to share it across machines. A killed
     worker's plan is taken over by another once its lease expires.
     """
-    import os
 
+    from plangate import lifecycle
     from plangate.worker import Worker
 
     if tools_spec is None:
@@ -1128,7 +1191,7 @@ def worker_command(
                 db or default_url(),
                 _absolute(tools_spec) or tools_spec,
                 drain=drain,
-                name=name or f"{os.uname().nodename}:{os.getpid()}",
+                name=lifecycle.runner(name or "temporal-worker"),
             )
         )
         click.echo(f"temporal worker: {ran} plans run", err=True)
@@ -1138,7 +1201,7 @@ def worker_command(
         db=db,
         policy=Policy.load(policy_file) if policy_file else None,
         lease_seconds=lease_seconds,
-        name=name or f"{os.uname().nodename}:{os.getpid()}",
+        name=lifecycle.runner(name or "worker"),
     )
     click.echo(f"worker {worker.name} on {worker.db or 'the default store'}", err=True)
     ran = worker.serve(drain=drain, on_result=lambda r: click.echo(f"{r.plan_id}: {r.status}"))

@@ -18,10 +18,11 @@ from typing import Any, Literal
 
 from pydantic import ValidationError
 
+from plangate import lifecycle
 from plangate._clock import Clock, iso
-from plangate.errors import ParamsError
+from plangate.errors import LeaseLostError, ParamsError
 from plangate.plan import Plan, Step
-from plangate.store import StepRow, Store
+from plangate.store import PlanRow, StepRow, Store
 from plangate.tools import Catalogue, RunContext, Tool
 
 
@@ -42,21 +43,29 @@ class CompensationResult:
 
 @dataclass
 class Compensation:
+    """One rollback of a plan already claimed for it (status ``compensating``, see :mod:`plangate.lifecycle`)."""
+
     store: Store
     catalogue: Catalogue
     clock: Clock
-    plan_id: str
-    version: int
-    plan: Plan
+    plan: PlanRow
+    body: Plan
     actor: str
 
-    def run(self, reason: str) -> CompensationResult:
+    @property
+    def plan_id(self) -> str:
+        return self.plan.id
+
+    @property
+    def version(self) -> int:
+        return self.plan.version
+
+    def run(self) -> CompensationResult:
         rows = self.store.steps(self.plan_id)
         undone: list[int] = []
         not_undoable: list[tuple[int, str]] = []
         failed: list[tuple[int, str]] = []
-        self._event("compensation.started", None, {"reason": reason})
-        for step in reversed(self.plan.steps):
+        for step in reversed(self.body.steps):
             row = rows.get(step.id)
             tool = self.catalogue.get(step.tool)
             if row is None or row.status != "succeeded" or tool is None or tool.effect == "read":
@@ -70,11 +79,17 @@ class Compensation:
             "compensated" if not (not_undoable or failed) else "compensation_incomplete"
         )
         with self.store.transaction():
-            self.store.update_plan(self.plan_id, status=status, updated_at=iso(self.clock.now()))
-            self._event(
-                "compensation.finished",
-                None,
-                {
+            plan = self.store.get_plan(self.plan_id)
+            if plan is None or plan.lease_owner != self.plan.lease_owner:
+                raise LeaseLostError(f"the rollback of plan {self.plan_id} lost its lease; it stops here")
+            lifecycle.move(
+                self.store,
+                plan,
+                status,
+                actor=self.actor,
+                at=iso(self.clock.now()),
+                kind="compensation.finished",
+                data={
                     "status": status,
                     "undone": undone,
                     "not_undoable": [list(x) for x in not_undoable],

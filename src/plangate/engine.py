@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import heapq
+import threading
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -32,10 +33,10 @@ from typing import Any, Literal
 
 from pydantic import ValidationError
 
-from plangate import references
+from plangate import lifecycle, references
 from plangate._clock import Clock, iso, parse_iso
 from plangate._jsontypes import value_type
-from plangate.errors import ConditionError, ParamsError, RefError
+from plangate.errors import ConditionError, LeaseLostError, ParamsError, RefError
 from plangate.plan import Plan, Step, expected_types
 from plangate.policy import Policy
 from plangate.store import DONE, StepRow, StepStatus, Store
@@ -108,6 +109,10 @@ class Engine:
     policy: Policy | None = None
     max_concurrency: int = DEFAULT_CONCURRENCY
     progress: Callable[[Progress], None] | None = None
+    owner: str | None = None
+    """Who holds the run's lease (see :mod:`plangate.lifecycle`); the run ends only while it does."""
+    lease_lost: threading.Event | None = None
+    """Set when the lease was lost: no new step starts, and the run stops."""
 
     def run(self, plan_id: str, version: int, plan: Plan, *, actor: str = "engine") -> RunResult:
         """Run (or continue) the plan to its end or to a halt."""
@@ -157,6 +162,7 @@ class _Run:
                 self._record_finished()
                 if not self.in_flight and (self.halt is not None or not self.waiting):
                     return self._end()
+                self._check_lease()
                 launch = self._start_ready()
                 if not launch and not self.in_flight and self.waiting and self.halt is None:
                     raise RuntimeError(f"engine stalled: steps {sorted(self.waiting)} can never start")
@@ -175,14 +181,10 @@ class _Run:
     def one(self, step_id: int) -> str:
         """Run exactly one step with the usual rules; its status comes back (repeat calls are safe).
 
-        The first step of a run also marks the plan running.
+        The run must have been claimed (:meth:`plangate.runtime.Runtime.start`).
         """
         with self.store.transaction():
             self._tick()
-            plan = self.store.get_plan(self.plan_id)
-            if plan is not None and plan.status == "approved":
-                self.store.update_plan(self.plan_id, status="running", updated_at=self._now())
-                self._event("run.started", None, {"steps": len(self.order)})
             self._reload()
             row = self.rows.get(step_id)
             if row is not None and row.status in DONE:
@@ -224,9 +226,6 @@ class _Run:
     def _load(self) -> None:
         """Load what earlier runs recorded; decide what an unknown outcome means."""
         self.rows = self.store.steps(self.plan_id)
-        resumed = bool(self.rows)
-        self.store.update_plan(self.plan_id, status="running", updated_at=self._now())
-        self._event("run.resumed" if resumed else "run.started", None, {"steps": len(self.order)})
         for step_id in self.order:
             row = self.rows.get(step_id)
             if row is not None and row.status in DONE and row.version <= self.version:
@@ -454,8 +453,7 @@ class _Run:
         skipped = tuple(s for s in self.order if self.outputs.get(s) is _SKIPPED)
         outputs = {s: v for s, v in self.outputs.items() if v is not _SKIPPED}
         if self.halt is None:
-            self.store.update_plan(self.plan_id, status="succeeded", updated_at=self._now())
-            self._event("run.succeeded", None, {"steps": len(outputs), "skipped": list(skipped)})
+            self._move("succeeded", "run.succeeded", {"steps": len(outputs), "skipped": list(skipped)})
             return RunResult(
                 plan_id=self.plan_id,
                 version=self.version,
@@ -469,8 +467,9 @@ class _Run:
         next_step = next_step or (
             "fix the cause, then `plangate resume`; or edit the plan (a new version, approved again) and resume"
         )
-        self.store.update_plan(self.plan_id, status="halted", updated_at=self._now())
-        self._event("run.halted", step_id, {"error": error, "rationale": step.rationale, "tool": step.tool})
+        self._move(
+            "halted", "run.halted", {"step": step_id, "error": error, "rationale": step.rationale, "tool": step.tool}
+        )
         return RunResult(
             plan_id=self.plan_id,
             version=self.version,
@@ -484,6 +483,23 @@ class _Run:
             error=error,
             next_step=next_step,
         )
+
+    def _move(self, to: Literal["succeeded", "halted"], kind: str, data: dict[str, Any]) -> None:
+        """End the run: the plan leaves ``running`` only from the runner that holds it."""
+        plan = self.store.get_plan(self.plan_id)
+        if plan is None:
+            raise LeaseLostError(f"plan {self.plan_id} no longer exists")
+        if self.e.owner is not None and plan.lease_owner != self.e.owner:
+            raise LeaseLostError(
+                f"{self.e.owner} lost its lease on plan {self.plan_id} to {plan.lease_owner}: the run stops here"
+            )
+        lifecycle.move(self.store, plan, to, actor=self.actor, at=self._now(), kind=kind, data=data)
+
+    def _check_lease(self) -> None:
+        if self.e.lease_lost is not None and self.e.lease_lost.is_set():
+            raise LeaseLostError(
+                f"{self.e.owner} lost its lease on plan {self.plan_id}: another runner took it over, so this one stops"
+            )
 
     # -- helpers -------------------------------------------------------------------------
     def _tool(self, step_id: int) -> Tool:

@@ -32,9 +32,10 @@ from typing import Any, Literal
 
 from pydantic import ValidationError
 
+from plangate import approval, lifecycle
 from plangate._clock import Clock, SystemClock, iso, parse_iso
 from plangate.costs import PriceTable
-from plangate.errors import ParamsError, StateError
+from plangate.errors import GovernanceError, ParamsError, StateError
 from plangate.models import Message, Model, ModelError, ModelRequest, ModelResponse, ToolCall, ToolSpec, Usage
 from plangate.plan import Plan, canonical
 from plangate.planner import prompt
@@ -107,6 +108,10 @@ class ReActAgent:
     category: str = "react"
     on_step: Callable[[ReActStep], None] | None = None
 
+    def __post_init__(self) -> None:
+        # The role comes from the policy; a claim may only name the role the user holds.
+        self.role = approval.held_role(self.policy, self.user, self.role)
+
     # -- running ---------------------------------------------------------------------------
     def run(self, question: str) -> ReActResult:
         """Answer ``question``; returns when answered, stopped, or paused for an approval."""
@@ -133,7 +138,13 @@ class ReActAgent:
                 state,
                 "react.started",
                 None,
-                {"question": question, "model": self.model.name, "mode": self.mode, "max_steps": self.max_steps},
+                {
+                    "question": question,
+                    "model": self.model.name,
+                    "mode": self.mode,
+                    "max_steps": self.max_steps,
+                    "transition": {"from": None, "to": "running"},
+                },
             )
         return self._finish(state)
 
@@ -145,7 +156,17 @@ class ReActAgent:
         if row.status != "approved":
             raise StateError(f"ReAct run {run_id} is {row.status}; only an approved pending action can go on")
         state = _State.load(self.store, row)
-        self._event(state, "react.resumed", None, {"action_hash": row.hash})
+        with self.store.transaction():  # a claim: of two resumes, one goes on and the other is refused
+            self.store.lock_log()
+            lifecycle.move(
+                self.store,
+                row,
+                "running",
+                actor=self.user,
+                at=iso(self.clock.now()),
+                kind="react.resumed",
+                data={"action_hash": row.hash},
+            )
         pending = state.pending
         assert pending is not None
         state.approvals += 1
@@ -181,8 +202,7 @@ class ReActAgent:
         state.transcript.append(Message(role="assistant", content=response.text, tool_calls=response.tool_calls))
         if answer is not None:
             state.status, state.answer = "answered", answer
-            self._event(state, "react.answered", number, {"thought": thought, "answer": answer})
-            self._end(state, "succeeded")
+            self._end(state, "succeeded", "react.answered", number, {"thought": thought, "answer": answer})
             return ReActStep(number=number, kind="answer", thought=thought, observation=answer, usage=response.usage)
         if problem is not None:
             state.unparsed += 1
@@ -279,11 +299,9 @@ class ReActAgent:
                 kind="refused",
                 observation="Error: refused by the policy: " + "; ".join(str(v) for v in mine),
             )
-        named = [r for r in decision.reasons if r.startswith(f"step {act.number} (") and "needs approval by" in r]
-        required = [name for name in decision.required_approvals if any(name in r for r in named)]
-        escalates = tool.effect in self.policy.approval.escalate
-        cleared = decision.approval == "auto" or (not escalates and _category_cleared(self.policy, self.category))
-        needs = (["a person"] if tool.effect != "read" and (not cleared or escalates) else []) + required
+        required = list(dict.fromkeys(role for step, role in decision.step_approvals if step == act.number))
+        cleared = decision.approval == "auto" or self.policy.auto_approves(self.category, tool)
+        needs = (["a person"] if tool.effect != "read" and not cleared else []) + required
         if needs:
             return self._pause(state, act, tool, needs, {"approval": "human", "required_approvals": required})
         return None
@@ -302,7 +320,8 @@ class ReActAgent:
         with self.store.transaction():
             if self.policy is not None:
                 self.store.save_policy(self.policy.hash, self.policy.name, self.policy.canonical_json())
-            version = (self.store.get_plan(state.run_id) or _missing(state.run_id)).version + 1
+            row = self.store.get_plan(state.run_id) or _missing(state.run_id)
+            version = row.version + 1
             self.store.insert_version(
                 VersionRow(
                     plan_id=state.run_id,
@@ -315,14 +334,15 @@ class ReActAgent:
                     policy_hash=self.policy.hash if self.policy else None,
                 )
             )
-            self.store.update_plan(
-                state.run_id, status="pending_approval", version=version, hash=digest, updated_at=now
-            )
+            self.store.update_plan(state.run_id, version=version, hash=digest, updated_at=now)
             self._event(
                 state,
                 "react.approval_needed",
                 act.number,
                 {"tool": tool.name, "effect": tool.effect, "arguments": act.arguments, "hash": digest, "needs": needs},
+            )
+            lifecycle.move(
+                self.store, replace(row, version=version, hash=digest), "pending_approval", actor=self.user, at=now
             )
         state.status, state.pending_hash = "paused", digest
         state.reason = f"paused: {tool.name} ({tool.effect}) needs approval by {' and by '.join(needs)}"
@@ -430,13 +450,18 @@ class ReActAgent:
     # -- records ---------------------------------------------------------------------------
     def _stop(self, state: _State, number: int, reason: str) -> ReActStep:
         state.status, state.reason = "stopped", reason
-        self._event(state, "react.stopped", number, {"reason": reason})
-        self._end(state, "halted")
+        self._end(state, "halted", "react.stopped", number, {"reason": reason})
         return ReActStep(number=number, kind="stopped", observation=reason)
 
-    def _end(self, state: _State, status: Literal["succeeded", "halted"]) -> None:
+    def _end(
+        self, state: _State, status: Literal["succeeded", "halted"], kind: str, number: int, data: dict[str, Any]
+    ) -> None:
+        """The run's last event, and its status, in one transaction."""
         with self.store.transaction():
-            self.store.update_plan(state.run_id, status=status, updated_at=iso(self.clock.now()))
+            self.store.lock_log()
+            row = self.store.get_plan(state.run_id) or _missing(state.run_id)
+            at = iso(self.clock.now())
+            lifecycle.move(self.store, row, status, actor=self.user, at=at, kind=kind, data=data, step_id=number)
 
     def _event(self, state: _State, kind: str, step: int | None, data: dict[str, Any]) -> None:
         with self.store.transaction():
@@ -527,8 +552,22 @@ class _State:
         version = store.get_version(row.id, row.version)
         if version is None or "action" not in version.check:
             raise StateError(f"ReAct run {row.id} has no pending action")
-        state.pending = version.check["action"]
-        for event in store.events(row.id):
+        if _digest(version.body) != row.hash:
+            raise GovernanceError(f"ReAct run {row.id}: the pending action's text does not match its approved hash")
+        report = store.verify_audit(since=store.first_event(row.id) or 1)
+        if not report.ok:
+            raise GovernanceError(f"ReAct run {row.id} may not go on: the audit log does not verify: {report}")
+        events = list(store.events(row.id))
+        if not any(
+            e.kind == "plan.approval"
+            and e.version == row.version
+            and e.data.get("hash") == row.hash
+            and e.data.get("decision") == "approved"
+            for e in events
+        ):
+            raise GovernanceError(f"ReAct run {row.id}: the audit log holds no approval of its pending action")
+        state.pending = json.loads(version.body)
+        for event in events:
             data = event.data
             if event.kind == "react.action":
                 text = data.get("text") or f"Thought: {data['thought']}\nAction: {data['tool']} " + json.dumps(
@@ -581,15 +620,6 @@ def _step(action: dict[str, Any]) -> Any:
         condition=None,
         rollback=None,
     )
-
-
-def _category_cleared(policy: Policy, category: str) -> bool:
-    from fnmatch import fnmatchcase
-
-    rules = policy.approval
-    if any(fnmatchcase(category, p) for p in rules.human):
-        return False
-    return rules.default == "auto" or any(fnmatchcase(category, p) for p in rules.auto)
 
 
 def _tool_line(tool: Tool) -> str:

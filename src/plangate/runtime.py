@@ -11,9 +11,10 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
+from datetime import timedelta
 from typing import Any
 
-from plangate import approval
+from plangate import approval, ledger, lifecycle
 from plangate._clock import Clock, SystemClock, iso
 from plangate.check import CheckResult, check
 from plangate.compensation import Compensation, CompensationResult
@@ -73,12 +74,29 @@ class PlanRecord:
         return text
 
 
+@dataclass(frozen=True, kw_only=True)
+class Claim:
+    """A run that has started: the plan as claimed, the exact plan text, and who holds the lease."""
+
+    plan: PlanRow
+    body: Plan
+    policy: Policy | None
+    owner: str
+    actor: str
+
+
 class Runtime:
     """Submit, approve, execute and trace plans over one catalogue, policy and store.
 
+    A facade: the states and their transitions live in :mod:`plangate.lifecycle`, who may
+    decide in :mod:`plangate.approval`, the right to run in :mod:`plangate.ledger`, the run
+    itself in :mod:`plangate.engine`.
+
     ``db`` is a store URL (``sqlite:///PATH``; default ``$PLANGATE_DB`` or
     ``./.plangate/plangate.db``) or an open :class:`~plangate.store.Store`. Time and ids
-    come from ``clock``, so tests and replays can fix them.
+    come from ``clock``, so tests and replays can fix them. ``policy`` is the policy in
+    force now: plans are checked against it when submitted, and held against it again
+    when they run if it changed since they were approved.
     """
 
     def __init__(
@@ -91,6 +109,7 @@ class Runtime:
         max_concurrency: int = DEFAULT_CONCURRENCY,
         tools: str | None = None,
         notify: Callable[[PlanRecord], str | None] | None = None,
+        lease_seconds: float = 30.0,
     ) -> None:
         self.catalogue = catalogue
         self.policy = policy
@@ -99,42 +118,42 @@ class Runtime:
         self.max_concurrency = max_concurrency
         self.tools = tools
         self.notify = notify
+        self.lease_seconds = lease_seconds
 
     # -- submit, decide, edit --------------------------------------------------------------
     def submit(self, plan: PlanInput | PlanningResult, requested_by: str, role: str | None = None) -> PlanRecord:
         """Check and hold a plan against the policy, record it, and say what it needs.
 
-        Given a :class:`~plangate.planner.PlanningResult`, how the plan was made (the
-        template and its slots, or the model, its budget, tokens, cost and thinking) is
-        recorded in the audit log with it. The thinking stays there: it is never passed on
-        to a tool.
+        ``role`` may only name the role the policy gives ``requested_by``: a claim of a role
+        the user does not hold is refused. Given a :class:`~plangate.planner.PlanningResult`,
+        how the plan was made is recorded in the audit log with it; the model's thinking
+        stays there and is never passed on to a tool.
         """
         planning: PlanningResult | None = None
         if isinstance(plan, PlanningResult):
             planning, parsed = plan, plan.plan
         else:
             parsed = plan if isinstance(plan, Plan) else Plan.parse(plan)
+        role = approval.held_role(self.policy, requested_by, role)
         result = check(parsed, self._catalogue(), self.policy, user=requested_by, role=role)
         plan_id, now = self.clock.new_id(), self._now()
+        row = PlanRow(
+            id=plan_id,
+            status="pending_approval",
+            version=1,
+            hash=parsed.hash,
+            task=parsed.task,
+            category=parsed.category,
+            requested_by=requested_by,
+            role=role,
+            tools=self.tools,
+            created_at=now,
+            updated_at=now,
+        )
         with self.store.transaction():
-            self.store.insert_plan(
-                PlanRow(
-                    id=plan_id,
-                    status="pending_approval",
-                    version=1,
-                    hash=parsed.hash,
-                    task=parsed.task,
-                    category=parsed.category,
-                    requested_by=requested_by,
-                    role=role,
-                    tools=self.tools,
-                    created_at=now,
-                    updated_at=now,
-                )
-            )
-            self._event(
-                plan_id,
-                1,
+            self.store.insert_plan(row)
+            self._record(
+                row,
                 "plan.submitted",
                 requested_by,
                 {
@@ -144,112 +163,108 @@ class Runtime:
                     "role": role,
                     "steps": len(parsed.steps),
                     "tools": self.tools,
+                    "transition": {"from": None, "to": "pending_approval"},
                 },
             )
             if planning is not None:
-                self._event(plan_id, 1, "plan.planned", planning.model or "library", planning.record())
+                self._record(row, "plan.planned", planning.model or "library", planning.record())
                 self.store.link_calls([call.id for call in planning.calls], plan_id)
-            self._new_version(plan_id, 1, parsed, requested_by, result)
+            row = self._new_version(row, parsed, requested_by, result)
         return self._notified(self.get(plan_id))
 
     def approve(
         self, plan_id: str, approver: str, plan_hash: str, comment: str | None = None, role: str | None = None
     ) -> PlanRecord:
-        """Approve the current version, named by its hash. Nobody approves their own plan."""
+        """Approve the current version, named by its hash. Nobody approves a plan they asked for or wrote."""
+        if not plan_hash:
+            raise UsageError("an approval names the hash of the version you reviewed; none was given")
         with self.store.transaction():
-            plan, version = self._current(plan_id)
-            approval.check_can_decide(plan, version, approver, plan_hash)
+            plan, version = self._locked(plan_id)
+            approval.check_can_decide(plan, approver, plan_hash)
             approvals = self.store.approvals(plan.id, plan.version)
-            approval.check_can_approve(plan, version, approver, approvals)
-            held = self._approver_role(version, approver, role)
-            row = ApprovalRow(
-                plan_id=plan.id,
-                version=plan.version,
-                plan_hash=plan.hash,
-                policy_hash=version.policy_hash,
-                decision="approved",
-                actor=approver,
-                role=held,
-                kind="person",
-                comment=comment,
-                at=self._now(),
-            )
+            approval.check_can_approve(plan, self._authors(plan), approver, approvals)
+            held = approval.held_role(self._policy_for(version), approver, role)
+            row = self._decision(plan, version, "approved", actor=approver, role=held, comment=comment)
             self.store.insert_approval(row)
             needs = approval.missing(version.check.get("policy"), [*approvals, row])
-            self._event(
-                plan.id,
-                plan.version,
+            self._record(
+                plan,
                 "plan.approval",
                 approver,
                 {"decision": "approved", "hash": plan.hash, "role": held, "comment": comment, "still_needs": needs},
             )
             if not needs:
-                self._set_status(plan, "approved", approver, {"by": "person"})
-        return self.get(plan.id)
+                plan = lifecycle.move(
+                    self.store, plan, "approved", actor=approver, at=self._now(), data={"by": "person"}
+                )
+        return self._record_of(plan, version)
 
     def reject(self, plan_id: str, approver: str, comment: str, plan_hash: str | None = None) -> PlanRecord:
         """Reject the current version, with the reason why."""
         if not comment or not comment.strip():
             raise UsageError("a rejection needs a comment saying why")
         with self.store.transaction():
-            plan, version = self._current(plan_id)
-            approval.check_can_decide(plan, version, approver, plan_hash)
+            plan, version = self._locked(plan_id)
+            approval.check_can_decide(plan, approver, plan_hash)
+            role = approval.role_of(self._policy_for(version), approver)
             self.store.insert_approval(
-                ApprovalRow(
-                    plan_id=plan.id,
-                    version=plan.version,
-                    plan_hash=plan.hash,
-                    policy_hash=version.policy_hash,
-                    decision="rejected",
-                    actor=approver,
-                    role=self._role_of(version, approver),
-                    kind="person",
-                    comment=comment,
-                    at=self._now(),
-                )
+                self._decision(plan, version, "rejected", actor=approver, role=role, comment=comment)
             )
-            self._event(
-                plan.id,
-                plan.version,
+            self._record(
+                plan,
                 "plan.approval",
                 approver,
-                {"decision": "rejected", "hash": plan.hash, "comment": comment},
+                {"decision": "rejected", "hash": plan.hash, "role": role, "comment": comment},
             )
-            self._set_status(plan, "rejected", approver, {"by": "person", "comment": comment})
-        return self.get(plan.id)
+            plan = lifecycle.move(
+                self.store, plan, "rejected", actor=approver, at=self._now(), data={"by": "person", "comment": comment}
+            )
+        return self._record_of(plan, version)
 
     def edit(self, plan_id: str, new_plan: PlanInput, editor: str) -> PlanRecord:
-        """Make a new version: re-checked, and every earlier approval void."""
+        """Make a new version: re-checked (its category too), and every earlier approval void."""
         parsed = new_plan if isinstance(new_plan, Plan) else Plan.parse(new_plan)
         with self.store.transaction():
-            plan, _ = self._current(plan_id)
+            plan, old = self._locked(plan_id)
             _not_react(plan)
             if plan.status not in ("pending_approval", "approved", "rejected", "halted"):
                 raise StateError(
                     f"plan {plan.id} is {plan.status}; only a plan not yet executed, or halted, can be edited"
                 )
+            lifecycle.require_idle(plan, self._now(), "an edit")
             if plan.status == "halted":
-                self._check_correction(plan, parsed)
+                self._check_correction(plan, old, parsed)
             if parsed.hash == plan.hash:
                 raise StateError(f"the edit does not change plan {plan.id} (same hash {plan.hash[:12]}…)")
             result = check(parsed, self._catalogue(), self.policy, user=plan.requested_by, role=plan.role)
             voided = self.store.void_approvals(plan.id)
             number = plan.version + 1
-            self.store.update_plan(plan.id, version=number, hash=parsed.hash, task=parsed.task, updated_at=self._now())
-            self._event(
+            self.store.update_plan(
                 plan.id,
-                number,
+                version=number,
+                hash=parsed.hash,
+                task=parsed.task,
+                category=parsed.category,
+                updated_at=self._now(),
+            )
+            plan = replace(plan, version=number, hash=parsed.hash, task=parsed.task, category=parsed.category)
+            self._record(
+                plan,
                 "plan.edited",
                 editor,
-                {"from_version": plan.version, "from_hash": plan.hash, "hash": parsed.hash, "approvals_voided": voided},
+                {
+                    "from_version": number - 1,
+                    "from_hash": old.hash,
+                    "hash": parsed.hash,
+                    "category": parsed.category,
+                    "approvals_voided": voided,
+                },
             )
-            self._new_version(plan.id, number, parsed, editor, result)
+            plan = self._new_version(plan, parsed, editor, result)
         return self._notified(self.get(plan.id))
 
-    def _check_correction(self, plan: PlanRow, corrected: Plan) -> None:
+    def _check_correction(self, plan: PlanRow, old: VersionRow, corrected: Plan) -> None:
         """A correction of a halted plan may change only what has not run: what ran is kept."""
-        old = self.store.get_version(plan.id, plan.version)
-        assert old is not None
         before = {s.id: s for s in Plan.parse(old.body).steps}
         after = {s.id: s for s in corrected.steps}
         rows = sorted(self.store.steps(plan.id).items())
@@ -266,9 +281,15 @@ class Runtime:
     def settle(
         self, plan_id: str, step_id: int, *, done: bool, actor: str, output: Any = None, note: str | None = None
     ) -> PlanRecord:
-        """A person settles a step whose outcome is unknown: it happened (with the output they saw) or it did not."""
+        """A person settles a step whose outcome is unknown: it happened (with the output they saw) or it did not.
+
+        A decision like an approval: only someone who may approve the plan, never its
+        requester or an author, and only while no run holds it.
+        """
         with self.store.transaction():
-            plan, version = self._current(plan_id)
+            plan, version = self._locked(plan_id)
+            _not_react(plan)
+            self._check_after_halt(plan, version, actor, "settle")
             row = self.store.steps(plan.id).get(step_id)
             if row is None or row.status not in ("outcome_unknown", "started"):
                 raise StateError(f"step {step_id} of plan {plan.id} has no unknown outcome to settle")
@@ -284,52 +305,85 @@ class Runtime:
             else:
                 error = f"settled as not done by {actor}" + (f": {note}" if note else "")
                 self.store.put_step(replace(row, status="failed", error=error, finished_at=now))
-            self._event(
-                plan.id,
-                plan.version,
-                "step.settled",
-                actor,
-                {"step": step_id, "done": done, "output": output, "note": note},
+            lifecycle.hold(self.store, plan, now)
+            self.store.append_event(
+                plan_id=plan.id,
+                version=plan.version,
+                step_id=step_id,
+                kind="step.settled",
+                actor=actor,
+                at=now,
+                data={"step": step_id, "tool": step.tool, "done": done, "output": output, "note": note},
             )
         return self.get(plan.id)
 
     def compensate(self, plan_id: str, *, actor: str, reason: str) -> CompensationResult:
         """Undo a halted plan's completed steps in reverse order (see :mod:`plangate.compensation`)."""
-        plan, version = self._current(plan_id)
-        _not_react(plan)
-        if plan.status not in ("halted", "compensation_incomplete"):
-            raise StateError(f"plan {plan.id} is {plan.status}; only a halted plan can be compensated")
         if not reason.strip():
             raise UsageError("say why the plan is rolled back")
+        owner = lifecycle.runner(actor)
+        with self.store.transaction():
+            plan, version = self._locked(plan_id)
+            _not_react(plan)
+            if plan.status not in ("halted", "compensation_incomplete", "compensating"):
+                raise StateError(f"plan {plan.id} is {plan.status}; only a halted plan can be compensated")
+            if not actor.startswith("policy:"):
+                self._check_after_halt(plan, version, actor, "compensate")
+            lifecycle.require_idle(plan, self._now(), "a rollback")
+            plan = lifecycle.move(
+                self.store,
+                plan,
+                "compensating",
+                actor=actor,
+                at=self._now(),
+                kind="compensation.started",
+                data={"reason": reason},
+                lease=(owner, self._lease_until()),
+            )
         return Compensation(
             store=self.store,
             catalogue=self._catalogue(),
             clock=self.clock,
-            plan_id=plan.id,
-            version=plan.version,
-            plan=Plan.parse(version.body),
+            plan=plan,
+            body=Plan.parse(version.body),
             actor=actor,
-        ).run(reason)
+        ).run()
+
+    def _check_after_halt(self, plan: PlanRow, version: VersionRow, actor: str, doing: str) -> None:
+        lifecycle.require_idle(plan, self._now(), f"to {doing} a step")
+        if plan.status not in ("halted", "compensation_incomplete"):
+            raise StateError(f"plan {plan.id} is {plan.status}; only a halted plan's steps can be settled or undone")
+        approval.check_may_decide(plan, self._authors(plan), actor, self._policy_for(version), doing)
 
     # -- execute ---------------------------------------------------------------------------
     def execute(
-        self, plan_id: str, *, actor: str = "engine", progress: Callable[[Progress], None] | None = None
+        self,
+        plan_id: str,
+        *,
+        actor: str = "engine",
+        progress: Callable[[Progress], None] | None = None,
+        owner: str | None = None,
     ) -> RunResult:
         """Run an approved plan. A finished plan is not run again: its recorded result comes back."""
         plan, version = self._current(plan_id)
         _not_react(plan)
         if plan.status in ("succeeded", "halted"):
             return self._recorded(plan, version)
-        if plan.status == "running":
-            raise StateError(f"plan {plan.id} is already running; if its worker died, use resume")
-        if plan.status != "approved":
+        if plan.status == "running" and lifecycle.lease_is_live(plan, self._now()):
+            raise StateError(f"plan {plan.id} is already running under {plan.lease_owner}")
+        if plan.status not in ("approved", "running"):
             needs = self.get(plan.id).needs
             why = f": it needs approval by {' and by '.join(needs)}" if needs and plan.status != "rejected" else ""
             raise StateError(f"plan {plan.id} is {plan.status}, not approved{why}")
-        return self._run(plan, version, actor, progress)
+        return self.drive(self.start(plan.id, actor=actor, owner=owner), progress)
 
     def resume(
-        self, plan_id: str, *, actor: str = "engine", progress: Callable[[Progress], None] | None = None
+        self,
+        plan_id: str,
+        *,
+        actor: str = "engine",
+        progress: Callable[[Progress], None] | None = None,
+        owner: str | None = None,
     ) -> RunResult:
         """Continue a halted or interrupted run: completed steps are loaded, never run again."""
         plan, version = self._current(plan_id)
@@ -338,30 +392,131 @@ class Runtime:
             return self._recorded(plan, version)
         if plan.status not in ("running", "halted", "approved"):
             raise StateError(f"plan {plan.id} is {plan.status}; only an approved plan can run")
-        return self._run(plan, version, actor, progress)
+        return self.drive(self.start(plan.id, actor=actor, owner=owner), progress)
 
-    def _run(
-        self, plan: PlanRow, version: VersionRow, actor: str, progress: Callable[[Progress], None] | None
-    ) -> RunResult:
-        body = Plan.parse(version.body)
-        if version.check.get("catalogue") != self._fingerprint(body):  # the tools changed since the check
-            recheck = check(body, self._catalogue())
-            if not recheck.ok:
-                raise StateError(f"plan {plan.id} no longer fits the catalogue: {recheck.violations[0]}")
+    def start(self, plan_id: str, *, actor: str, owner: str | None = None) -> Claim:
+        """Claim the plan for a run, after proving that exactly this text was approved.
+
+        The plan's events are replayed (:mod:`plangate.ledger`): the stored text must hash
+        to the current version's hash, the rows must agree with the audit log, and the
+        approvals recorded there must cover that hash. When the tools' contracts or the
+        policy changed since the check, the plan is held against the current ones; if it no
+        longer passes, or needs approvals it lacks, it goes back for approval and the run is
+        refused. Nothing runs unless all of that holds, and no two runners hold one plan.
+        """
+        owner = owner or lifecycle.runner(actor)
+        refusal: str | None = None
+        with self.store.transaction():
+            plan, version = self._locked(plan_id)
+            _not_react(plan)
+            body = ledger.right_to_run(self.store, plan, version)
+            self._check_tools_module(plan, version, body)
+            policy = self._policy_now(version)
+            recheck = self._drift(plan, version, body, policy)
+            if recheck is not None:
+                plan, version, refusal = self._apply_recheck(plan, version, recheck, policy)
+            elif not version.check.get("ok", False):
+                refusal = f"plan {plan.id} may not run: it does not pass the check ({_first_violation(version.check)})"
+            if refusal is None:
+                resumed = bool(self.store.steps(plan.id))
+                plan = lifecycle.claim(
+                    self.store,
+                    plan,
+                    owner=owner,
+                    at=self._now(),
+                    until=self._lease_until(),
+                    actor=actor,
+                    kind="run.resumed" if resumed or plan.status != "approved" else "run.started",
+                    data={"steps": len(body.steps), "hash": version.hash},
+                )
+        if refusal is not None:
+            raise GovernanceError(refusal)
+        return Claim(plan=plan, body=body, policy=policy, owner=owner, actor=actor)
+
+    def drive(self, claim: Claim, progress: Callable[[Progress], None] | None = None) -> RunResult:
+        """Run a claimed plan to its end or a halt, renewing the lease as it goes."""
         engine = Engine(
             store=self.store,
             catalogue=self._catalogue(),
             clock=self.clock,
-            policy=self._policy_for(version),
+            policy=claim.policy,
             max_concurrency=self.max_concurrency,
             progress=progress,
+            owner=claim.owner,
         )
-        result = engine.run(plan.id, plan.version, body, actor=actor)
-        policy = self._policy_for(version)
+        keeper = lifecycle.LeaseKeeper(self.store, claim.plan.id, claim.owner, self.lease_seconds, self._lease_until)
+        with keeper:
+            engine.lease_lost = keeper.lost
+            result = engine.run(claim.plan.id, claim.plan.version, claim.body, actor=claim.actor)
         unknown = (result.error or "").startswith("outcome unknown")
+        policy = claim.policy
         if not result.ok and not unknown and policy is not None and policy.compensation.on_halt == "auto":
-            self.compensate(plan.id, actor=f"policy:{policy.name}", reason="the policy rolls back halted plans")
+            self.compensate(claim.plan.id, actor=f"policy:{policy.name}", reason="the policy rolls back halted plans")
         return result
+
+    def _check_tools_module(self, plan: PlanRow, version: VersionRow, body: Plan) -> None:
+        """Tools from another module than the one on record run only if their contracts are the same."""
+        if self.tools is None or plan.tools is None or self.tools == plan.tools:
+            return
+        if version.check.get("catalogue") != self._fingerprint(body):
+            raise GovernanceError(
+                f"plan {plan.id} was submitted with the tools of {plan.tools}; the tools of {self.tools} "
+                "differ in what the plan's tools do (effects, scopes or schemas), so they may not run it"
+            )
+
+    def _policy_now(self, version: VersionRow) -> Policy | None:
+        """The policy in force: the runtime's, or else the one the version was checked against."""
+        return self.policy if self.policy is not None else self._policy_for(version)
+
+    def _drift(self, plan: PlanRow, version: VersionRow, body: Plan, policy: Policy | None) -> dict[str, Any] | None:
+        """A new check when the tools' contracts or the policy differ from the version's; else None."""
+        fingerprint = self._fingerprint(body)
+        same_policy = (policy.hash if policy else None) == version.policy_hash
+        if version.check.get("catalogue") == fingerprint and same_policy:
+            return None
+        result = check(body, self._catalogue(), policy, user=plan.requested_by, role=plan.role)
+        checked = {**result.to_dict(), "catalogue": fingerprint}
+        what = [
+            name
+            for name, same in (
+                ("the tools", version.check.get("catalogue") == fingerprint),
+                ("the policy", same_policy),
+            )
+            if not same
+        ]
+        checked["recheck"] = f"{' and '.join(what)} changed since v{version.version} was checked"
+        return self._held_by_register(body.category, checked)
+
+    def _apply_recheck(
+        self, plan: PlanRow, version: VersionRow, checked: dict[str, Any], policy: Policy | None
+    ) -> tuple[PlanRow, VersionRow, str | None]:
+        """Record the new check; send the plan back for approval if it no longer may run."""
+        if policy is not None:
+            self.store.save_policy(policy.hash, policy.name, policy.canonical_json())
+        policy_hash = policy.hash if policy else None
+        self.store.update_version_check(plan.id, plan.version, checked, policy_hash)
+        version = replace(version, check=checked, policy_hash=policy_hash)
+        self._record(plan, "plan.checked", "checker", checked)
+        why = checked["recheck"]
+        if not checked["ok"]:  # not a decision to take back: it may not run while the tools or policy are so
+            return (
+                plan,
+                version,
+                f"plan {plan.id} may not run: {why}, and it no longer passes: {_first_violation(checked)}",
+            )
+        needs = approval.missing(checked.get("policy"), self.store.approvals(plan.id, plan.version))
+        if needs and plan.status in ("approved", "running", "halted"):
+            reason = f"{why}, and it now needs approval by {' and by '.join(needs)}"
+            plan = lifecycle.move(
+                self.store,
+                plan,
+                "pending_approval",
+                actor="checker",
+                at=self._now(),
+                data={"needs": needs, "reason": reason},
+            )
+            return plan, version, f"plan {plan.id} may not run: {reason}; it is back for approval"
+        return plan, version, None
 
     def _recorded(self, plan: PlanRow, version: VersionRow) -> RunResult:
         return recorded_result(plan.id, plan.version, Plan.parse(version.body), self.store.steps(plan.id), plan.status)
@@ -369,7 +524,9 @@ class Runtime:
     # -- read ------------------------------------------------------------------------------
     def get(self, plan_id: str) -> PlanRecord:
         row = self.store.get_plan(self.resolve_id(plan_id))
-        if row is not None and row.kind == "react" and row.version == 0:  # a ReAct run with no pending action
+        if row is None:
+            raise NotFoundError(f"no plan {plan_id!r}")
+        if row.kind == "react" and row.version == 0:  # a ReAct run with no pending action
             return PlanRecord(
                 id=row.id,
                 version=0,
@@ -382,14 +539,18 @@ class Runtime:
                 plan=None,
                 kind="react",
             )
-        plan, version = self._current(plan_id)
-        check_data = version.check
-        violations = tuple(Violation(**v) for v in check_data.get("violations", []))
-        decision = check_data.get("policy")
+        version = self.store.get_version(row.id, row.version)
+        if version is None:
+            raise NotFoundError(f"plan {row.id} has no version {row.version}")
+        return self._record_of(row, version)
+
+    def _record_of(self, plan: PlanRow, version: VersionRow) -> PlanRecord:
+        """The record of a plan from the rows already read (approvals only while it waits for them)."""
+        decision = version.check.get("policy")
         needs = (
-            ()
-            if plan.status != "pending_approval"
-            else tuple(approval.missing(decision, self.store.approvals(plan.id, plan.version)))
+            tuple(approval.missing(decision, self.store.approvals(plan.id, plan.version)))
+            if plan.status == "pending_approval"
+            else ()
         )
         return PlanRecord(
             id=plan.id,
@@ -401,11 +562,11 @@ class Runtime:
             requested_by=plan.requested_by,
             role=plan.role,
             plan=None if plan.kind == "react" else Plan.parse(version.body),
-            violations=violations,
+            violations=tuple(Violation(**v) for v in version.check.get("violations", [])),
             decision=decision,
             needs=needs,
             kind=plan.kind,
-            action=check_data.get("action"),
+            action=version.check.get("action"),
         )
 
     def list_plans(self, status: str | None = None, limit: int = 100) -> list[PlanRow]:
@@ -414,6 +575,23 @@ class Runtime:
     def trace(self, plan_id: str) -> list[Event]:
         """Every event recorded under the plan (or ReAct run), in order: the whole story."""
         return list(self.store.events(self.resolve_id(plan_id)))
+
+    def recorded_tools(self, plan_id: str) -> str | None:
+        """The tools module the plan was submitted with, as the audit log records it.
+
+        Read from the events, not the plan's row, so that a changed row cannot make plangate
+        import another module.
+        """
+        plan = self.store.get_plan(self.resolve_id(plan_id))
+        if plan is None:
+            raise NotFoundError(f"no plan {plan_id!r}")
+        told = ledger.fold(plan.id, self.store.events(plan.id))
+        if told.tools != plan.tools:
+            raise GovernanceError(
+                f"plan {plan.id}'s tools module on record ({plan.tools!r}) is not the one its audit log names "
+                f"({told.tools!r}): the store was changed outside plangate; nothing was run"
+            )
+        return told.tools
 
     def resolve_id(self, text: str) -> str:
         """A full plan id from an id or a unique prefix of one (at least 6 characters)."""
@@ -444,107 +622,114 @@ class Runtime:
             raise NotFoundError(f"plan {plan.id} has no version {plan.version}")
         return plan, version
 
-    def _new_version(self, plan_id: str, number: int, plan: Plan, author: str, result: CheckResult) -> None:
+    def _locked(self, plan_id: str) -> tuple[PlanRow, VersionRow]:
+        """The plan as it stands, read under the log's write lock (inside a transaction)."""
+        self.store.lock_log()
+        return self._current(plan_id)
+
+    def _authors(self, plan: PlanRow) -> set[str]:
+        """Everyone who wrote a version of the plan."""
+        rows = self.store.query("SELECT author FROM plan_versions WHERE plan_id = ?", (plan.id,))
+        return {str(r[0]) for r in rows}
+
+    def _decision(
+        self, plan: PlanRow, version: VersionRow, decision: str, *, actor: str, role: str | None, comment: str | None
+    ) -> ApprovalRow:
+        return ApprovalRow(
+            plan_id=plan.id,
+            version=plan.version,
+            plan_hash=plan.hash,
+            policy_hash=version.policy_hash,
+            decision=decision,  # type: ignore[arg-type]
+            actor=actor,
+            role=role,
+            kind="person",
+            comment=comment,
+            at=self._now(),
+        )
+
+    def _new_version(self, plan: PlanRow, body: Plan, author: str, result: CheckResult) -> PlanRow:
+        """Record a version and its check, and move the plan to what the check and policy say."""
         if self.policy is not None:
             self.store.save_policy(self.policy.hash, self.policy.name, self.policy.canonical_json())
-        checked = {**result.to_dict(), "catalogue": self._fingerprint(plan)}
+        checked = self._held_by_register(body.category, {**result.to_dict(), "catalogue": self._fingerprint(body)})
         decision = checked["policy"]
-        if decision is not None and decision["approval"] == "auto":
-            held = self._held(plan.category)
-            if held is not None:  # the register holds this category for people, whatever the policy allows
-                decision = checked["policy"] = {
-                    **decision,
-                    "approval": "human",
-                    "reasons": [*decision["reasons"], held],
-                }
         self.store.insert_version(
             VersionRow(
-                plan_id=plan_id,
-                version=number,
-                hash=plan.hash,
-                body=plan.canonical_json(),
+                plan_id=plan.id,
+                version=plan.version,
+                hash=body.hash,
+                body=body.canonical_json(),
                 author=author,
                 created_at=self._now(),
                 check=checked,
                 policy_hash=self.policy.hash if self.policy else None,
             )
         )
-        self._event(plan_id, number, "plan.checked", "checker", checked)
-        row = self.store.get_plan(plan_id)
-        assert row is not None
+        self._record(plan, "plan.checked", "checker", checked)
+        now = self._now()
         if not result.ok:
-            self._set_status(row, "rejected", "checker", {"by": "check", "violations": len(result.violations)})
-        elif decision is not None and decision["approval"] == "auto":
+            data = {"by": "check", "violations": len(result.violations)}
+            return lifecycle.move(self.store, plan, "rejected", actor="checker", at=now, data=data)
+        if decision is not None and decision["approval"] == "auto":
             actor = f"policy:{decision['policy']}"
             self.store.insert_approval(
                 ApprovalRow(
-                    plan_id=plan_id,
-                    version=number,
-                    plan_hash=plan.hash,
+                    plan_id=plan.id,
+                    version=plan.version,
+                    plan_hash=body.hash,
                     policy_hash=decision["policy_hash"],
                     decision="approved",
                     actor=actor,
                     role=None,
                     kind="auto",
                     comment="; ".join(decision["reasons"]),
-                    at=self._now(),
+                    at=now,
                 )
             )
-            self._set_status(row, "approved", actor, {"by": "auto", "reasons": list(decision["reasons"])})
-        else:
-            self._set_status(row, "pending_approval", "checker", {"needs": approval.missing(decision, [])})
+            data = {"by": "auto", "hash": body.hash, "reasons": list(decision["reasons"])}
+            return lifecycle.move(self.store, plan, "approved", actor=actor, at=now, data=data)
+        data = {"needs": approval.missing(decision, [])}
+        return lifecycle.move(self.store, plan, "pending_approval", actor="checker", at=now, data=data)
+
+    def _held_by_register(self, category: str, checked: dict[str, Any]) -> dict[str, Any]:
+        """The check, with an automatic approval turned into a person's where the register says so."""
+        from plangate.register import Register
+
+        decision = checked.get("policy")
+        if decision is None or decision["approval"] != "auto":
+            return checked
+        entry = Register(self.store, self.clock).get(category)
+        if entry is None or entry.auto:
+            return checked
+        held = f"the auto-approval register holds category {category!r} for people ({entry.reason})"
+        return {**checked, "policy": {**decision, "approval": "human", "reasons": [*decision["reasons"], held]}}
 
     def _notified(self, record: PlanRecord) -> PlanRecord:
         """Tell reviewers about a plan that waits for them; record whether that worked."""
         if self.notify is not None and record.status == "pending_approval":
             failure = self.notify(record)
             with self.store.transaction():
-                self._event(
-                    record.id,
-                    record.version,
-                    "plan.notify_failed" if failure else "plan.notified",
-                    "notifier",
-                    {"error": failure} if failure else {},
+                self.store.append_event(
+                    plan_id=record.id,
+                    version=record.version,
+                    step_id=None,
+                    kind="plan.notify_failed" if failure else "plan.notified",
+                    actor="notifier",
+                    at=self._now(),
+                    data={"error": failure} if failure else {},
                 )
         return record
-
-    def _held(self, category: str) -> str | None:
-        """Why the auto-approval register keeps ``category`` for people, or None when it does not."""
-        from plangate.register import Register
-
-        entry = Register(self.store, self.clock).get(category)
-        if entry is None or entry.auto:
-            return None
-        return f"the auto-approval register holds category {category!r} for people ({entry.reason})"
 
     def _fingerprint(self, plan: Plan) -> str:
         """The contracts of the tools the plan uses: if they change, the plan is checked again."""
         return self._catalogue().fingerprint(step.tool for step in plan.steps)
 
-    def _set_status(self, plan: PlanRow, status: PlanStatus, actor: str, data: dict[str, Any]) -> None:
-        self.store.update_plan(plan.id, status=status, updated_at=self._now())
-        self._event(plan.id, None, f"plan.{status}", actor, data)
-
-    def _event(self, plan_id: str, version: int | None, kind: str, actor: str, data: dict[str, Any]) -> None:
-        if version is None:
-            row = self.store.get_plan(plan_id)
-            version = row.version if row else None
+    def _record(self, plan: PlanRow, kind: str, actor: str, data: dict[str, Any]) -> None:
+        """The one way the runtime writes an event (inside the caller's transaction)."""
         self.store.append_event(
-            plan_id=plan_id, version=version, step_id=None, kind=kind, actor=actor, at=self._now(), data=data
+            plan_id=plan.id, version=plan.version, step_id=None, kind=kind, actor=actor, at=self._now(), data=data
         )
-
-    def _approver_role(self, version: VersionRow, approver: str, claimed: str | None) -> str | None:
-        """The approver's role: the policy's ``users`` mapping decides; a claim may not contradict it."""
-        known = self._role_of(version, approver)
-        if claimed is not None and known is not None and claimed != known:
-            raise GovernanceError(f"{approver} holds role {known!r} under the policy, not {claimed!r}")
-        return known or claimed
-
-    def _role_of(self, version: VersionRow, user: str) -> str | None:
-        policy = self._policy_for(version)
-        if policy is None:
-            return None
-        return policy.users.get(user) or None
 
     def _policy_for(self, version: VersionRow) -> Policy | None:
         """The policy the version was checked against (recorded with it), not whatever is loaded now."""
@@ -555,8 +740,16 @@ class Runtime:
         text = self.store.policy_text(version.policy_hash)
         return Policy.from_data(json.loads(text), source=f"policy {version.policy_hash[:12]}") if text else None
 
+    def _lease_until(self) -> str:
+        return iso(self.clock.now() + timedelta(seconds=self.lease_seconds))
+
     def _now(self) -> str:
         return iso(self.clock.now())
+
+
+def _first_violation(checked: dict[str, Any]) -> str:
+    found = checked.get("violations") or (checked.get("policy") or {}).get("violations") or []
+    return str(Violation(**found[0])) if found else "no violation was recorded"
 
 
 def _not_react(plan: PlanRow) -> None:

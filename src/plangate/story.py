@@ -93,7 +93,7 @@ _TELLERS: dict[str, Teller] = {
     "run.succeeded": lambda d, _: (
         f"run SUCCEEDED ({d['steps']} steps" + (f", skipped {d['skipped']})" if d["skipped"] else ")")
     ),
-    "run.halted": lambda d, step: f"run HALTED at step {step} ({d['tool']}): {d['error']}",
+    "run.halted": lambda d, step: f"run HALTED at step {d.get('step', step)} ({d['tool']}): {d['error']}",
     "step.started": _step("started"),
     "step.succeeded": _step("succeeded"),
     "step.failed": _step("failed"),

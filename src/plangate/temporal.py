@@ -27,11 +27,14 @@ from temporalio.common import RetryPolicy
 with workflow.unsafe.imports_passed_through():
     from plangate._clock import SystemClock
     from plangate.engine import Engine
+    from plangate.errors import GovernanceError
     from plangate.plan import Plan
+    from plangate.runtime import Runtime
     from plangate.store import open_store
     from plangate.tools import Catalogue
 
 TASK_QUEUE = "plangate"
+_LEASE_SECONDS = 3600.0  # a workflow's lease: Temporal itself keeps the run going, not this process
 
 
 def _stepper(args: dict[str, Any]) -> Any:
@@ -40,7 +43,9 @@ def _stepper(args: dict[str, Any]) -> Any:
     version = store.get_version(args["plan_id"], row.version) if row else None
     if row is None or version is None:
         raise RuntimeError(f"no plan {args['plan_id']} in {args['db']}")
-    engine = Engine(store=store, catalogue=Catalogue.from_module(args["tools"]), clock=SystemClock())
+    engine = Engine(
+        store=store, catalogue=Catalogue.from_module(args["tools"]), clock=SystemClock(), owner=args.get("owner")
+    )
     return engine.stepper(row.id, row.version, Plan.parse(version.body), actor="temporal"), store
 
 
@@ -123,6 +128,8 @@ async def serve(
     from temporalio.worker import Worker
 
     client = await Client.connect(address)
+    catalogue = Catalogue.from_module(tools)
+    refused: list[str] = []
     ran = 0
     with concurrent.futures.ThreadPoolExecutor(max_workers=8) as pool:
         async with Worker(
@@ -134,21 +141,27 @@ async def serve(
         ):
             while True:
                 store = open_store(db)
-                plan_id = store.claim(name, _now(), _now(minutes=60))
+                plan_id = store.claim(name, _now(), _now(minutes=60), skip=refused)
                 if plan_id is None:
                     store.close()
                     if drain:
                         return ran
                     await asyncio.sleep(poll)
                     continue
-                row = store.get_plan(plan_id)
-                version = store.get_version(plan_id, row.version) if row else None
+                # The same claim as any runner: the exact approved text, under this worker's lease.
+                runtime = Runtime(catalogue, db=store, lease_seconds=_LEASE_SECONDS)
+                try:
+                    claim = runtime.start(plan_id, actor="temporal", owner=name)
+                except GovernanceError:
+                    refused.append(plan_id)
+                    store.release(plan_id, name)
+                    store.close()
+                    continue
                 store.close()
-                assert version is not None
                 with contextlib.suppress(WorkflowAlreadyStartedError, WorkflowFailureError):
                     await client.execute_workflow(
                         PlanWorkflow.run,
-                        workflow_args(db, tools, plan_id, Plan.parse(version.body)),
+                        {**workflow_args(db, tools, plan_id, claim.body), "owner": name},
                         id=plan_id,
                         task_queue=TASK_QUEUE,
                         id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,

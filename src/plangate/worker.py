@@ -11,15 +11,15 @@ step with no outcome under the same key, anything else halts for a person.
 
 from __future__ import annotations
 
-import socket
 import time
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
+from plangate import lifecycle
 from plangate._clock import Clock, SystemClock, iso
-from plangate.engine import Progress, RunResult
-from plangate.errors import LeaseLostError
+from plangate.engine import RunResult
+from plangate.errors import GovernanceError, LeaseLostError
 from plangate.policy import Policy
 from plangate.runtime import Runtime
 from plangate.tools import Catalogue
@@ -31,31 +31,26 @@ class Worker:
     db: str | None = None
     policy: Policy | None = None
     lease_seconds: float = 30.0
-    name: str = field(default_factory=lambda: f"{socket.gethostname()}:{id(object())}")
+    name: str = field(default_factory=lambda: lifecycle.runner(f"worker-{id(object()):x}"))
     clock: Clock = field(default_factory=SystemClock)
+    refused: list[str] = field(default_factory=list)
+    """Plans this worker claimed but was not allowed to run, and why."""
 
     def run_one(self) -> RunResult | None:
         """Claim and run one plan; None when there is nothing to do."""
-        runtime = Runtime(self.catalogue, self.policy, db=self.db, clock=self.clock)
+        runtime = Runtime(self.catalogue, self.policy, db=self.db, clock=self.clock, lease_seconds=self.lease_seconds)
         try:
-            plan_id = runtime.store.claim(self.name, iso(self.clock.now()), self._until())
-            if plan_id is None:
-                return None
-            last = [time.monotonic()]
-
-            def renew(_: Progress) -> None:
-                if time.monotonic() - last[0] > self.lease_seconds / 3:
-                    if not runtime.store.renew(plan_id, self.name, self._until()):
-                        raise LeaseLostError(
-                            f"worker {self.name} lost its lease on plan {plan_id}: another worker "
-                            "took it over, so this one stops"
-                        )
-                    last[0] = time.monotonic()
-
-            try:
-                return runtime.resume(plan_id, actor=f"worker:{self.name}", progress=renew)
-            finally:
-                runtime.store.release(plan_id, self.name)
+            while True:
+                skip = [refusal.partition(":")[0] for refusal in self.refused]
+                plan_id = runtime.store.claim(self.name, iso(self.clock.now()), self._until(), skip=skip)
+                if plan_id is None:
+                    return None
+                try:
+                    return runtime.resume(plan_id, actor=f"worker:{self.name}", owner=self.name)
+                except GovernanceError as refused:  # it may not run: sent back for approval, or the log disagrees
+                    self.refused.append(f"{plan_id}: {refused}")
+                finally:
+                    runtime.store.release(plan_id, self.name)
         finally:
             runtime.close()
 

@@ -353,13 +353,14 @@ def create_app(
 
     @app.get("/audit", response_class=HTMLResponse)
     def audit_page(request: Request) -> HTMLResponse:
+        from plangate import ledger
         from plangate.story import tell
 
         rt = runtime()
         user, csrf = require(request, rt, write=False)
         if user.role not in ("auditor", "governance"):
             raise _Refused(403, "the audit page is for auditors and governance")
-        report = rt.store.verify_audit()
+        report = ledger.verify(rt.store)
         events = list(rt.store.events())[-200:]
         return page(
             request,

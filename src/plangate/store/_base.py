@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import abc
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager
 from typing import Any
 
@@ -32,7 +32,28 @@ class Store(abc.ABC):
     def update_plan(self, plan_id: str, **fields: Any) -> None: ...
 
     @abc.abstractmethod
+    def transition(
+        self,
+        plan_id: str,
+        *,
+        expected: str,
+        expected_lease: tuple[str | None, str | None],
+        to: str,
+        at: str,
+        lease: tuple[str | None, str | None],
+    ) -> bool:
+        """Compare-and-set a plan's status and lease: True when the plan was still as expected.
+
+        Only :func:`plangate.lifecycle.move` calls this; it records the transition's event in
+        the same transaction.
+        """
+
+    @abc.abstractmethod
     def insert_version(self, row: VersionRow) -> None: ...
+
+    @abc.abstractmethod
+    def update_version_check(self, plan_id: str, version: int, check: dict[str, Any], policy_hash: str | None) -> None:
+        """Record a new check of an existing version (the tools or the policy changed since)."""
 
     @abc.abstractmethod
     def insert_approval(self, row: ApprovalRow) -> None: ...
@@ -65,6 +86,15 @@ class Store(abc.ABC):
         data: dict[str, Any],
     ) -> Event:
         """Append one event to the hash-chained audit log."""
+
+    @abc.abstractmethod
+    def lock_log(self) -> None:
+        """Inside a transaction: take the audit log's write lock now, not at the first append.
+
+        Every writer takes this one lock first, so a decision reads a state that no other
+        writer can change before it commits, and two writers never wait for each other in
+        opposite orders.
+        """
 
     @abc.abstractmethod
     def record_call(self, row: CallRow) -> None:
@@ -115,10 +145,22 @@ class Store(abc.ABC):
     def policy_text(self, policy_hash: str) -> str | None: ...
 
     @abc.abstractmethod
-    def verify_audit(self) -> AuditReport: ...
+    def verify_audit(self, anchor: tuple[int, str] | None = None, since: int = 1) -> AuditReport:
+        """Check the audit log's chain with this process's key; ``anchor``: a head (seq, hash) kept
+        elsewhere, which the log must still hold; ``since``: check only from this event on.
+
+        The chain alone: :func:`plangate.ledger.verify` also holds the tables against it."""
 
     @abc.abstractmethod
-    def claim(self, worker: str, now: str, until: str) -> str | None:
+    def first_event(self, plan_id: str) -> int | None:
+        """The sequence number of the plan's first event."""
+
+    @abc.abstractmethod
+    def audit_head(self) -> tuple[int, str]:
+        """The audit log's head: the last event's sequence number and hash (0 and the genesis hash when empty)."""
+
+    @abc.abstractmethod
+    def claim(self, worker: str, now: str, until: str, skip: Sequence[str] = ()) -> str | None:
         """Lease the next plan to run (approved, or running under an expired lease) to ``worker``."""
 
     @abc.abstractmethod

@@ -12,6 +12,7 @@ PlanStatus = Literal[
     "running",
     "succeeded",
     "halted",
+    "compensating",
     "compensated",
     "compensation_incomplete",
 ]
@@ -35,6 +36,8 @@ class PlanRow:
     created_at: str
     updated_at: str
     kind: Literal["plan", "react"] = "plan"
+    lease_owner: str | None = None
+    lease_until: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

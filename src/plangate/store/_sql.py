@@ -4,18 +4,24 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import replace
 from typing import Any
 
 from plangate import audit
+from plangate._auditkey import audit_key, find_audit_key
 from plangate.errors import StoreError
 from plangate.plan import canonical
 from plangate.store._base import Store
 from plangate.store._records import ApprovalRow, CallRow, Event, PlanRow, StepRow, TemplateRow, VersionRow
 
-_PLAN_FIELDS = ("status", "version", "hash", "task", "category", "role", "tools", "updated_at")
+# What update_plan may change. The status is not among them: it changes only through
+# transition(), a compare-and-set (see plangate.lifecycle).
+_PLAN_FIELDS = ("version", "hash", "task", "category", "updated_at")
+_PLAN_COLUMNS = (
+    "id, status, version, hash, task, category, requested_by, role, tools, created_at, updated_at, kind,"
+    " lease_owner, lease_until"
+)
 
 
 def _dump(value: Any) -> str:
@@ -63,7 +69,8 @@ class SQLStore(Store):
                 if self._head is not None:
                     self._exec("UPDATE audit_head SET seq = ?, hash = ? WHERE id = 1", self._head)
             except BaseException:
-                self._depth, self._head = 0, None
+                # The key id may have been recorded in this transaction: check it again next time.
+                self._depth, self._head, self._chain = 0, None, None
                 self._conn.execute("ROLLBACK")
                 raise
             self._depth, self._head = 0, None
@@ -107,6 +114,33 @@ class SQLStore(Store):
             raise StoreError(f"plans have no column(s) {sorted(unknown)}")
         columns = ", ".join(f"{name} = ?" for name in fields)
         self._exec(f"UPDATE plans SET {columns} WHERE id = ?", (*fields.values(), plan_id))
+
+    _SAME = "IS"  # NULL-safe equality; PostgreSQL says IS NOT DISTINCT FROM
+
+    def transition(
+        self,
+        plan_id: str,
+        *,
+        expected: str,
+        expected_lease: tuple[str | None, str | None],
+        to: str,
+        at: str,
+        lease: tuple[str | None, str | None],
+    ) -> bool:
+        self._require_tx()
+        cursor = self._exec(
+            "UPDATE plans SET status = ?, updated_at = ?, lease_owner = ?, lease_until = ? WHERE id = ?"
+            f" AND status = ? AND lease_owner {self._SAME} ? AND lease_until {self._SAME} ?",
+            (to, at, *lease, plan_id, expected, *expected_lease),
+        )
+        return int(cursor.rowcount) == 1
+
+    def update_version_check(self, plan_id: str, version: int, check: dict[str, Any], policy_hash: str | None) -> None:
+        self._require_tx()
+        self._exec(
+            "UPDATE plan_versions SET check_result = ?, policy_hash = ? WHERE plan_id = ? AND version = ?",
+            (_dump(check), policy_hash, plan_id, version),
+        )
 
     def insert_version(self, row: VersionRow) -> None:
         self._require_tx()
@@ -203,7 +237,15 @@ class SQLStore(Store):
         if self._head is None:
             self._head = self._head_for_append()
         seq, prev = self._head[0] + 1, self._head[1]
-        event = Event(
+        row = (seq, plan_id, version, step_id, kind, actor, at, _dump(data), prev)
+        digest = self._chain_for_append(seq - 1).hash(row)
+        self._exec(
+            "INSERT INTO events (seq, plan_id, version, step_id, kind, actor, at, data, prev, hash)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (*row, digest),
+        )
+        self._head = (seq, digest)
+        return Event(
             seq=seq,
             plan_id=plan_id,
             version=version,
@@ -213,16 +255,32 @@ class SQLStore(Store):
             at=at,
             data=data,
             prev=prev,
+            hash=digest,
         )
-        text = _dump(data)
-        event = replace(event, hash=audit.hash_of(event, text))
-        self._exec(
-            "INSERT INTO events (seq, plan_id, version, step_id, kind, actor, at, data, prev, hash)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (seq, plan_id, version, step_id, kind, actor, at, text, prev, event.hash),
-        )
-        self._head = (seq, event.hash)
-        return event
+
+    def lock_log(self) -> None:
+        self._require_tx()
+        if self._head is None:
+            self._head = self._head_for_append()
+
+    _chain: audit.Chain | None = None  # this process's key, once the log is known to be written with it
+
+    def _chain_for_append(self, last_seq: int) -> audit.Chain:
+        """The chain to append with: this process's key, refused if the log was written with another or none.
+
+        Called inside the appending transaction, after the head is locked, so two processes
+        appending to a new log cannot both record their key.
+        """
+        if self._chain is not None:
+            return self._chain
+        chain = audit.Chain(audit_key())
+        row = self._exec("SELECT value FROM settings WHERE key = ?", (audit.KEY_ID,)).fetchone()
+        if row is None and last_seq == 0:
+            self._exec("INSERT INTO settings (key, value) VALUES (?, ?)", (audit.KEY_ID, chain.key_id))
+        elif problem := audit.key_problem(None if row is None else row[0], chain, has_events=last_seq > 0):
+            raise StoreError(problem)
+        self._chain = chain
+        return chain
 
     _CALL_COLUMNS = (
         "id, at, plan_id, task, model, purpose, expected_steps, budget, effort, input_tokens, output_tokens,"
@@ -322,8 +380,7 @@ class SQLStore(Store):
 
     def get_plan(self, plan_id: str) -> PlanRow | None:
         row = self._exec(
-            "SELECT id, status, version, hash, task, category, requested_by, role, tools, created_at, updated_at, kind"
-            " FROM plans WHERE id = ?",
+            f"SELECT {_PLAN_COLUMNS} FROM plans WHERE id = ?",
             (plan_id,),
         ).fetchone()
         return None if row is None else _plan(row)
@@ -334,10 +391,7 @@ class SQLStore(Store):
         return [r[0] for r in rows.fetchall()]
 
     def list_plans(self, status: str | None = None, limit: int = 100) -> list[PlanRow]:
-        query = (
-            "SELECT id, status, version, hash, task, category, requested_by, role, tools, created_at, updated_at, kind"
-            " FROM plans"
-        )
+        query = f"SELECT {_PLAN_COLUMNS} FROM plans"
         params: tuple[Any, ...] = ()
         if status is not None:
             query += " WHERE status = ?"
@@ -440,22 +494,57 @@ class SQLStore(Store):
         row = self._exec("SELECT body FROM policies WHERE hash = ?", (policy_hash,)).fetchone()
         return None if row is None else str(row[0])
 
-    def verify_audit(self) -> audit.AuditReport:
+    def verify_audit(self, anchor: tuple[int, str] | None = None, since: int = 1) -> audit.AuditReport:
         head = self._exec("SELECT seq, hash FROM audit_head WHERE id = 1").fetchone()
-        return audit.verify(self.events(), (head[0], head[1]) if head and head[0] else None)
+        row = self._exec("SELECT value FROM settings WHERE key = ?", (audit.KEY_ID,)).fetchone()
+        written_with = None if row is None else str(row[0])
+        start: tuple[int, str] = (0, audit.GENESIS)
+        if since > 1:
+            before = self._exec("SELECT seq, hash FROM events WHERE seq = ?", (since - 1,)).fetchone()
+            if before is None:
+                problem = f"event {since - 1} is missing: events were deleted"
+                return audit.AuditReport(
+                    ok=False, events=0, head_seq=0, head_hash="", problem=problem, bad_seq=since - 1
+                )
+            start = (before[0], before[1])
+        rows = self._exec(
+            "SELECT seq, plan_id, version, step_id, kind, actor, at, data, prev, hash FROM events WHERE seq >= ?"
+            " ORDER BY seq",
+            (since,),
+        )
+        recorded = (head[0], head[1]) if head and head[0] and head[0] >= since else None
+        return audit.verify(
+            rows,
+            written_with=written_with,
+            key=find_audit_key() if written_with else None,
+            head=recorded,
+            anchor=anchor,
+            start=start,
+        )
+
+    def first_event(self, plan_id: str) -> int | None:
+        row = self._exec("SELECT MIN(seq) FROM events WHERE plan_id = ?", (plan_id,)).fetchone()
+        return None if row is None or row[0] is None else int(row[0])
+
+    def audit_head(self) -> tuple[int, str]:
+        row = self._exec("SELECT seq, hash FROM audit_head WHERE id = 1").fetchone()
+        return (row[0], row[1]) if row and row[0] else (0, audit.GENESIS)
 
     _LOCK_ROWS = ""  # PostgreSQL: FOR UPDATE SKIP LOCKED (SQLite's write lock already serialises)
 
-    def claim(self, worker: str, now: str, until: str) -> str | None:
+    def claim(self, worker: str, now: str, until: str, skip: Sequence[str] = ()) -> str | None:
         """Lease the oldest plan a worker should run: approved, or running under an expired lease."""
+        excluded = f" AND id NOT IN ({', '.join('?' for _ in skip)})" if skip else ""
         with self.transaction():
             row = self._exec(
                 # Never a plan under a live lease, whatever its status: a plan just claimed is still
                 # "approved" until its engine starts, and must not be claimed twice in between.
                 "SELECT id FROM plans WHERE kind = 'plan' AND ((status = 'approved' AND (lease_until IS NULL"
-                " OR lease_until < ?)) OR (status = 'running' AND lease_until IS NOT NULL AND lease_until < ?))"
-                " ORDER BY created_at, id LIMIT 1" + self._LOCK_ROWS,
-                (now, now),
+                " OR lease_until < ?)) OR (status = 'running' AND (lease_until IS NULL OR lease_until < ?)))"
+                + excluded
+                + " ORDER BY created_at, id LIMIT 1"
+                + self._LOCK_ROWS,
+                (now, now, *skip),
             ).fetchone()
             if row is None:
                 return None
@@ -502,6 +591,8 @@ def _plan(row: Any) -> PlanRow:
         created_at=row[9],
         updated_at=row[10],
         kind=row[11],
+        lease_owner=row[12],
+        lease_until=row[13],
     )
 
 

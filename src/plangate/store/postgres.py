@@ -39,6 +39,7 @@ class PostgresStore(SQLStore):
         self._migrate()
 
     _LOCK_ROWS = " FOR UPDATE SKIP LOCKED"
+    _SAME = "IS NOT DISTINCT FROM"
 
     def _sql(self, query: str) -> str:
         return query.replace("?", "%s")

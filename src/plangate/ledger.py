@@ -1,0 +1,294 @@
+"""A plan's state as the audit log tells it, and the rows held against it.
+
+The rows in ``plans``, ``plan_versions``, ``approvals`` and ``policies`` are what the
+runtime reads to decide quickly; the audit log is what proves. :func:`fold` rebuilds a
+plan's authoritative state (its versions and their hashes and authors, the check and
+policy decision of each, the decisions of people, its status) from its events alone, and
+:func:`problems` names every row that does not agree with it. ``plangate audit verify``
+runs it over every plan, and the engine, before the first step of a run, over the plan
+it is about to run: the right to run comes from the events, for the exact hash that runs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from plangate import approval
+from plangate.audit import AuditReport
+from plangate.errors import GovernanceError
+from plangate.plan import Plan
+from plangate.store import ApprovalRow, Event, PlanRow, Store, VersionRow
+
+
+@dataclass
+class Version:
+    number: int
+    hash: str
+    author: str
+    check: dict[str, Any] | None = None
+
+
+@dataclass
+class PlanLedger:
+    """What the events say about one plan."""
+
+    plan_id: str
+    requested_by: str | None = None
+    role: str | None = None
+    category: str | None = None
+    tools: str | None = None
+    status: str | None = None
+    current: int = 0
+    versions: dict[int, Version] = field(default_factory=dict)
+    decisions: list[ApprovalRow] = field(default_factory=list)
+    steps: dict[int, tuple[str, Any]] = field(default_factory=dict)
+    """Each step's last recorded status and, once it succeeded, its output (undo steps: negative ids)."""
+
+    @property
+    def version(self) -> Version | None:
+        return self.versions.get(self.current)
+
+    @property
+    def authors(self) -> set[str]:
+        return {v.author for v in self.versions.values()}
+
+    def standing(self) -> list[ApprovalRow]:
+        """The decisions on the current version, for its hash, by people allowed to make them."""
+        version = self.version
+        if version is None:
+            return []
+        barred = {self.requested_by, *self.authors}
+        return [
+            d
+            for d in self.decisions
+            if d.version == version.number
+            and d.plan_hash == version.hash
+            and not d.void
+            and (d.kind == "auto" or d.actor not in barred)
+        ]
+
+    def needs(self) -> list[str]:
+        """What the current version still needs before it may run (empty: it is approved)."""
+        version = self.version
+        if version is None or version.check is None:
+            return ["a check"]
+        return approval.missing(version.check.get("policy"), self.standing())
+
+
+def fold(plan_id: str, events: Iterable[Event]) -> PlanLedger:
+    """Replay a plan's events into its state (events of other plans are ignored)."""
+    ledger = PlanLedger(plan_id=plan_id)
+    for event in events:
+        if event.plan_id == plan_id:
+            _apply(ledger, event)
+    return ledger
+
+
+def _apply(ledger: PlanLedger, event: Event) -> None:
+    data, kind = event.data, event.kind
+    if kind == "plan.submitted":
+        ledger.requested_by, ledger.role = event.actor, data.get("role")
+        ledger.category, ledger.tools = data.get("category"), data.get("tools")
+        ledger.current = 1
+        ledger.versions[1] = Version(number=1, hash=data["hash"], author=event.actor)
+    elif kind == "plan.edited" and event.version is not None:
+        ledger.decisions = [replace(d, void=True) for d in ledger.decisions]
+        ledger.current = event.version
+        ledger.category = data.get("category", ledger.category)
+        ledger.versions[event.version] = Version(number=event.version, hash=data["hash"], author=event.actor)
+    elif kind == "plan.checked" and event.version in ledger.versions:
+        ledger.versions[event.version].check = data
+    elif kind == "plan.approval" or (kind == "plan.approved" and data.get("by") == "auto"):
+        ledger.decisions.append(_decision(event))
+    elif event.step_id is not None:
+        _apply_step(ledger, event)
+    transition = data.get("transition")
+    if isinstance(transition, dict):
+        ledger.status = transition.get("to")
+
+
+_STEP_STATUS = {
+    "step.started": "started",
+    "step.succeeded": "succeeded",
+    "step.failed": "failed",
+    "step.skipped": "skipped",
+    "step.outcome_unknown": "outcome_unknown",
+    "compensation.step_started": "started",
+    "compensation.step_succeeded": "succeeded",
+    "compensation.step_failed": "failed",
+}
+
+
+def _apply_step(ledger: PlanLedger, event: Event) -> None:
+    assert event.step_id is not None
+    status = _STEP_STATUS.get(event.kind)
+    if event.kind == "step.settled":
+        status = "succeeded" if event.data.get("done") else "failed"
+    if status is None:
+        return
+    step = -event.step_id if event.kind.startswith("compensation.") else event.step_id
+    ledger.steps[step] = (status, event.data.get("output") if status == "succeeded" else None)
+
+
+def _decision(event: Event) -> ApprovalRow:
+    auto = event.kind == "plan.approved"
+    return ApprovalRow(
+        plan_id=event.plan_id or "",
+        version=event.version or 0,
+        plan_hash=event.data.get("hash", ""),
+        policy_hash=None,
+        decision="approved" if auto else event.data.get("decision", "rejected"),
+        actor=event.actor,
+        role=None if auto else event.data.get("role"),
+        kind="auto" if auto else "person",
+        comment=event.data.get("comment"),
+        at=event.at,
+    )
+
+
+def problems(store: Store, ledger: PlanLedger) -> list[str]:
+    """Every way the stored rows of this plan differ from what its events say."""
+    plan_id = ledger.plan_id
+    row = store.get_plan(plan_id)
+    if row is None:
+        return [f"plan {plan_id}: its events exist but its row in plans does not"]
+    if row.kind == "react":
+        return [] if row.status == ledger.status else [_differs(plan_id, "status", row.status, ledger.status)]
+    found: list[str] = []
+    expected = {
+        "status": ledger.status,
+        "version": ledger.current,
+        "requested_by": ledger.requested_by,
+        "role": ledger.role,
+        "category": ledger.category,
+        "tools": ledger.tools,
+        "hash": ledger.version.hash if ledger.version else None,
+    }
+    for name, value in expected.items():
+        if getattr(row, name) != value:
+            found.append(_differs(plan_id, name, getattr(row, name), value))
+    for _, version in sorted(ledger.versions.items()):
+        found += _version_problems(store, plan_id, version)
+    found += _approval_problems(store, ledger)
+    found += _step_problems(store, ledger)
+    return found
+
+
+def _step_problems(store: Store, ledger: PlanLedger) -> list[str]:
+    rows = store.steps(ledger.plan_id)
+    found: list[str] = []
+    for step_id in sorted(rows.keys() | ledger.steps.keys()):
+        row, told = rows.get(step_id), ledger.steps.get(step_id)
+        where = f"plan {ledger.plan_id} step {step_id}"
+        if row is None:
+            found.append(
+                f"{where}: the audit log records it {told[0] if told else ''}, but its row in steps is missing"
+            )
+        elif told is None:
+            found.append(f"{where}: a row in steps ({row.status}) that no audit event records")
+        elif row.status != told[0]:
+            found.append(f"{where}: steps.status is {row.status!r}, but the audit log says {told[0]!r}")
+        elif row.status == "succeeded" and row.output != told[1]:
+            found.append(f"{where}: steps.output differs from the output the audit log recorded")
+    return found
+
+
+def _version_problems(store: Store, plan_id: str, version: Version) -> list[str]:
+    row = store.get_version(plan_id, version.number)
+    where = f"plan {plan_id} v{version.number}"
+    if row is None:
+        return [f"{where}: the version's row in plan_versions is missing"]
+    found: list[str] = []
+    if row.hash != version.hash:
+        found.append(f"{where}: plan_versions.hash is {row.hash[:12]}…, the audit log says {version.hash[:12]}…")
+    body_hash = _body_hash(row.body)
+    if body_hash != version.hash:
+        found.append(
+            f"{where}: the stored plan text hashes to {str(body_hash)[:12]}…, not to its approved hash "
+            f"{version.hash[:12]}…: the plan text was changed"
+        )
+    if row.author != version.author:
+        found.append(f"{where}: plan_versions.author is {row.author!r}, the audit log says {version.author!r}")
+    recorded = (version.check or {}).get("policy") or {}
+    if row.policy_hash != recorded.get("policy_hash"):
+        found.append(f"{where}: plan_versions.policy_hash does not match the policy named by its check event")
+    if version.check is not None and row.check != version.check:
+        found.append(f"{where}: plan_versions.check_result differs from its check event")
+    if row.policy_hash is not None:
+        text = store.policy_text(row.policy_hash)
+        if text is None or hashlib.sha256(text.encode()).hexdigest() != row.policy_hash:
+            found.append(f"{where}: the stored text of policy {row.policy_hash[:12]}… is missing or was changed")
+    return found
+
+
+def _approval_problems(store: Store, ledger: PlanLedger) -> list[str]:
+    def key(a: ApprovalRow) -> tuple[Any, ...]:
+        return (a.version, a.plan_hash, a.decision, a.actor, a.role if a.kind == "person" else None, a.kind, a.void)
+
+    rows = sorted(key(a) for a in store.approvals(ledger.plan_id))
+    events = sorted(key(a) for a in ledger.decisions)
+    if rows == events:
+        return []
+    extra = [r for r in rows if r not in events]
+    missing = [e for e in events if e not in rows]
+    what = "; ".join(
+        [f"a row with no event: {r[3]} {r[2]} v{r[0]}" for r in extra]
+        + [f"an event with no row: {e[3]} {e[2]} v{e[0]}" for e in missing]
+    )
+    return [f"plan {ledger.plan_id}: the approvals table does not match the audit log ({what})"]
+
+
+def _body_hash(body: str) -> str | None:
+    try:
+        return Plan.parse(body).hash
+    except Exception:  # noqa: BLE001 - a body that does not parse is reported as a mismatch
+        return None
+
+
+def _differs(plan_id: str, column: str, row: Any, events: Any) -> str:
+    return f"plan {plan_id}: plans.{column} is {row!r}, but the audit log says {events!r}"
+
+
+def right_to_run(store: Store, plan: PlanRow, version: VersionRow) -> Plan:
+    """The exact plan that may run now, or a refusal that names what does not match.
+
+    The plan's events must be intact, the stored rows must agree with them, the stored
+    text must hash to the version's hash, and the approvals in the log must cover that hash.
+    """
+    report = store.verify_audit(since=store.first_event(plan.id) or 1)
+    if not report.ok:
+        raise GovernanceError(f"plan {plan.id} may not run: the audit log does not verify: {report}")
+    told = fold(plan.id, store.events(plan.id))
+    found = problems(store, told)
+    if found:
+        more = f" (and {len(found) - 1} more; see plangate audit verify)" if len(found) > 1 else ""
+        raise GovernanceError(f"plan {plan.id} may not run: {found[0]}{more}; nothing was run")
+    body = Plan.parse(version.body)
+    needs = told.needs()
+    if needs:
+        raise GovernanceError(
+            f"plan {plan.id} may not run: the audit log holds no approval of v{version.version} "
+            f"({version.hash[:12]}…) that lets it run; it needs {' and '.join(needs)}"
+        )
+    return body
+
+
+def verify(store: Store, anchor: tuple[int, str] | None = None) -> AuditReport:
+    """The whole story: the chain (see :meth:`Store.verify_audit`), then every plan's rows held against it."""
+    report = store.verify_audit(anchor)
+    if not report.ok:
+        return report
+    by_plan: dict[str, PlanLedger] = {}
+    for event in store.events():
+        if event.plan_id is not None:
+            _apply(by_plan.setdefault(event.plan_id, PlanLedger(plan_id=event.plan_id)), event)
+    found: list[str] = []
+    for row in store.list_plans(limit=10**9):
+        if row.id not in by_plan:
+            found.append(f"plan {row.id}: a row in plans that no audit event records")
+    for told in by_plan.values():
+        found += problems(store, told)
+    return replace(report, ok=not found, tables=tuple(found))

@@ -1,0 +1,212 @@
+"""The plan lifecycle: one table of states and transitions, one function that performs one.
+
+Every status change in plangate goes through :func:`move`: the runtime's decisions, the
+engine's start and end, workers, compensation, ReAct. A move is a compare-and-set on the
+plan's row (``UPDATE … WHERE status = :expected AND lease = :expected_lease``) in the
+same transaction as its audit event, so of two racing moves from one state exactly one
+commits and the other is refused with what happened instead; nobody acts on a state that
+was already left.
+
+::
+
+    submit ─▶ pending_approval ─▶ approved ─▶ running ─▶ succeeded
+                 │   ▲                ▲  │        │
+                 ▼   │ edit           │  │        └──▶ halted ─▶ running (resume)
+              rejected ──────────────-┘  │               │
+                                          │               ├──▶ pending_approval | approved | rejected (a correction)
+                                          │               └──▶ compensating ─▶ compensated
+                                          │                                  └▶ compensation_incomplete ─▶ compensating
+                                          └──▶ pending_approval (an edit, or drift since approval)
+
+Starting a run is a *claim*: ``approved`` (or ``halted``, or ``running`` under a dead
+lease) becomes ``running`` under a lease that names the runner and lasts until a time the
+runner keeps renewing. A second runner finds the plan running under a live lease and is
+refused; a runner that died leaves a lease that expires (or, on the same machine, names a
+process that no longer exists), and then the plan may be taken over.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import socket
+import threading
+from collections.abc import Callable, Mapping
+from types import TracebackType
+from typing import Any
+
+from plangate.errors import StateError
+from plangate.store import PlanRow, PlanStatus, Store
+
+TRANSITIONS: Mapping[PlanStatus, frozenset[PlanStatus]] = {
+    "pending_approval": frozenset({"approved", "rejected", "pending_approval"}),
+    "approved": frozenset({"running", "rejected", "pending_approval", "approved"}),
+    "rejected": frozenset({"pending_approval", "approved", "rejected"}),
+    "running": frozenset({"succeeded", "halted", "running", "pending_approval"}),
+    "halted": frozenset({"running", "pending_approval", "approved", "rejected", "compensating"}),
+    "compensating": frozenset({"compensated", "compensation_incomplete", "compensating"}),
+    "compensation_incomplete": frozenset({"compensating"}),
+    "succeeded": frozenset(),
+    "compensated": frozenset(),
+}
+"""From each state, the states a plan may move to. ``running -> pending_approval`` is a
+ReAct run pausing for an approval; a move to the same state is an edit that keeps the
+status, or a runner taking over a dead runner's lease."""
+
+Lease = tuple[str | None, str | None]
+NO_LEASE: Lease = (None, None)
+
+
+def runner(label: str) -> str:
+    """A lease owner's name, unique to one runner: who runs, on which machine, in which process.
+
+    Two runners in one process (two threads, two runtimes) get different names, so a
+    lease never lets a second runner in as if it were the first.
+    """
+    return f"{label}#{secrets.token_hex(4)}@{socket.gethostname()}:{os.getpid()}"
+
+
+def lease_is_live(plan: PlanRow, now: str) -> bool:
+    """Whether someone holds the plan: a lease that has not expired, of a process that still exists.
+
+    A lease names its machine and process (:func:`runner`); on this machine a lease whose
+    process is gone is dead at once, so a crashed run can be resumed without waiting.
+    """
+    owner, until = plan.lease_owner, plan.lease_until
+    if owner is None or until is None or until < now:
+        return False
+    host, _, pid = owner.rpartition("@")[2].rpartition(":")
+    if host == socket.gethostname() and pid.isdigit():
+        return _process_exists(int(pid))
+    return True
+
+
+def _process_exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # it exists, under another user
+        return True
+    return True
+
+
+def move(
+    store: Store,
+    plan: PlanRow,
+    to: PlanStatus,
+    *,
+    actor: str,
+    at: str,
+    kind: str | None = None,
+    data: Mapping[str, Any] | None = None,
+    lease: Lease = NO_LEASE,
+    step_id: int | None = None,
+) -> PlanRow:
+    """Move ``plan`` (as read in this transaction) to ``to``, or refuse; record the event.
+
+    Must run inside ``store.transaction()``. The event (``kind``, default ``plan.TO``)
+    carries ``transition: {from, to}``, which is how the audit log tells a plan's status.
+    """
+    if to not in TRANSITIONS[plan.status]:
+        raise StateError(f"{_what(plan)} {plan.id} is {plan.status}; it cannot become {to}")
+    if not store.transition(
+        plan.id,
+        expected=plan.status,
+        expected_lease=(plan.lease_owner, plan.lease_until),
+        to=to,
+        at=at,
+        lease=lease,
+    ):
+        raise StateError(_changed(store, plan))
+    transition: dict[str, Any] = {"from": plan.status, "to": to}
+    if lease[0] is not None:
+        transition["lease"] = lease[0]
+    store.append_event(
+        plan_id=plan.id,
+        version=plan.version,
+        step_id=step_id,
+        kind=kind or f"plan.{to}",
+        actor=actor,
+        at=at,
+        data={**(data or {}), "transition": transition},
+    )
+    return PlanRow(
+        **{**plan.__dict__, "status": to, "updated_at": at, "lease_owner": lease[0], "lease_until": lease[1]}
+    )
+
+
+def claim(
+    store: Store, plan: PlanRow, *, owner: str, at: str, until: str, actor: str, kind: str, data: Mapping[str, Any]
+) -> PlanRow:
+    """Start (or take over) a run: ``running`` under a lease held by ``owner`` until ``until``."""
+    if plan.status == "running" and plan.lease_owner != owner and lease_is_live(plan, at):
+        raise StateError(f"plan {plan.id} is already running under {plan.lease_owner} (lease until {plan.lease_until})")
+    if plan.status == "approved" and plan.lease_owner not in (None, owner) and lease_is_live(plan, at):
+        raise StateError(f"plan {plan.id} is being started by {plan.lease_owner} (lease until {plan.lease_until})")
+    if plan.status in ("succeeded", "compensating", "compensated", "compensation_incomplete"):
+        raise StateError(f"plan {plan.id} has already run: it is {plan.status}")
+    if plan.status not in ("approved", "halted", "running"):
+        raise StateError(f"plan {plan.id} is {plan.status}, not approved")
+    return move(store, plan, "running", actor=actor, at=at, kind=kind, data=data, lease=(owner, until))
+
+
+def hold(store: Store, plan: PlanRow, at: str) -> None:
+    """Fail unless the plan is still exactly as read (status and lease), without changing it.
+
+    A decision that writes beside the plan (settling a step) uses this so that a run that
+    claimed the plan meanwhile makes the decision fail, not the other way round.
+    """
+    lease = (plan.lease_owner, plan.lease_until)
+    if not store.transition(plan.id, expected=plan.status, expected_lease=lease, to=plan.status, at=at, lease=lease):
+        raise StateError(_changed(store, plan))
+
+
+def require_idle(plan: PlanRow, now: str, doing: str) -> None:
+    """Refuse ``doing`` while a runner holds the plan."""
+    if plan.status in ("running", "compensating") and lease_is_live(plan, now):
+        raise StateError(f"plan {plan.id} is {plan.status} under {plan.lease_owner}: {doing} must wait until it stops")
+
+
+def _changed(store: Store, plan: PlanRow) -> str:
+    now = store.get_plan(plan.id)
+    if now is None:
+        return f"plan {plan.id} no longer exists"
+    if now.status == "running":
+        return f"plan {plan.id} is already running under {now.lease_owner}"
+    if now.status == plan.status:
+        return f"plan {plan.id} was just taken by {now.lease_owner} (lease until {now.lease_until})"
+    return f"{_what(plan)} {plan.id} changed meanwhile: it was {plan.status} and is now {now.status}"
+
+
+def _what(plan: PlanRow) -> str:
+    return "ReAct run" if plan.kind == "react" else "plan"
+
+
+class LeaseKeeper:
+    """Renews a run's lease on a timer, so a long step never loses it; says when it was lost.
+
+    Used as a context manager around a run. ``lost`` is set when a renewal finds the lease
+    held by someone else (the plan was taken over after this runner looked dead).
+    """
+
+    def __init__(self, store: Store, plan_id: str, owner: str, seconds: float, until: Callable[[], str]) -> None:
+        self.store, self.plan_id, self.owner = store, plan_id, owner
+        self.every, self.until = seconds / 3, until
+        self.lost = threading.Event()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._renew, name=f"plangate-lease-{plan_id[:8]}", daemon=True)
+
+    def __enter__(self) -> LeaseKeeper:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: type[BaseException] | BaseException | TracebackType | None) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _renew(self) -> None:
+        while not self._stop.wait(self.every):
+            if not self.store.renew(self.plan_id, self.owner, self.until()):
+                self.lost.set()
+                return

@@ -1,0 +1,401 @@
+"""Only what was approved runs, exactly once: each test is an attack, and asserts the refusal and no effect.
+
+The store matters for most of them, so they run on SQLite and on a real PostgreSQL server.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import threading
+from collections.abc import Callable, Iterator
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from plangate import Catalogue, Policy, ledger, tool
+from plangate.errors import GovernanceError, PlangateError, SelfApprovalError, StateError, UsageError
+from plangate.runtime import Runtime
+from plangate.testing import fresh_database, postgres_cluster
+from tests.helpers import FixedClock, plan
+
+_COUNTER = iter(range(10**6))
+EFFECTS: list[str] = []
+
+
+@tool(effect="write", scopes=["refunds:write"])
+def pay(invoice_id: str, amount: float) -> str:
+    """Pay money out (not idempotent: twice is twice)."""
+    EFFECTS.append(f"pay {amount} on {invoice_id}")
+    return f"paid {amount}"
+
+
+@tool(scopes=["invoices:read"])
+def look(invoice_id: str) -> str:
+    return invoice_id
+
+
+CAT = Catalogue([pay, look])
+POLICY_TEXT = """
+version: 1
+name: attacks
+roles:
+  support: {tools: ["*"], scopes: ["*"]}
+  operator: {tools: ["*"], scopes: ["*"]}
+  approver: {tools: ["look"], scopes: ["invoices:read"]}
+  privacy-officer: {tools: ["look"], scopes: ["invoices:read"]}
+users: {alice: support, bob: operator, dave: approver, erin: approver, carol: privacy-officer}
+deny:
+  - name: no-big-payments
+    tools: ["pay"]
+    params: ["amount"]
+    pattern: "^[0-9]{3,}"
+    message: "is too much to pay without the finance team"
+approval:
+  default: human
+"""
+POLICY = Policy.from_yaml(POLICY_TEXT)
+REFUND = plan(
+    {"id": 1, "tool": "pay", "params": {"invoice_id": "42", "amount": 3.0}},
+    category="refunds",
+    task="Refund 3 EUR on invoice 42",
+)
+
+
+_OPEN: list[Runtime] = []
+
+
+def open_rt(*args: Any, **kwargs: Any) -> Runtime:
+    """A runtime (its own store connection) that is closed when the test ends."""
+    rt = Runtime(*args, **kwargs)
+    _OPEN.append(rt)
+    return rt
+
+
+@pytest.fixture(autouse=True)
+def _clean() -> Iterator[None]:
+    EFFECTS.clear()
+    yield
+    while _OPEN:
+        _OPEN.pop().close()
+
+
+@pytest.fixture(scope="module")
+def pg_server() -> Iterator[str]:
+    with postgres_cluster() as url:
+        yield url
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def db(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path}/plangate.db"
+    return fresh_database(request.getfixturevalue("pg_server"), f"attack_{os.getpid()}_{next(_COUNTER)}")
+
+
+def sql(db: str, statement: str, params: tuple[Any, ...] = ()) -> None:
+    """What an operator with database access, and no plangate, can do."""
+    if db.startswith("sqlite:///"):
+        with sqlite3.connect(db.removeprefix("sqlite:///")) as conn:
+            conn.execute(statement, params)
+    else:
+        with psycopg.connect(db, autocommit=True) as pg:
+            pg.execute(statement.replace("?", "%s"), params)  # type: ignore[arg-type]
+
+
+def approved(db: str, body: dict[str, Any] = REFUND) -> tuple[Runtime, str]:
+    rt = open_rt(CAT, POLICY, db=db)
+    record = rt.submit(body, "alice")
+    rt.approve(record.id, "dave", record.hash)
+    return rt, record.id
+
+
+# -- 1. what runs is what was approved ------------------------------------------------------------
+def test_a_changed_plan_text_does_not_run(db: str) -> None:
+    rt, plan_id = approved(db)
+    forged = plan(
+        {"id": 1, "tool": "pay", "params": {"invoice_id": "44", "amount": 980.0}}, category="refunds", task="x"
+    )
+    from plangate.plan import Plan
+
+    text = Plan.parse(forged).canonical_json()
+    sql(db, "UPDATE plan_versions SET body = ? WHERE plan_id = ?", (text, plan_id))
+    with pytest.raises(GovernanceError, match="the plan text was changed"):
+        rt.execute(plan_id)
+    # and with every hash column rewritten to match the forged text: the audit log still says otherwise
+    new_hash = Plan.parse(forged).hash
+    sql(db, "UPDATE plan_versions SET hash = ? WHERE plan_id = ?", (new_hash, plan_id))
+    sql(db, "UPDATE plans SET hash = ? WHERE id = ?", (new_hash, plan_id))
+    with pytest.raises(GovernanceError, match="may not run"):
+        open_rt(CAT, POLICY, db=db).execute(plan_id)
+    assert EFFECTS == []
+    report = ledger.verify(rt.store)
+    assert not report.ok and "plan_versions.hash is" in str(report), report
+
+
+def test_a_pending_plan_set_to_approved_does_not_run(db: str) -> None:
+    rt = open_rt(CAT, POLICY, db=db)
+    record = rt.submit(REFUND, "alice")
+    sql(db, "UPDATE plans SET status = 'approved' WHERE id = ?", (record.id,))
+    with pytest.raises(GovernanceError, match="status"):
+        rt.execute(record.id)
+    assert EFFECTS == []
+
+
+def test_an_approval_row_inserted_by_hand_does_not_count(db: str) -> None:
+    rt = open_rt(CAT, POLICY, db=db)
+    record = rt.submit(REFUND, "alice")
+    sql(
+        db,
+        "INSERT INTO approvals (plan_id, version, plan_hash, decision, actor, role, kind, at, void)"
+        " VALUES (?, 1, ?, 'approved', 'dave', 'approver', 'person', '2026-01-01', 0)",
+        (record.id, record.hash),
+    )
+    sql(db, "UPDATE plans SET status = 'approved' WHERE id = ?", (record.id,))
+    with pytest.raises(GovernanceError, match="may not run"):
+        rt.execute(record.id)
+    assert EFFECTS == []
+
+
+def test_deny_rules_deleted_from_the_stored_policy_do_not_run(db: str) -> None:
+    rt, plan_id = approved(db)
+    weaker = Policy.from_yaml(POLICY_TEXT.split("deny:", maxsplit=1)[0] + "approval:\n  default: human\n")
+    sql(db, "UPDATE policies SET body = ? WHERE hash = ?", (weaker.canonical_json(), POLICY.hash))
+    with pytest.raises(GovernanceError, match=r"policy .* was changed"):
+        rt.execute(plan_id)
+    assert EFFECTS == []
+
+
+def test_a_tools_module_repointed_in_the_store_is_never_imported(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from plangate.cli import main
+
+    db = f"sqlite:///{tmp_path}/plangate.db"
+    tools = tmp_path / "tools.py"
+    tools.write_text(
+        "from plangate import tool\n\n@tool(effect='write')\ndef pay(amount: float) -> str:\n    return 'ok'\n"
+    )
+    evil = tmp_path / "evil.py"
+    marker = tmp_path / "imported"
+    evil.write_text(f"open({str(marker)!r}, 'w').write('code ran')\n")
+    plan_file = tmp_path / "plan.json"
+    plan_file.write_text(json.dumps(plan({"id": 1, "tool": "pay", "params": {"amount": 3.0}})))
+    runner = CliRunner()
+    submitted = runner.invoke(main, ["submit", str(plan_file), "--tools", str(tools), "--as", "alice", "--db", db])
+    plan_id = submitted.stdout.split()[1]
+    rt = open_rt(db=db)
+    rt.approve(plan_id, "dave", rt.get(plan_id).hash)
+    sql(db, "UPDATE plans SET tools = ? WHERE id = ?", (str(evil), plan_id))
+    result = runner.invoke(main, ["execute", plan_id, "--db", db])
+    assert result.exit_code == 4, result.output
+    assert "not the one its audit log names" in result.output
+    assert not marker.exists()
+
+
+# -- 2. roles come from the policy, never from a claim -------------------------------------------
+def test_a_claimed_role_is_refused(db: str) -> None:
+    rt = open_rt(CAT, POLICY, db=db)
+    with pytest.raises(GovernanceError, match=r"alice holds role 'support'.*not 'operator'"):
+        rt.submit(REFUND, "alice", role="operator")
+    needs_officer = Policy.from_yaml(
+        POLICY_TEXT.replace("default: human", "default: human\n  human: ['*']")
+        + "sequences:\n  - {name: officer, after: {tools: [look]}, forbid: {tools: [pay]},"
+        + " unless_approved_by: privacy-officer}\n"
+    )
+    rt = open_rt(CAT, needs_officer, db=db)
+    record = rt.submit(
+        plan(
+            {"id": 1, "tool": "look", "params": {"invoice_id": "42"}},
+            {"id": 2, "tool": "pay", "params": {"invoice_id": "42", "amount": 3.0}},
+        ),
+        "alice",
+    )
+    assert "privacy-officer" in record.needs
+    with pytest.raises(GovernanceError, match="mallory holds no role"):
+        rt.approve(record.id, "mallory", record.hash, role="privacy-officer")
+    with pytest.raises(GovernanceError, match="dave holds role 'approver'"):
+        rt.approve(record.id, "dave", record.hash, role="privacy-officer")
+    rt.approve(record.id, "dave", record.hash)
+    assert rt.get(record.id).needs == ("privacy-officer",)
+    assert rt.approve(record.id, "carol", record.hash).status == "approved"
+
+
+# -- 3. four eyes on every version, and a hash on every approval ----------------------------------
+def test_an_author_of_any_version_never_approves(db: str) -> None:
+    rt = open_rt(CAT, POLICY, db=db)
+    record = rt.submit(REFUND, "alice")
+    bigger = {**REFUND, "steps": [{**REFUND["steps"][0], "params": {"invoice_id": "42", "amount": 30.0}}]}
+    rt.edit(record.id, bigger, "bob")  # bob changes the amount
+    touched = {**bigger, "task": bigger["task"] + "."}
+    record = rt.edit(record.id, touched, "erin")  # someone makes a one-character edit
+    with pytest.raises(SelfApprovalError, match="bob wrote a version"):
+        rt.approve(record.id, "bob", record.hash)
+    with pytest.raises(SelfApprovalError, match="erin wrote a version"):
+        rt.approve(record.id, "erin", record.hash)
+    with pytest.raises(UsageError, match="hash"):
+        rt.approve(record.id, "dave", None)  # type: ignore[arg-type]
+    assert rt.approve(record.id, "dave", record.hash).status == "approved"
+
+
+# -- 4. compare-and-set: races ----------------------------------------------------------------------
+def race(*jobs: Callable[[], Any]) -> list[Any]:
+    """Run the jobs at the same moment, each in its own thread; their results or exceptions."""
+    gate = threading.Barrier(len(jobs))
+    results: list[Any] = [None] * len(jobs)
+
+    def run(i: int) -> None:
+        gate.wait()
+        try:
+            results[i] = jobs[i]()
+        except PlangateError as exc:
+            results[i] = exc
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(jobs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return results
+
+
+TRIALS = 20
+
+
+def test_two_executions_of_one_plan_call_the_tool_once(db: str) -> None:
+    for _ in range(TRIALS):
+        EFFECTS.clear()
+        _, plan_id = approved(db)
+        first, second = open_rt(CAT, POLICY, db=db), open_rt(CAT, POLICY, db=db)
+        results = race(partial(first.execute, plan_id), partial(second.execute, plan_id))
+        assert EFFECTS == ["pay 3.0 on 42"], results
+        refused = [r for r in results if isinstance(r, StateError)]
+        assert len(refused) <= 1, results
+        assert all("already running" in str(r) or "has already run" in str(r) for r in refused), results
+
+
+def test_a_reject_and_an_execute_never_both_win(db: str) -> None:
+    for _ in range(TRIALS):
+        EFFECTS.clear()
+        rt, plan_id = approved(db)
+        runner, rejecter = open_rt(CAT, POLICY, db=db), open_rt(CAT, POLICY, db=db)
+        ran, rejected = race(partial(runner.execute, plan_id), partial(rejecter.reject, plan_id, "erin", "no"))
+        if isinstance(rejected, PlangateError):
+            assert EFFECTS == ["pay 3.0 on 42"] and not isinstance(ran, PlangateError)
+        else:
+            assert isinstance(ran, StateError) and EFFECTS == [], (ran, rejected)
+            assert rt.get(plan_id).status == "rejected"
+
+
+def test_an_edit_that_commits_first_means_the_old_version_never_runs(db: str) -> None:
+    for _ in range(TRIALS):
+        EFFECTS.clear()
+        _, plan_id = approved(db)
+        runner, editor = open_rt(CAT, POLICY, db=db), open_rt(CAT, POLICY, db=db)
+        bigger = {**REFUND, "steps": [{**REFUND["steps"][0], "params": {"invoice_id": "42", "amount": 30.0}}]}
+        ran, edited = race(partial(runner.execute, plan_id), partial(editor.edit, plan_id, bigger, "bob"))
+        if isinstance(edited, PlangateError):
+            assert EFFECTS == ["pay 3.0 on 42"], (ran, edited)
+        else:
+            assert isinstance(ran, PlangateError) and EFFECTS == [], (ran, edited)
+
+
+# -- 5. drift after approval -----------------------------------------------------------------------
+def test_tools_whose_effect_changed_after_approval_send_the_plan_back(db: str) -> None:
+    @tool(scopes=["invoices:read"])
+    def lookup(invoice_id: str) -> str:
+        EFFECTS.append(f"look {invoice_id}")
+        return invoice_id
+
+    @tool(effect="irreversible", external=True, scopes=["invoices:read"], name="lookup")
+    def lookup_now(invoice_id: str) -> str:
+        EFFECTS.append(f"send {invoice_id}")
+        return invoice_id
+
+    lenient = Policy.from_yaml(POLICY_TEXT.replace("default: human", "default: auto"))
+    rt = open_rt(Catalogue([lookup]), lenient, db=db)
+    record = rt.submit(plan({"id": 1, "tool": "lookup", "params": {"invoice_id": "42"}}), "alice")
+    assert record.status == "approved"  # read-only: cleared automatically
+    changed = open_rt(Catalogue([lookup_now]), lenient, db=db)
+    with pytest.raises(GovernanceError, match=r"the tools changed .* needs approval by a person"):
+        changed.execute(record.id)
+    assert EFFECTS == [] and changed.get(record.id).status == "pending_approval"
+    assert [e.kind for e in changed.trace(record.id)][-2:] == ["plan.checked", "plan.pending_approval"]
+
+
+def test_a_policy_tightened_after_approval_reaches_the_approved_plan(db: str) -> None:
+    rt, plan_id = approved(db)
+    tighter = Policy.from_yaml(
+        POLICY_TEXT.replace('params: ["amount"]', 'params: ["invoice_id"]').replace('"^[0-9]{3,}"', '"^42$"')
+    )
+    with pytest.raises(GovernanceError, match=r"the policy changed .* no longer passes: .*no-big-payments"):
+        open_rt(CAT, tighter, db=db).execute(plan_id)
+    assert EFFECTS == [] and rt.get(plan_id).status == "approved"
+    with pytest.raises(GovernanceError, match="no-big-payments"):  # the tighter policy is now the plan's own
+        open_rt(CAT, None, db=db).execute(plan_id)
+
+
+def test_a_policy_that_now_wants_a_person_sends_an_auto_approved_plan_back(db: str) -> None:
+    lenient = Policy.from_yaml(POLICY_TEXT.replace("default: human", "default: auto"))
+    rt = open_rt(CAT, lenient, db=db)
+    record = rt.submit(plan({"id": 1, "tool": "look", "params": {"invoice_id": "42"}}), "alice")
+    assert record.status == "approved"
+    now = open_rt(CAT, POLICY, db=db)
+    with pytest.raises(GovernanceError, match=r"the policy changed .* now needs approval by a person; it is back"):
+        now.execute(record.id)
+    assert now.get(record.id).status == "pending_approval"
+    now.approve(record.id, "dave", record.hash)
+    assert now.execute(record.id).ok
+
+
+def test_tools_from_another_module_with_another_contract_are_refused(tmp_path: Path) -> None:
+    db = f"sqlite:///{tmp_path}/plangate.db"
+    rt = open_rt(CAT, POLICY, db=db, tools="tools_a")
+    record = rt.submit(REFUND, "alice")
+    rt.approve(record.id, "dave", record.hash)
+
+    @tool(effect="irreversible", scopes=["refunds:write"], name="pay")
+    def pay_other(invoice_id: str, amount: float) -> str:
+        EFFECTS.append("other")
+        return "x"
+
+    other = open_rt(Catalogue([pay_other, look]), POLICY, db=db, tools="tools_b")
+    with pytest.raises(GovernanceError, match="submitted with the tools of tools_a"):
+        other.execute(record.id)
+    assert EFFECTS == []
+    same = open_rt(CAT, POLICY, db=db, tools="tools_c")  # same contract, another module: allowed
+    assert same.execute(record.id).ok and EFFECTS == ["pay 3.0 on 42"]
+
+
+# -- 6. settle and compensate are decisions --------------------------------------------------------
+def test_only_an_approver_settles_and_never_during_a_run(db: str) -> None:
+    rt, plan_id = approved(db)
+    from plangate.store import StepRow
+
+    with rt.store.transaction():  # what a runner that died during the call leaves behind
+        rt.store.put_step(
+            StepRow(plan_id=plan_id, step_id=1, version=1, status="started", attempt=1, idempotency_key=f"{plan_id}:1")
+        )
+        rt.store.append_event(
+            plan_id=plan_id, version=1, step_id=1, kind="step.started", actor="engine", at="2026-01-01", data={}
+        )
+    result = rt.execute(plan_id)
+    assert result.status == "halted" and "outcome unknown" in (result.error or "") and EFFECTS == []
+    with pytest.raises(SelfApprovalError, match="alice requested plan"):
+        rt.settle(plan_id, 1, done=True, actor="alice", output="paid 3.0")
+    with pytest.raises(GovernanceError, match="mallory holds no role"):
+        rt.settle(plan_id, 1, done=True, actor="mallory", output="IBAN-OF-ATTACKER")
+    # a run holds the plan: nobody settles under it
+    live = open_rt(CAT, POLICY, db=db, clock=FixedClock())
+    taken = "UPDATE plans SET status = ?, lease_owner = ?, lease_until = ? WHERE id = ?"
+    sql(db, taken, ("running", "worker@elsewhere:1", "2999-01-01", plan_id))
+    with pytest.raises(StateError, match="under worker@elsewhere"):
+        live.settle(plan_id, 1, done=True, actor="dave", output="paid 3.0")
+    sql(db, taken, ("halted", None, None, plan_id))
+    settled = rt.settle(plan_id, 1, done=False, actor="dave", note="the bank shows no payment")
+    assert settled.status == "halted"
+    assert rt.resume(plan_id).ok and EFFECTS == ["pay 3.0 on 42"]
