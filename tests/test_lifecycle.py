@@ -399,3 +399,73 @@ def test_only_an_approver_settles_and_never_during_a_run(db: str) -> None:
     settled = rt.settle(plan_id, 1, done=False, actor="dave", note="the bank shows no payment")
     assert settled.status == "halted"
     assert rt.resume(plan_id).ok and EFFECTS == ["pay 3.0 on 42"]
+
+
+def test_two_resumes_of_one_approved_react_action_pay_once(db: str) -> None:
+    from plangate.models.test import ScriptedModel
+    from plangate.react import ReActAgent
+
+    for _ in range(TRIALS):
+        EFFECTS.clear()
+        rt = open_rt(CAT, POLICY, db=db)
+
+        def agent() -> ReActAgent:
+            script = ['Action: pay {"invoice_id": "42", "amount": 3.0}', "Final Answer: paid"]
+            return ReActAgent(ScriptedModel(script), CAT, open_rt(db=db).store, policy=POLICY, user="alice")
+
+        paused = agent().run("Refund 3 EUR on invoice 42")
+        assert paused.status == "paused" and EFFECTS == []
+        rt.approve(paused.run_id, "dave", paused.pending_hash or "")
+        results = race(partial(agent().resume, paused.run_id), partial(agent().resume, paused.run_id))
+        assert EFFECTS == ["pay 3.0 on 42"], results
+        assert sum(isinstance(r, StateError) for r in results) == 1, results
+
+
+def test_a_second_click_on_execute_is_refused_and_runs_nothing(tmp_path: Path) -> None:
+    from fastapi.testclient import TestClient
+
+    from plangate.accounts import Accounts
+    from plangate.server import create_app
+
+    db = f"sqlite:///{tmp_path}/server.db"
+    accounts = Accounts(open_rt(db=db).store)
+    accounts.add("dave", "approver", password="correct horse battery", categories=("*",))
+    token = accounts.issue_token("dave")
+    rt, plan_id = approved(db)
+    claim = rt.start(plan_id, actor="first click")  # the first click has claimed the run; it is still going
+    client = TestClient(create_app(CAT, POLICY, db=db, secure_cookies=False))
+    client.headers["Authorization"] = f"Bearer {token}"
+    second = client.post(f"/api/plans/{plan_id}/execute")
+    assert second.status_code == 409 and "already running under first click" in second.json()["error"]
+    assert EFFECTS == []
+    assert rt.drive(claim).ok and EFFECTS == ["pay 3.0 on 42"]
+
+
+def test_the_loser_of_two_runs_exits_4_on_the_command_line(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from plangate.cli import main
+
+    db = f"sqlite:///{tmp_path}/plangate.db"
+    rt, plan_id = approved(db)
+    rt.start(plan_id, actor="worker")
+    out = CliRunner().invoke(main, ["execute", plan_id, "--db", db, "--tools", "tests.test_lifecycle"])
+    assert out.exit_code == 4 and "is already running under worker" in out.output, out.output
+    assert EFFECTS == []
+
+
+def test_audit_verify_names_each_row_changed_outside_plangate(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from plangate.cli import main
+
+    db = f"sqlite:///{tmp_path}/plangate.db"
+    rt, plan_id = approved(db)
+    assert rt.execute(plan_id).ok
+    sql(db, "UPDATE steps SET output = '\"paid 980\"' WHERE plan_id = ?", (plan_id,))
+    sql(db, "DELETE FROM approvals WHERE plan_id = ?", (plan_id,))
+    out = CliRunner().invoke(main, ["audit", "verify", "--db", db])
+    assert out.exit_code == 1, out.output
+    assert "audit log intact, but 2 stored row(s) disagree with it" in out.output
+    assert f"plan {plan_id} step 1: steps.output differs" in out.output
+    assert "the approvals table does not match the audit log (an event with no row: dave approved v1)" in out.output

@@ -276,7 +276,7 @@ def create_app(
     def execute_form(request: Request, plan_id: str, csrf: str = Form("")) -> Response:
         rt = runtime()
         user, _ = require(request, rt, write=True, form_csrf=csrf)
-        record: PlanRecord = governed(lambda: _start(rt.get(plan_id), user, catalogue, policy, db), plan_id)
+        record: PlanRecord = governed(lambda: _start(rt, rt.get(plan_id), user), plan_id)
         return RedirectResponse(f"/plans/{record.id}/run", status_code=303)
 
     @app.post("/plans/{plan_id}/settle")
@@ -318,7 +318,7 @@ def create_app(
         record: PlanRecord = governed(lambda: rt.get(plan_id), plan_id)
         if record.status != "halted":
             raise _Refused(409, f"plan {record.id} is {record.status}; only a halted plan resumes here")
-        _background(lambda worker: worker.resume(record.id, actor=user.name), catalogue, policy, db)
+        governed(lambda: _start(rt, record, user), plan_id)
         return RedirectResponse(f"/plans/{record.id}/run", status_code=303)
 
     @app.get("/plans/{plan_id}/run", response_class=HTMLResponse)
@@ -529,16 +529,21 @@ def _decide(
     return rt.reject(record.id, user.name, comment or "", plan_hash=plan_hash or None)
 
 
-def _start(record: PlanRecord, user: User, catalogue: Catalogue, policy: Policy | None, db: str | None) -> PlanRecord:
-    """Start the run in a thread of its own (its own store connection); the run page follows it."""
-    if record.status != "approved":
-        raise GovernanceError(f"plan {record.id} is {record.status}, not approved")
+def _start(rt: Runtime, record: PlanRecord, user: User) -> PlanRecord:
+    """Claim the run now (so a second click is refused, not run twice), then run it in a thread of its own.
 
-    _background(lambda worker: worker.execute(record.id, actor=user.name), catalogue, policy, db)
+    The thread has its own store connection; the run page follows it.
+    """
+    if record.status not in ("approved", "halted"):
+        raise GovernanceError(f"plan {record.id} is {record.status}, not approved")
+    claim = rt.start(record.id, actor=user.name)
+    _background(lambda worker: worker.drive(claim), rt.catalogue, rt.policy, rt.store.url)
     return record
 
 
-def _background(job: Callable[[Runtime], Any], catalogue: Catalogue, policy: Policy | None, db: str | None) -> None:
+def _background(
+    job: Callable[[Runtime], Any], catalogue: Catalogue | None, policy: Policy | None, db: str | None
+) -> None:
     """Run ``job`` in a thread with a runtime (and store connection) of its own."""
 
     def run() -> None:
