@@ -469,3 +469,17 @@ def test_audit_verify_names_each_row_changed_outside_plangate(tmp_path: Path) ->
     assert "audit log intact, but 2 stored row(s) disagree with it" in out.output
     assert f"plan {plan_id} step 1: steps.output differs" in out.output
     assert "the approvals table does not match the audit log (an event with no row: dave approved v1)" in out.output
+
+
+def test_a_plan_whose_events_were_changed_or_deleted_does_not_run(db: str) -> None:
+    rt, plan_id = approved(db)
+    events = {e.kind: e.seq for e in rt.trace(plan_id)}
+    sql(db, "UPDATE events SET actor = 'carol' WHERE seq = ?", (events["plan.approval"],))
+    with pytest.raises(GovernanceError, match=r"its audit events do not verify: event \d+: .* it was edited"):
+        rt.execute(plan_id)
+    rt2, other = approved(db)
+    events = {e.kind: e.seq for e in rt2.trace(other)}
+    sql(db, "DELETE FROM events WHERE seq = ?", (events["plan.checked"],))
+    with pytest.raises(GovernanceError, match="events of the plan were deleted"):
+        rt2.execute(other)
+    assert EFFECTS == []

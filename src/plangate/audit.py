@@ -1,9 +1,12 @@
 """The audit log's keyed hash chain: how an event's hash is made, and how the chain is verified.
 
 Each event's hash is the HMAC-SHA256, under the audit key, of its canonical header
-(sequence number, plan, version, step, kind, actor, time, the previous event's hash) and
-its data in canonical JSON, joined by a newline. The key is kept outside the database
-(``PLANGATE_AUDIT_KEY`` or a key file, see ``plangate._auditkey``); the store records only
+(sequence number, plan, version, step, kind, actor, time, the previous event's hash, and
+the hash of the same plan's previous event) and its data in canonical JSON, joined by a
+newline. The second link makes each plan's events a chain of their own, so one plan's
+story is checked before it runs (:func:`verify_plan`) without walking the whole log. The
+key is kept outside the database (``PLANGATE_AUDIT_KEY`` or a key file, see
+``plangate._auditkey``); the store records only
 the key's id (an HMAC of a fixed text under the key, which reveals nothing of the key)
 when the first event is appended. A process with another key may not append (one log,
 one key) and is told plainly that its key is not the log's, rather than that the log is
@@ -43,6 +46,9 @@ from plangate._auditkey import FILE_VARIABLE, KEY_VARIABLE, key_path
 from plangate.plan import canonical
 
 GENESIS = "0" * 64
+COLUMNS = "seq, plan_id, version, step_id, kind, actor, at, data, prev, hash, plan_prev"
+"""An event as the hash covers it: ``prev`` links it to the event before it in the log,
+``plan_prev`` to the event before it of the same plan (GENESIS for a plan's first)."""
 KEY_ID = "audit_key_id"
 """The ``settings`` row naming the key the log is written with."""
 
@@ -69,11 +75,8 @@ class Chain:
         self.key_id = key_id(key)
 
     def hash(self, row: Sequence[Any]) -> str:
-        """The hash of an event given as its row: the events table's columns in order, its data as text.
-
-        (seq, plan_id, version, step_id, kind, actor, at, data, prev); a tenth column, the hash, is ignored.
-        """
-        seq, plan_id, version, step_id, kind, actor, at, data, prev = row[:9]
+        """The hash of an event given as its row (:data:`COLUMNS`), its data as text; its own hash is ignored."""
+        seq, plan_id, version, step_id, kind, actor, at, data, prev, _, plan_prev = row
         header = {
             "seq": seq,
             "plan_id": plan_id,
@@ -83,6 +86,7 @@ class Chain:
             "actor": actor,
             "at": at,
             "prev": prev,
+            "plan_prev": plan_prev,
         }
         mac = self._mac.copy()
         mac.update(f"{canonical(header)}\n{data}".encode())
@@ -153,20 +157,18 @@ def verify(
     key: bytes | None,
     head: tuple[int, str] | None,
     anchor: tuple[int, str] | None = None,
-    start: tuple[int, str] = (0, GENESIS),
 ) -> AuditReport:
     """Walk the log in order; name the first event that does not fit the chain.
 
-    ``rows``: the events table's rows in sequence order, in its column order (seq, plan_id,
-    version, step_id, kind, actor, at, data text, prev, hash). ``written_with``: the key id
+    ``rows``: the events table's rows in sequence order, as :data:`COLUMNS` (the data as
+    its stored text). ``written_with``: the key id
     the store records; ``key``: this process's key. ``head``: the head the store keeps
     beside the log; ``anchor``: a head kept elsewhere. The log must hold each head's event,
     at its sequence number with its hash; events after a head are fine (only a key holder
-    can add them). ``start``: where the walk begins, the event before ``rows``' first and
-    its hash (a segment of the log: from one plan's first event on, before it runs).
+    can add them).
     """
     heads = {"its recorded head": head, "the anchored head": anchor}
-    walked = _Walked(seq=start[0], hash=start[1], named={at[0]: "" for at in heads.values() if at is not None})
+    walked = _Walked(named={at[0]: "" for at in heads.values() if at is not None})
     rows = iter(rows)
     first = next(rows, None)
     if first is not None:
@@ -230,3 +232,21 @@ def _unverified(rows: Iterable[Sequence[Any]], problem: str) -> AuditReport:
     for row in rows:
         events, seq, digest = events + 1, row[0], row[9]
     return AuditReport(ok=False, events=events, head_seq=seq, head_hash=digest, problem=problem)
+
+
+def verify_plan(rows: Iterable[Sequence[Any]], chain: Chain) -> tuple[int, str] | None:
+    """Check one plan's events (rows of :data:`COLUMNS`, in order): the first that does not fit, or None.
+
+    Each event must carry a valid hash and follow the plan's event before it, so an event
+    of the plan that was changed, inserted or deleted is caught without walking the whole
+    log. (Its newest events deleted, and its rows set back to match, is caught by the
+    whole log's check, and by a head kept elsewhere.)
+    """
+    before = GENESIS
+    for row in rows:
+        if row[10] != before:
+            return row[0], "it does not follow the plan's event before it: events of the plan were deleted"
+        if chain.hash(row) != row[9]:
+            return row[0], f"its content does not match its hash ({row[4]}): it was edited"
+        before = row[9]
+    return None

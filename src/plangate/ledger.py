@@ -149,10 +149,10 @@ def _decision(event: Event) -> ApprovalRow:
     )
 
 
-def problems(store: Store, ledger: PlanLedger) -> list[str]:
-    """Every way the stored rows of this plan differ from what its events say."""
+def problems(store: Store, ledger: PlanLedger, row: PlanRow | None = None) -> list[str]:
+    """Every way the stored rows of this plan differ from what its events say (``row``: its plan row, if read)."""
     plan_id = ledger.plan_id
-    row = store.get_plan(plan_id)
+    row = row or store.get_plan(plan_id)
     if row is None:
         return [f"plan {plan_id}: its events exist but its row in plans does not"]
     if row.kind == "react":
@@ -204,10 +204,10 @@ def _version_problems(store: Store, plan_id: str, version: Version) -> list[str]
     found: list[str] = []
     if row.hash != version.hash:
         found.append(f"{where}: plan_versions.hash is {row.hash[:12]}…, the audit log says {version.hash[:12]}…")
-    body_hash = _body_hash(row.body)
+    body_hash = hashlib.sha256(row.body.encode()).hexdigest()  # the canonical text is what was hashed
     if body_hash != version.hash:
         found.append(
-            f"{where}: the stored plan text hashes to {str(body_hash)[:12]}…, not to its approved hash "
+            f"{where}: the stored plan text hashes to {body_hash[:12]}…, not to its approved hash "
             f"{version.hash[:12]}…: the plan text was changed"
         )
     if row.author != version.author:
@@ -241,28 +241,21 @@ def _approval_problems(store: Store, ledger: PlanLedger) -> list[str]:
     return [f"plan {ledger.plan_id}: the approvals table does not match the audit log ({what})"]
 
 
-def _body_hash(body: str) -> str | None:
-    try:
-        return Plan.parse(body).hash
-    except Exception:  # noqa: BLE001 - a body that does not parse is reported as a mismatch
-        return None
-
-
 def _differs(plan_id: str, column: str, row: Any, events: Any) -> str:
     return f"plan {plan_id}: plans.{column} is {row!r}, but the audit log says {events!r}"
 
 
-def right_to_run(store: Store, plan: PlanRow, version: VersionRow) -> Plan:
-    """The exact plan that may run now, or a refusal that names what does not match.
+def right_to_run(store: Store, plan: PlanRow, version: VersionRow) -> tuple[Plan, PlanLedger]:
+    """The exact plan that may run now and its story, or a refusal that names what does not match.
 
     The plan's events must be intact, the stored rows must agree with them, the stored
     text must hash to the version's hash, and the approvals in the log must cover that hash.
     """
-    report = store.verify_audit(since=store.first_event(plan.id) or 1)
-    if not report.ok:
-        raise GovernanceError(f"plan {plan.id} may not run: the audit log does not verify: {report}")
-    told = fold(plan.id, store.events(plan.id))
-    found = problems(store, told)
+    events, broken = store.plan_events(plan.id)
+    if broken is not None:
+        raise GovernanceError(f"plan {plan.id} may not run: its audit events do not verify: {broken}")
+    told = fold(plan.id, events)
+    found = problems(store, told, plan)
     if found:
         more = f" (and {len(found) - 1} more; see plangate audit verify)" if len(found) > 1 else ""
         raise GovernanceError(f"plan {plan.id} may not run: {found[0]}{more}; nothing was run")
@@ -273,7 +266,7 @@ def right_to_run(store: Store, plan: PlanRow, version: VersionRow) -> Plan:
             f"plan {plan.id} may not run: the audit log holds no approval of v{version.version} "
             f"({version.hash[:12]}…) that lets it run; it needs {' and '.join(needs)}"
         )
-    return body
+    return body, told
 
 
 def verify(store: Store, anchor: tuple[int, str] | None = None) -> AuditReport:

@@ -554,10 +554,9 @@ class _State:
             raise StateError(f"ReAct run {row.id} has no pending action")
         if _digest(version.body) != row.hash:
             raise GovernanceError(f"ReAct run {row.id}: the pending action's text does not match its approved hash")
-        report = store.verify_audit(since=store.first_event(row.id) or 1)
-        if not report.ok:
-            raise GovernanceError(f"ReAct run {row.id} may not go on: the audit log does not verify: {report}")
-        events = list(store.events(row.id))
+        events, broken = store.plan_events(row.id)
+        if broken is not None:
+            raise GovernanceError(f"ReAct run {row.id} may not go on: its audit events do not verify: {broken}")
         if not any(
             e.kind == "plan.approval"
             and e.version == row.version

@@ -409,7 +409,7 @@ class Runtime:
         with self.store.transaction():
             plan, version = self._locked(plan_id)
             _not_react(plan)
-            body = ledger.right_to_run(self.store, plan, version)
+            body, told = ledger.right_to_run(self.store, plan, version)
             self._check_tools_module(plan, version, body)
             policy = self._policy_now(version)
             recheck = self._drift(plan, version, body, policy)
@@ -418,7 +418,7 @@ class Runtime:
             elif not version.check.get("ok", False):
                 refusal = f"plan {plan.id} may not run: it does not pass the check ({_first_violation(version.check)})"
             if refusal is None:
-                resumed = bool(self.store.steps(plan.id))
+                resumed = bool(told.steps)
                 plan = lifecycle.claim(
                     self.store,
                     plan,

@@ -145,15 +145,16 @@ class Store(abc.ABC):
     def policy_text(self, policy_hash: str) -> str | None: ...
 
     @abc.abstractmethod
-    def verify_audit(self, anchor: tuple[int, str] | None = None, since: int = 1) -> AuditReport:
-        """Check the audit log's chain with this process's key; ``anchor``: a head (seq, hash) kept
-        elsewhere, which the log must still hold; ``since``: check only from this event on.
+    def verify_audit(self, anchor: tuple[int, str] | None = None) -> AuditReport:
+        """Check the whole audit log's chain with this process's key; ``anchor``: a head (seq, hash) kept
+        elsewhere, which the log must still hold.
 
         The chain alone: :func:`plangate.ledger.verify` also holds the tables against it."""
 
     @abc.abstractmethod
-    def first_event(self, plan_id: str) -> int | None:
-        """The sequence number of the plan's first event."""
+    def plan_events(self, plan_id: str) -> tuple[list[Event], str | None]:
+        """One plan's events, checked with this process's key (see :func:`plangate.audit.verify_plan`);
+        or no events and what is wrong with them."""
 
     @abc.abstractmethod
     def audit_head(self) -> tuple[int, str]:

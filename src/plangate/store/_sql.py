@@ -41,6 +41,10 @@ class SQLStore(Store):
         self._lock = threading.RLock()
         self._depth = 0
         self._head: tuple[int, str] | None = None  # the audit head while a transaction appends
+        # Each plan's newest event as this connection last wrote it: still true while no other
+        # writer has appended since (the head is still the one this connection committed).
+        self._plan_heads: dict[str, str] = {}
+        self._committed: tuple[int, str] | None = None
 
     # -- plumbing ------------------------------------------------------------------------
     def _begin(self) -> None:
@@ -70,11 +74,12 @@ class SQLStore(Store):
                     self._exec("UPDATE audit_head SET seq = ?, hash = ? WHERE id = 1", self._head)
             except BaseException:
                 # The key id may have been recorded in this transaction: check it again next time.
-                self._depth, self._head, self._chain = 0, None, None
+                self._depth, self._head, self._chain, self._committed = 0, None, None, None
+                self._plan_heads.clear()
                 self._conn.execute("ROLLBACK")
                 raise
-            self._depth, self._head = 0, None
             self._conn.execute("COMMIT")
+            self._depth, self._committed, self._head = 0, self._head or self._committed, None
 
     def _head_for_append(self) -> tuple[int, str]:
         """The audit head, read so that no other writer can append until this transaction ends."""
@@ -233,18 +238,19 @@ class SQLStore(Store):
         at: str,
         data: dict[str, Any],
     ) -> Event:
-        self._require_tx()
-        if self._head is None:
-            self._head = self._head_for_append()
+        self.lock_log()
+        assert self._head is not None
         seq, prev = self._head[0] + 1, self._head[1]
-        row = (seq, plan_id, version, step_id, kind, actor, at, _dump(data), prev)
+        plan_prev = None if plan_id is None else self._plan_head(plan_id)
+        row = (seq, plan_id, version, step_id, kind, actor, at, _dump(data), prev, "", plan_prev)
         digest = self._chain_for_append(seq - 1).hash(row)
         self._exec(
-            "INSERT INTO events (seq, plan_id, version, step_id, kind, actor, at, data, prev, hash)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (*row, digest),
+            f"INSERT INTO events ({audit.COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (*row[:9], digest, plan_prev),
         )
         self._head = (seq, digest)
+        if plan_id is not None:
+            self._plan_heads[plan_id] = digest
         return Event(
             seq=seq,
             plan_id=plan_id,
@@ -258,10 +264,21 @@ class SQLStore(Store):
             hash=digest,
         )
 
+    def _plan_head(self, plan_id: str) -> str:
+        """The hash of the plan's newest event (read under the log's lock, remembered for the transaction)."""
+        if plan_id not in self._plan_heads:
+            row = self._exec(
+                "SELECT hash FROM events WHERE plan_id = ? ORDER BY seq DESC LIMIT 1", (plan_id,)
+            ).fetchone()
+            self._plan_heads[plan_id] = audit.GENESIS if row is None else str(row[0])
+        return self._plan_heads[plan_id]
+
     def lock_log(self) -> None:
         self._require_tx()
         if self._head is None:
             self._head = self._head_for_append()
+            if self._head != self._committed:  # another writer appended since: what was remembered may be stale
+                self._plan_heads.clear()
 
     _chain: audit.Chain | None = None  # this process's key, once the log is known to be written with it
 
@@ -476,55 +493,39 @@ class SQLStore(Store):
             params = (plan_id,)
         cursor = self._exec(query + " ORDER BY seq", params)
         while batch := cursor.fetchmany(500):
-            for r in batch:
-                yield Event(
-                    seq=r[0],
-                    plan_id=r[1],
-                    version=r[2],
-                    step_id=r[3],
-                    kind=r[4],
-                    actor=r[5],
-                    at=r[6],
-                    data=_load(r[7]),
-                    prev=r[8],
-                    hash=r[9],
-                )
+            yield from map(_event, batch)
 
     def policy_text(self, policy_hash: str) -> str | None:
         row = self._exec("SELECT body FROM policies WHERE hash = ?", (policy_hash,)).fetchone()
         return None if row is None else str(row[0])
 
-    def verify_audit(self, anchor: tuple[int, str] | None = None, since: int = 1) -> audit.AuditReport:
+    def verify_audit(self, anchor: tuple[int, str] | None = None) -> audit.AuditReport:
         head = self._exec("SELECT seq, hash FROM audit_head WHERE id = 1").fetchone()
         row = self._exec("SELECT value FROM settings WHERE key = ?", (audit.KEY_ID,)).fetchone()
         written_with = None if row is None else str(row[0])
-        start: tuple[int, str] = (0, audit.GENESIS)
-        if since > 1:
-            before = self._exec("SELECT seq, hash FROM events WHERE seq = ?", (since - 1,)).fetchone()
-            if before is None:
-                problem = f"event {since - 1} is missing: events were deleted"
-                return audit.AuditReport(
-                    ok=False, events=0, head_seq=0, head_hash="", problem=problem, bad_seq=since - 1
-                )
-            start = (before[0], before[1])
-        rows = self._exec(
-            "SELECT seq, plan_id, version, step_id, kind, actor, at, data, prev, hash FROM events WHERE seq >= ?"
-            " ORDER BY seq",
-            (since,),
-        )
-        recorded = (head[0], head[1]) if head and head[0] and head[0] >= since else None
+        rows = self._exec(f"SELECT {audit.COLUMNS} FROM events ORDER BY seq")
         return audit.verify(
             rows,
             written_with=written_with,
             key=find_audit_key() if written_with else None,
-            head=recorded,
+            head=(head[0], head[1]) if head and head[0] else None,
             anchor=anchor,
-            start=start,
         )
 
-    def first_event(self, plan_id: str) -> int | None:
-        row = self._exec("SELECT MIN(seq) FROM events WHERE plan_id = ?", (plan_id,)).fetchone()
-        return None if row is None or row[0] is None else int(row[0])
+    def plan_events(self, plan_id: str) -> tuple[list[Event], str | None]:
+        if self._chain is None:
+            row = self._exec("SELECT value FROM settings WHERE key = ?", (audit.KEY_ID,)).fetchone()
+            key = find_audit_key()
+            chain = audit.Chain(key) if key is not None else None
+            problem = audit.key_problem(None if row is None else str(row[0]), chain, has_events=True)
+            if problem is not None or chain is None:
+                return [], problem or audit.UNKEYED
+            self._chain = chain
+        rows = self._exec(f"SELECT {audit.COLUMNS} FROM events WHERE plan_id = ? ORDER BY seq", (plan_id,)).fetchall()
+        bad = audit.verify_plan(rows, self._chain)
+        if bad is not None:
+            return [], f"event {bad[0]}: {bad[1]}"
+        return [_event(r) for r in rows], None
 
     def audit_head(self) -> tuple[int, str]:
         row = self._exec("SELECT seq, hash FROM audit_head WHERE id = 1").fetchone()
@@ -575,6 +576,21 @@ class SQLStore(Store):
 
     def close(self) -> None:
         self._conn.close()
+
+
+def _event(r: Any) -> Event:
+    return Event(
+        seq=r[0],
+        plan_id=r[1],
+        version=r[2],
+        step_id=r[3],
+        kind=r[4],
+        actor=r[5],
+        at=r[6],
+        data=_load(r[7]),
+        prev=r[8],
+        hash=r[9],
+    )
 
 
 def _plan(row: Any) -> PlanRow:
@@ -651,5 +667,6 @@ SCHEMA_V5 = [
         reason TEXT NOT NULL)""",
 ]
 SCHEMA_V6 = ["ALTER TABLE plans ADD COLUMN lease_owner TEXT", "ALTER TABLE plans ADD COLUMN lease_until TEXT"]
-MIGRATIONS: list[list[str]] = [SCHEMA_V1, SCHEMA_V2, SCHEMA_V3, SCHEMA_V4, SCHEMA_V5, SCHEMA_V6]
+SCHEMA_V7 = ["ALTER TABLE events ADD COLUMN plan_prev TEXT"]
+MIGRATIONS: list[list[str]] = [SCHEMA_V1, SCHEMA_V2, SCHEMA_V3, SCHEMA_V4, SCHEMA_V5, SCHEMA_V6, SCHEMA_V7]
 """Schema migrations, in order: migration N brings the schema from version N-1 to N."""
