@@ -20,6 +20,7 @@ import pytest
 from plangate import Catalogue, Policy, ledger, tool
 from plangate.errors import GovernanceError, PlangateError, SelfApprovalError, StateError, UsageError
 from plangate.runtime import Runtime
+from plangate.store import StepRow
 from plangate.testing import fresh_database, postgres_cluster
 from tests.helpers import FixedClock, plan
 
@@ -374,7 +375,6 @@ def test_tools_from_another_module_with_another_contract_are_refused(tmp_path: P
 # -- 6. settle and compensate are decisions --------------------------------------------------------
 def test_only_an_approver_settles_and_never_during_a_run(db: str) -> None:
     rt, plan_id = approved(db)
-    from plangate.store import StepRow
 
     with rt.store.transaction():  # what a runner that died during the call leaves behind
         rt.store.put_step(
@@ -482,4 +482,74 @@ def test_a_plan_whose_events_were_changed_or_deleted_does_not_run(db: str) -> No
     sql(db, "DELETE FROM events WHERE seq = ?", (events["plan.checked"],))
     with pytest.raises(GovernanceError, match="events of the plan were deleted"):
         rt2.execute(other)
+    assert EFFECTS == []
+
+
+def paused_react(db: str, policy: Policy = POLICY) -> tuple[Runtime, Any, Any]:
+    from plangate.models.test import ScriptedModel
+    from plangate.react import ReActAgent
+
+    script = ['Action: pay {"invoice_id": "42", "amount": 3.0}', "Final Answer: paid"]
+    agent = ReActAgent(ScriptedModel(script), CAT, open_rt(db=db).store, policy=policy, user="alice")
+    return open_rt(CAT, policy, db=db), agent, agent.run("Refund 3 EUR on invoice 42")
+
+
+def test_a_react_action_that_ran_never_runs_again(db: str) -> None:
+    rt, agent, paused = paused_react(db)
+    rt.approve(paused.run_id, "dave", paused.pending_hash or "")
+    assert agent.resume(paused.run_id).status == "answered" and EFFECTS == ["pay 3.0 on 42"]
+    sql(db, "UPDATE plans SET status = 'approved' WHERE id = ?", (paused.run_id,))
+    with pytest.raises(GovernanceError, match=r"plans\.status is 'approved', but the audit log says 'succeeded'"):
+        agent.resume(paused.run_id)
+    assert EFFECTS == ["pay 3.0 on 42"]
+
+
+def test_a_react_action_runs_only_with_every_approval_it_needs(db: str) -> None:
+    needs_officer = Policy.from_yaml(
+        POLICY_TEXT + "sequences:\n  - {name: officer, after: {tools: ['*']}, forbid: {tools: [pay]},"
+        " unless_approved_by: privacy-officer}\n"
+    )
+    from plangate.models.test import ScriptedModel
+    from plangate.react import ReActAgent
+
+    script = [
+        'Action: look {"invoice_id": "42"}',
+        'Action: pay {"invoice_id": "42", "amount": 3.0}',
+        "Final Answer: ok",
+    ]
+    agent = ReActAgent(ScriptedModel(script), CAT, open_rt(db=db).store, policy=needs_officer, user="alice")
+    paused = agent.run("Refund 3 EUR on invoice 42")
+    assert paused.status == "paused" and "privacy-officer" in (paused.reason or "")
+    rt = open_rt(CAT, needs_officer, db=db)
+    rt.approve(paused.run_id, "dave", paused.pending_hash or "")
+    sql(db, "UPDATE plans SET status = 'approved' WHERE id = ?", (paused.run_id,))
+    with pytest.raises(GovernanceError, match="may not go on"):
+        agent.resume(paused.run_id)
+    assert EFFECTS == []
+
+
+def test_audit_verify_is_not_blinded_by_a_changed_kind(tmp_path: Path) -> None:
+    db = f"sqlite:///{tmp_path}/plangate.db"
+    rt, plan_id = approved(db)
+    sql(db, "UPDATE plan_versions SET author = 'mallory' WHERE plan_id = ?", (plan_id,))
+    sql(db, "UPDATE plans SET kind = 'react' WHERE id = ?", (plan_id,))
+    report = ledger.verify(rt.store)
+    assert not report.ok and "plans.kind is 'react', but the audit log says 'plan'" in str(report)
+
+
+def test_settle_and_compensate_act_only_on_a_plan_whose_rows_agree_with_the_log(db: str) -> None:
+    rt, plan_id = approved(db)
+    with rt.store.transaction():  # a runner died during step 1's call
+        rt.store.put_step(
+            StepRow(plan_id=plan_id, step_id=1, version=1, status="started", attempt=1, idempotency_key=f"{plan_id}:1")
+        )
+        rt.store.append_event(
+            plan_id=plan_id, version=1, step_id=1, kind="step.started", actor="engine", at="2026-01-01", data={}
+        )
+    assert rt.execute(plan_id).status == "halted"
+    sql(db, "UPDATE plans SET requested_by = 'erin' WHERE id = ?", (plan_id,))
+    with pytest.raises(GovernanceError, match=r"may not settle: .*plans.requested_by is 'erin'"):
+        rt.settle(plan_id, 1, done=True, actor="dave", output="paid 3.0")
+    with pytest.raises(GovernanceError, match=r"may not compensate: .*plans.requested_by"):
+        rt.compensate(plan_id, actor="dave", reason="undo")
     assert EFFECTS == []

@@ -181,8 +181,17 @@ def test_after_a_halt_settle_resume_and_roll_back_from_the_dashboard(setup: dict
 
     store = open_store(setup["db"])
     row = store.steps(plan["id"])[2]
-    with store.transaction():  # as if the process had died during step 2's call
+    with store.transaction():  # as if the process had died during step 2's call, as the engine records it
         store.put_step(StepRow(**{**row.__dict__, "status": "outcome_unknown", "error": "outcome unknown"}))
+        store.append_event(
+            plan_id=plan["id"],
+            version=1,
+            step_id=2,
+            kind="step.outcome_unknown",
+            actor="engine",
+            at="2026-11-29T09:00:00Z",
+            data={"error": "outcome unknown"},
+        )
     client, csrf = browser(setup, "dave")
     page = client.get(f"/plans/{plan['id']}/run").text
     assert 'id="settle-2"' in page and 'id="compensate"' in page and 'id="resume"' in page

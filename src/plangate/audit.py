@@ -239,7 +239,7 @@ def verify_plan(rows: Iterable[Sequence[Any]], chain: Chain) -> tuple[int, str] 
 
     Each event must carry a valid hash and follow the plan's event before it, so an event
     of the plan that was changed, inserted or deleted is caught without walking the whole
-    log. (Its newest events deleted, and its rows set back to match, is caught by the
+    log. (Its newest events deleted, with its rows set back to match, is caught by the
     whole log's check, and by a head kept elsewhere.)
     """
     before = GENESIS

@@ -195,6 +195,8 @@ class _Run:
                     return "outcome_unknown"
             if not self.steps[step_id].refs.depends_on <= self.outputs.keys():
                 return "blocked"
+            self.ready = [(0, step_id)]
+            self._check_lease()
             if not self._prepare(step_id):
                 return self.rows[step_id].status
         outcome = self._call_inline(step_id)
@@ -496,7 +498,18 @@ class _Run:
         lifecycle.move(self.store, plan, to, actor=self.actor, at=self._now(), kind=kind, data=data)
 
     def _check_lease(self) -> None:
-        if self.e.lease_lost is not None and self.e.lease_lost.is_set():
+        """Before steps start: the runner must still hold the plan, in the store, not only in memory.
+
+        Read under the log's write lock in the transaction that records the steps as started,
+        so a runner that lost its lease (a clock that jumped, a process that was paused and
+        looked dead) never starts a step that its successor may also start.
+        """
+        lost = self.e.lease_lost is not None and self.e.lease_lost.is_set()
+        if not lost and self.e.owner is not None and self.ready:
+            self.store.lock_log()
+            plan = self.store.get_plan(self.plan_id)
+            lost = plan is None or plan.lease_owner != self.e.owner or plan.status != "running"
+        if lost:
             raise LeaseLostError(
                 f"{self.e.owner} lost its lease on plan {self.plan_id}: another runner took it over, so this one stops"
             )

@@ -20,7 +20,7 @@ from plangate import approval
 from plangate.audit import AuditReport
 from plangate.errors import GovernanceError
 from plangate.plan import Plan
-from plangate.store import ApprovalRow, Event, PlanRow, Store, VersionRow
+from plangate.store import ApprovalRow, CheckRecord, Event, PlanRow, Store, VersionRow
 
 
 @dataclass
@@ -28,7 +28,7 @@ class Version:
     number: int
     hash: str
     author: str
-    check: dict[str, Any] | None = None
+    check: CheckRecord | None = None
 
 
 @dataclass
@@ -36,6 +36,8 @@ class PlanLedger:
     """What the events say about one plan."""
 
     plan_id: str
+    kind: str | None = None
+    """``plan`` or ``react``, from the first event, never from the plans row."""
     requested_by: str | None = None
     role: str | None = None
     category: str | None = None
@@ -46,6 +48,12 @@ class PlanLedger:
     decisions: list[ApprovalRow] = field(default_factory=list)
     steps: dict[int, tuple[str, Any]] = field(default_factory=dict)
     """Each step's last recorded status and, once it succeeded, its output (undo steps: negative ids)."""
+    pending: dict[str, Any] | None = None
+    """A ReAct run's action waiting for approval: its hash and what it needs."""
+    resumed: set[str] = field(default_factory=set)
+    """The hashes of the ReAct actions that were carried out after their approval."""
+    broken: list[str] = field(default_factory=list)
+    """Events that do not follow from the ones before them (a transition from a state the plan was not in)."""
 
     @property
     def version(self) -> Version | None:
@@ -75,7 +83,7 @@ class PlanLedger:
         version = self.version
         if version is None or version.check is None:
             return ["a check"]
-        return approval.missing(version.check.get("policy"), self.standing())
+        return approval.missing(version.check.policy, self.standing())
 
 
 def fold(plan_id: str, events: Iterable[Event]) -> PlanLedger:
@@ -90,6 +98,7 @@ def fold(plan_id: str, events: Iterable[Event]) -> PlanLedger:
 def _apply(ledger: PlanLedger, event: Event) -> None:
     data, kind = event.data, event.kind
     if kind == "plan.submitted":
+        ledger.kind = "plan"
         ledger.requested_by, ledger.role = event.actor, data.get("role")
         ledger.category, ledger.tools = data.get("category"), data.get("tools")
         ledger.current = 1
@@ -100,14 +109,41 @@ def _apply(ledger: PlanLedger, event: Event) -> None:
         ledger.category = data.get("category", ledger.category)
         ledger.versions[event.version] = Version(number=event.version, hash=data["hash"], author=event.actor)
     elif kind == "plan.checked" and event.version in ledger.versions:
-        ledger.versions[event.version].check = data
+        ledger.versions[event.version].check = CheckRecord.from_dict(data)
     elif kind == "plan.approval" or (kind == "plan.approved" and data.get("by") == "auto"):
         ledger.decisions.append(_decision(event))
+    elif kind.startswith("react."):
+        _apply_react(ledger, event)
     elif event.step_id is not None:
         _apply_step(ledger, event)
     transition = data.get("transition")
     if isinstance(transition, dict):
+        if transition.get("from") != ledger.status:
+            ledger.broken.append(
+                f"event {event.seq} ({kind}) moves the plan from {transition.get('from')!r}, "
+                f"but the events before it leave it {ledger.status!r}"
+            )
         ledger.status = transition.get("to")
+        if ledger.kind == "react" and ledger.status == "pending_approval" and ledger.pending and event.version:
+            _react_version(ledger, event.version)
+
+
+def _apply_react(ledger: PlanLedger, event: Event) -> None:
+    """A ReAct run: who asked, which action waits for approval, which approved actions were carried out."""
+    if event.kind == "react.started":
+        ledger.kind, ledger.requested_by = "react", event.actor
+    elif event.kind == "react.approval_needed":
+        ledger.pending = {"hash": event.data["hash"], "needs": list(event.data.get("needs", []))}
+    elif event.kind == "react.resumed":
+        ledger.resumed.add(str(event.data.get("action_hash")))
+
+
+def _react_version(ledger: PlanLedger, number: int) -> None:
+    assert ledger.pending is not None
+    named = [need for need in ledger.pending["needs"] if need != approval.A_PERSON]
+    check = CheckRecord(ok=True, policy={"approval": "human", "required_approvals": named})
+    ledger.current = number
+    ledger.versions[number] = Version(number=number, hash=ledger.pending["hash"], author="react", check=check)
 
 
 _STEP_STATUS = {
@@ -155,9 +191,11 @@ def problems(store: Store, ledger: PlanLedger, row: PlanRow | None = None) -> li
     row = row or store.get_plan(plan_id)
     if row is None:
         return [f"plan {plan_id}: its events exist but its row in plans does not"]
-    if row.kind == "react":
-        return [] if row.status == ledger.status else [_differs(plan_id, "status", row.status, ledger.status)]
-    found: list[str] = []
+    found: list[str] = [f"plan {plan_id}: {why}" for why in ledger.broken]
+    if row.kind != ledger.kind:
+        found.append(_differs(plan_id, "kind", row.kind, ledger.kind))
+    if ledger.kind == "react":
+        return found + _react_problems(store, row, ledger)
     expected = {
         "status": ledger.status,
         "version": ledger.current,
@@ -175,6 +213,46 @@ def problems(store: Store, ledger: PlanLedger, row: PlanRow | None = None) -> li
     found += _approval_problems(store, ledger)
     found += _step_problems(store, ledger)
     return found
+
+
+def _react_problems(store: Store, row: PlanRow, ledger: PlanLedger) -> list[str]:
+    found = [
+        _differs(ledger.plan_id, name, getattr(row, name), value)
+        for name, value in (("status", ledger.status), ("version", ledger.current))
+        if getattr(row, name) != value
+    ]
+    version = ledger.version
+    if version is not None:
+        stored = store.get_version(ledger.plan_id, version.number)
+        if (
+            stored is None
+            or hashlib.sha256(stored.body.encode()).hexdigest() != version.hash
+            or row.hash != version.hash
+        ):
+            found.append(f"plan {ledger.plan_id} v{version.number}: the pending action's text or hash was changed")
+    return found + _approval_problems(store, ledger)
+
+
+def right_to_resume(store: Store, run: PlanRow) -> list[Event]:
+    """A ReAct run's events, if its pending action may be carried out now; else a refusal saying why."""
+    events, broken = store.plan_events(run.id)
+    if broken is not None:
+        raise GovernanceError(f"ReAct run {run.id} may not go on: its audit events do not verify: {broken}")
+    told = fold(run.id, events)
+    found = problems(store, told, run)
+    if found:
+        raise GovernanceError(f"ReAct run {run.id} may not go on: {found[0]}; nothing was run")
+    version = told.version
+    if told.status != "approved" or version is None:
+        raise GovernanceError(f"ReAct run {run.id} has no approved action waiting (the audit log says {told.status})")
+    if version.hash in told.resumed:
+        raise GovernanceError(f"ReAct run {run.id}: its approved action was already carried out")
+    needs = told.needs()
+    if needs:
+        raise GovernanceError(
+            f"ReAct run {run.id}: its pending action still needs approval by {' and by '.join(needs)}"
+        )
+    return events
 
 
 def _step_problems(store: Store, ledger: PlanLedger) -> list[str]:
@@ -212,7 +290,7 @@ def _version_problems(store: Store, plan_id: str, version: Version) -> list[str]
         )
     if row.author != version.author:
         found.append(f"{where}: plan_versions.author is {row.author!r}, the audit log says {version.author!r}")
-    recorded = (version.check or {}).get("policy") or {}
+    recorded = (version.check.policy if version.check else None) or {}
     if row.policy_hash != recorded.get("policy_hash"):
         found.append(f"{where}: plan_versions.policy_hash does not match the policy named by its check event")
     if version.check is not None and row.check != version.check:
@@ -245,20 +323,30 @@ def _differs(plan_id: str, column: str, row: Any, events: Any) -> str:
     return f"plan {plan_id}: plans.{column} is {row!r}, but the audit log says {events!r}"
 
 
+def story(store: Store, plan: PlanRow, doing: str = "run") -> PlanLedger:
+    """The plan's story from its verified events, once every stored row of it agrees; else a refusal.
+
+    Whatever acts on a plan (a run, a settlement, a rollback) starts from this, so nothing
+    changed in the store outside plangate decides what happens.
+    """
+    events, broken = store.plan_events(plan.id)
+    if broken is not None:
+        raise GovernanceError(f"plan {plan.id} may not {doing}: its audit events do not verify: {broken}")
+    told = fold(plan.id, events)
+    found = problems(store, told, plan)
+    if found:
+        more = f" (and {len(found) - 1} more; see plangate audit verify)" if len(found) > 1 else ""
+        raise GovernanceError(f"plan {plan.id} may not {doing}: {found[0]}{more}; nothing was done")
+    return told
+
+
 def right_to_run(store: Store, plan: PlanRow, version: VersionRow) -> tuple[Plan, PlanLedger]:
     """The exact plan that may run now and its story, or a refusal that names what does not match.
 
     The plan's events must be intact, the stored rows must agree with them, the stored
     text must hash to the version's hash, and the approvals in the log must cover that hash.
     """
-    events, broken = store.plan_events(plan.id)
-    if broken is not None:
-        raise GovernanceError(f"plan {plan.id} may not run: its audit events do not verify: {broken}")
-    told = fold(plan.id, events)
-    found = problems(store, told, plan)
-    if found:
-        more = f" (and {len(found) - 1} more; see plangate audit verify)" if len(found) > 1 else ""
-        raise GovernanceError(f"plan {plan.id} may not run: {found[0]}{more}; nothing was run")
+    told = story(store, plan)
     body = Plan.parse(version.body)
     needs = told.needs()
     if needs:
@@ -267,6 +355,18 @@ def right_to_run(store: Store, plan: PlanRow, version: VersionRow) -> tuple[Plan
             f"({version.hash[:12]}…) that lets it run; it needs {' and '.join(needs)}"
         )
     return body, told
+
+
+def check_steps(store: Store, plan_id: str) -> None:
+    """Refuse to go on with a run whose recorded steps (their outcomes and outputs) are not what the log says.
+
+    For a runner that reads the steps back between steps (the Temporal activities), so an
+    output changed in the store never feeds a later step.
+    """
+    events, broken = store.plan_events(plan_id)
+    found = [broken] if broken else _step_problems(store, fold(plan_id, events))
+    if found:
+        raise GovernanceError(f"plan {plan_id} may not go on: {found[0]}")
 
 
 def verify(store: Store, anchor: tuple[int, str] | None = None) -> AuditReport:

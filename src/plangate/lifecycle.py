@@ -27,11 +27,13 @@ process that no longer exists), and then the plan may be taken over.
 
 from __future__ import annotations
 
+import functools
 import os
 import secrets
 import socket
 import threading
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from types import TracebackType
 from typing import Any
 
@@ -63,20 +65,37 @@ def runner(label: str) -> str:
     Two runners in one process (two threads, two runtimes) get different names, so a
     lease never lets a second runner in as if it were the first.
     """
-    return f"{label}#{secrets.token_hex(4)}@{socket.gethostname()}:{os.getpid()}"
+    return f"{label}#{secrets.token_hex(4)}@{_machine()}:{os.getpid()}"
+
+
+@functools.cache
+def _machine() -> str:
+    """This process's machine and process namespace: the host name, the boot id and the pid namespace.
+
+    Two containers may share a host name and reuse each other's process ids; only a lease
+    written under the same boot and pid namespace may be judged by whether its process exists.
+    """
+    host = socket.gethostname()
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()[:8]
+        namespace = os.readlink("/proc/self/ns/pid").removeprefix("pid:[").removesuffix("]")
+    except OSError:
+        return host
+    return f"{host}/{boot}/{namespace}"
 
 
 def lease_is_live(plan: PlanRow, now: str) -> bool:
     """Whether someone holds the plan: a lease that has not expired, of a process that still exists.
 
-    A lease names its machine and process (:func:`runner`); on this machine a lease whose
-    process is gone is dead at once, so a crashed run can be resumed without waiting.
+    A lease names its machine and process (:func:`runner`); in this machine's boot and
+    process namespace a lease whose process is gone is dead at once, so a crashed run can be
+    resumed without waiting. Anywhere else, only its expiry ends it.
     """
     owner, until = plan.lease_owner, plan.lease_until
     if owner is None or until is None or until < now:
         return False
-    host, _, pid = owner.rpartition("@")[2].rpartition(":")
-    if host == socket.gethostname() and pid.isdigit():
+    machine, _, pid = owner.rpartition("@")[2].rpartition(":")
+    if machine == _machine() and "/" in machine and pid.isdigit():
         return _process_exists(int(pid))
     return True
 

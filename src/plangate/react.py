@@ -32,15 +32,15 @@ from typing import Any, Literal
 
 from pydantic import ValidationError
 
-from plangate import approval, lifecycle
+from plangate import approval, ledger, lifecycle
 from plangate._clock import Clock, SystemClock, iso, parse_iso
 from plangate.costs import PriceTable
-from plangate.errors import GovernanceError, ParamsError, StateError
+from plangate.errors import ParamsError, StateError
 from plangate.models import Message, Model, ModelError, ModelRequest, ModelResponse, ToolCall, ToolSpec, Usage
 from plangate.plan import Plan, canonical
 from plangate.planner import prompt
 from plangate.policy import Policy
-from plangate.store import CallRow, PlanRow, Store, VersionRow
+from plangate.store import CallRow, CheckRecord, PlanRow, Store, VersionRow
 from plangate.tools import Catalogue, RunContext, Tool
 
 Mode = Literal["text", "native"]
@@ -150,14 +150,14 @@ class ReActAgent:
 
     def resume(self, run_id: str) -> ReActResult:
         """Carry on a paused run once its pending action is approved (it runs first)."""
-        row = self.store.get_plan(run_id)
-        if row is None or row.kind != "react":
-            raise StateError(f"no ReAct run {run_id!r}")
-        if row.status != "approved":
-            raise StateError(f"ReAct run {run_id} is {row.status}; only an approved pending action can go on")
-        state = _State.load(self.store, row)
         with self.store.transaction():  # a claim: of two resumes, one goes on and the other is refused
             self.store.lock_log()
+            row = self.store.get_plan(run_id)
+            if row is None or row.kind != "react":
+                raise StateError(f"no ReAct run {run_id!r}")
+            if row.status != "approved":
+                raise StateError(f"ReAct run {run_id} is {row.status}; only an approved pending action can go on")
+            state = _State.load(self.store, row)  # the right to go on, from the audit log
             lifecycle.move(
                 self.store,
                 row,
@@ -330,7 +330,7 @@ class ReActAgent:
                     body=body,
                     author="react",
                     created_at=now,
-                    check={"ok": True, "violations": [], "policy": decision or {"approval": "human"}, "action": action},
+                    check=CheckRecord(ok=True, policy=decision or {"approval": "human"}, action=action),
                     policy_hash=self.policy.hash if self.policy else None,
                 )
             )
@@ -550,21 +550,9 @@ class _State:
         """Rebuild a paused run from its events: the transcript, the actions taken, the pending one."""
         state = cls(run_id=row.id, question=row.task)
         version = store.get_version(row.id, row.version)
-        if version is None or "action" not in version.check:
+        if version is None or version.check.action is None:
             raise StateError(f"ReAct run {row.id} has no pending action")
-        if _digest(version.body) != row.hash:
-            raise GovernanceError(f"ReAct run {row.id}: the pending action's text does not match its approved hash")
-        events, broken = store.plan_events(row.id)
-        if broken is not None:
-            raise GovernanceError(f"ReAct run {row.id} may not go on: its audit events do not verify: {broken}")
-        if not any(
-            e.kind == "plan.approval"
-            and e.version == row.version
-            and e.data.get("hash") == row.hash
-            and e.data.get("decision") == "approved"
-            for e in events
-        ):
-            raise GovernanceError(f"ReAct run {row.id}: the audit log holds no approval of its pending action")
+        events = ledger.right_to_resume(store, row)
         state.pending = json.loads(version.body)
         for event in events:
             data = event.data

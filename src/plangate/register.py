@@ -15,14 +15,14 @@ approved without modification* (enough plans, every decision an approval, no edi
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import Any
 
 from plangate._clock import Clock, SystemClock, iso, parse_iso
 from plangate.accounts import Accounts
 from plangate.errors import GovernanceError, UsageError
-from plangate.store import Store
+from plangate.store import CheckRecord, Store
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -44,6 +44,17 @@ class Register:
             "SELECT category, auto, changed_by, changed_at, reason FROM register WHERE category = ?", (category,)
         )
         return _entry(rows[0]) if rows else None
+
+    def hold(self, category: str, checked: CheckRecord) -> CheckRecord:
+        """The check, with an automatic approval turned into a person's when the register holds the category."""
+        decision = checked.policy
+        if decision is None or decision["approval"] != "auto":
+            return checked
+        entry = self.get(category)
+        if entry is None or entry.auto:
+            return checked
+        held = f"the auto-approval register holds category {category!r} for people ({entry.reason})"
+        return replace(checked, policy={**decision, "approval": "human", "reasons": [*decision["reasons"], held]})
 
     def all(self) -> list[Entry]:
         rows = self.store.query("SELECT category, auto, changed_by, changed_at, reason FROM register ORDER BY category")

@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import Any
 
-from plangate import approval, ledger, lifecycle
+from plangate import approval, drift, ledger, lifecycle, recovery
 from plangate._clock import Clock, SystemClock, iso
 from plangate.check import CheckResult, check
 from plangate.compensation import Compensation, CompensationResult
@@ -23,7 +23,7 @@ from plangate.errors import GovernanceError, NotFoundError, StateError, UsageErr
 from plangate.plan import Plan
 from plangate.planner import PlanningResult
 from plangate.policy import Policy
-from plangate.store import DONE, ApprovalRow, Event, PlanRow, PlanStatus, Store, VersionRow, open_store
+from plangate.store import ApprovalRow, CheckRecord, Event, PlanRow, PlanStatus, Store, VersionRow, open_store
 from plangate.tools import Catalogue
 from plangate.violations import Violation
 
@@ -186,7 +186,7 @@ class Runtime:
             held = approval.held_role(self._policy_for(version), approver, role)
             row = self._decision(plan, version, "approved", actor=approver, role=held, comment=comment)
             self.store.insert_approval(row)
-            needs = approval.missing(version.check.get("policy"), [*approvals, row])
+            needs = approval.missing(version.check.policy, [*approvals, row])
             self._record(
                 plan,
                 "plan.approval",
@@ -233,7 +233,7 @@ class Runtime:
                 )
             lifecycle.require_idle(plan, self._now(), "an edit")
             if plan.status == "halted":
-                self._check_correction(plan, old, parsed)
+                recovery.check_correction(self.store, plan, old, parsed)
             if parsed.hash == plan.hash:
                 raise StateError(f"the edit does not change plan {plan.id} (same hash {plan.hash[:12]}…)")
             result = check(parsed, self._catalogue(), self.policy, user=plan.requested_by, role=plan.role)
@@ -263,21 +263,6 @@ class Runtime:
             plan = self._new_version(plan, parsed, editor, result)
         return self._notified(self.get(plan.id))
 
-    def _check_correction(self, plan: PlanRow, old: VersionRow, corrected: Plan) -> None:
-        """A correction of a halted plan may change only what has not run: what ran is kept."""
-        before = {s.id: s for s in Plan.parse(old.body).steps}
-        after = {s.id: s for s in corrected.steps}
-        rows = sorted(self.store.steps(plan.id).items())
-        unknown = [step_id for step_id, row in rows if row.status in ("started", "outcome_unknown")]
-        if unknown:
-            raise StateError(f"step {unknown[0]}'s outcome is unknown: settle it first (plangate settle)")
-        for step_id, row in rows:
-            if row.status in DONE and step_id > 0 and after.get(step_id) != before.get(step_id):
-                raise StateError(
-                    f"step {step_id} already ran ({row.status}); a correction may change only steps "
-                    "that have not succeeded, and keeps the others as they are"
-                )
-
     def settle(
         self, plan_id: str, step_id: int, *, done: bool, actor: str, output: Any = None, note: str | None = None
     ) -> PlanRecord:
@@ -290,30 +275,17 @@ class Runtime:
             plan, version = self._locked(plan_id)
             _not_react(plan)
             self._check_after_halt(plan, version, actor, "settle")
-            row = self.store.steps(plan.id).get(step_id)
-            if row is None or row.status not in ("outcome_unknown", "started"):
-                raise StateError(f"step {step_id} of plan {plan.id} has no unknown outcome to settle")
-            step = Plan.parse(version.body).step(step_id)
-            now = self._now()
-            if done:
-                tool = self._catalogue()[step.tool]
-                try:
-                    output = tool.dump_output(output)
-                except ValueError as exc:
-                    raise UsageError(f"the output given does not match {tool.name}'s declared type: {exc}") from None
-                self.store.put_step(replace(row, status="succeeded", output=output, error=None, finished_at=now))
-            else:
-                error = f"settled as not done by {actor}" + (f": {note}" if note else "")
-                self.store.put_step(replace(row, status="failed", error=error, finished_at=now))
-            lifecycle.hold(self.store, plan, now)
-            self.store.append_event(
-                plan_id=plan.id,
-                version=plan.version,
-                step_id=step_id,
-                kind="step.settled",
+            recovery.settle(
+                self.store,
+                self._catalogue(),
+                plan,
+                version,
+                step_id,
+                done=done,
                 actor=actor,
-                at=now,
-                data={"step": step_id, "tool": step.tool, "done": done, "output": output, "note": note},
+                output=output,
+                note=note,
+                at=self._now(),
             )
         return self.get(plan.id)
 
@@ -330,6 +302,7 @@ class Runtime:
             if not actor.startswith("policy:"):
                 self._check_after_halt(plan, version, actor, "compensate")
             lifecycle.require_idle(plan, self._now(), "a rollback")
+            ledger.story(self.store, plan, "be rolled back")
             plan = lifecycle.move(
                 self.store,
                 plan,
@@ -354,6 +327,7 @@ class Runtime:
         if plan.status not in ("halted", "compensation_incomplete"):
             raise StateError(f"plan {plan.id} is {plan.status}; only a halted plan's steps can be settled or undone")
         approval.check_may_decide(plan, self._authors(plan), actor, self._policy_for(version), doing)
+        ledger.story(self.store, plan, doing)
 
     # -- execute ---------------------------------------------------------------------------
     def execute(
@@ -410,13 +384,14 @@ class Runtime:
             plan, version = self._locked(plan_id)
             _not_react(plan)
             body, told = ledger.right_to_run(self.store, plan, version)
-            self._check_tools_module(plan, version, body)
+            drift.check_tools_module(plan, version, body, self._catalogue(), self.tools)
             policy = self._policy_now(version)
-            recheck = self._drift(plan, version, body, policy)
+            recheck = drift.recheck(plan, version, body, self._catalogue(), policy)
             if recheck is not None:
+                recheck = self._held_by_register(body.category, recheck)
                 plan, version, refusal = self._apply_recheck(plan, version, recheck, policy)
-            elif not version.check.get("ok", False):
-                refusal = f"plan {plan.id} may not run: it does not pass the check ({_first_violation(version.check)})"
+            elif not version.check.ok:
+                refusal = f"plan {plan.id} may not run: it does not pass ({drift.first_violation(version.check)})"
             if refusal is None:
                 resumed = bool(told.steps)
                 plan = lifecycle.claim(
@@ -454,41 +429,12 @@ class Runtime:
             self.compensate(claim.plan.id, actor=f"policy:{policy.name}", reason="the policy rolls back halted plans")
         return result
 
-    def _check_tools_module(self, plan: PlanRow, version: VersionRow, body: Plan) -> None:
-        """Tools from another module than the one on record run only if their contracts are the same."""
-        if self.tools is None or plan.tools is None or self.tools == plan.tools:
-            return
-        if version.check.get("catalogue") != self._fingerprint(body):
-            raise GovernanceError(
-                f"plan {plan.id} was submitted with the tools of {plan.tools}; the tools of {self.tools} "
-                "differ in what the plan's tools do (effects, scopes or schemas), so they may not run it"
-            )
-
     def _policy_now(self, version: VersionRow) -> Policy | None:
         """The policy in force: the runtime's, or else the one the version was checked against."""
         return self.policy if self.policy is not None else self._policy_for(version)
 
-    def _drift(self, plan: PlanRow, version: VersionRow, body: Plan, policy: Policy | None) -> dict[str, Any] | None:
-        """A new check when the tools' contracts or the policy differ from the version's; else None."""
-        fingerprint = self._fingerprint(body)
-        same_policy = (policy.hash if policy else None) == version.policy_hash
-        if version.check.get("catalogue") == fingerprint and same_policy:
-            return None
-        result = check(body, self._catalogue(), policy, user=plan.requested_by, role=plan.role)
-        checked = {**result.to_dict(), "catalogue": fingerprint}
-        what = [
-            name
-            for name, same in (
-                ("the tools", version.check.get("catalogue") == fingerprint),
-                ("the policy", same_policy),
-            )
-            if not same
-        ]
-        checked["recheck"] = f"{' and '.join(what)} changed since v{version.version} was checked"
-        return self._held_by_register(body.category, checked)
-
     def _apply_recheck(
-        self, plan: PlanRow, version: VersionRow, checked: dict[str, Any], policy: Policy | None
+        self, plan: PlanRow, version: VersionRow, checked: CheckRecord, policy: Policy | None
     ) -> tuple[PlanRow, VersionRow, str | None]:
         """Record the new check; send the plan back for approval if it no longer may run."""
         if policy is not None:
@@ -496,15 +442,12 @@ class Runtime:
         policy_hash = policy.hash if policy else None
         self.store.update_version_check(plan.id, plan.version, checked, policy_hash)
         version = replace(version, check=checked, policy_hash=policy_hash)
-        self._record(plan, "plan.checked", "checker", checked)
-        why = checked["recheck"]
-        if not checked["ok"]:  # not a decision to take back: it may not run while the tools or policy are so
-            return (
-                plan,
-                version,
-                f"plan {plan.id} may not run: {why}, and it no longer passes: {_first_violation(checked)}",
-            )
-        needs = approval.missing(checked.get("policy"), self.store.approvals(plan.id, plan.version))
+        self._record(plan, "plan.checked", "checker", checked.to_dict())
+        why = checked.recheck
+        if not checked.ok:  # not a decision to take back: it may not run while the tools or policy are so
+            reason = f"{why}, and it no longer passes: {drift.first_violation(checked)}"
+            return plan, version, f"plan {plan.id} may not run: {reason}"
+        needs = approval.missing(checked.policy, self.store.approvals(plan.id, plan.version))
         if needs and plan.status in ("approved", "running", "halted"):
             reason = f"{why}, and it now needs approval by {' and by '.join(needs)}"
             plan = lifecycle.move(
@@ -546,7 +489,7 @@ class Runtime:
 
     def _record_of(self, plan: PlanRow, version: VersionRow) -> PlanRecord:
         """The record of a plan from the rows already read (approvals only while it waits for them)."""
-        decision = version.check.get("policy")
+        decision = version.check.policy
         needs = (
             tuple(approval.missing(decision, self.store.approvals(plan.id, plan.version)))
             if plan.status == "pending_approval"
@@ -562,11 +505,11 @@ class Runtime:
             requested_by=plan.requested_by,
             role=plan.role,
             plan=None if plan.kind == "react" else Plan.parse(version.body),
-            violations=tuple(Violation(**v) for v in version.check.get("violations", [])),
+            violations=tuple(Violation(**v) for v in version.check.violations),
             decision=decision,
             needs=needs,
             kind=plan.kind,
-            action=version.check.get("action"),
+            action=version.check.action,
         )
 
     def list_plans(self, status: str | None = None, limit: int = 100) -> list[PlanRow]:
@@ -652,8 +595,8 @@ class Runtime:
         """Record a version and its check, and move the plan to what the check and policy say."""
         if self.policy is not None:
             self.store.save_policy(self.policy.hash, self.policy.name, self.policy.canonical_json())
-        checked = self._held_by_register(body.category, {**result.to_dict(), "catalogue": self._fingerprint(body)})
-        decision = checked["policy"]
+        checked = self._held_by_register(body.category, drift.record(result, self._catalogue(), body))
+        decision = checked.policy
         self.store.insert_version(
             VersionRow(
                 plan_id=plan.id,
@@ -666,7 +609,7 @@ class Runtime:
                 policy_hash=self.policy.hash if self.policy else None,
             )
         )
-        self._record(plan, "plan.checked", "checker", checked)
+        self._record(plan, "plan.checked", "checker", checked.to_dict())
         now = self._now()
         if not result.ok:
             data = {"by": "check", "violations": len(result.violations)}
@@ -692,18 +635,11 @@ class Runtime:
         data = {"needs": approval.missing(decision, [])}
         return lifecycle.move(self.store, plan, "pending_approval", actor="checker", at=now, data=data)
 
-    def _held_by_register(self, category: str, checked: dict[str, Any]) -> dict[str, Any]:
+    def _held_by_register(self, category: str, checked: CheckRecord) -> CheckRecord:
         """The check, with an automatic approval turned into a person's where the register says so."""
         from plangate.register import Register
 
-        decision = checked.get("policy")
-        if decision is None or decision["approval"] != "auto":
-            return checked
-        entry = Register(self.store, self.clock).get(category)
-        if entry is None or entry.auto:
-            return checked
-        held = f"the auto-approval register holds category {category!r} for people ({entry.reason})"
-        return {**checked, "policy": {**decision, "approval": "human", "reasons": [*decision["reasons"], held]}}
+        return Register(self.store, self.clock).hold(category, checked)
 
     def _notified(self, record: PlanRecord) -> PlanRecord:
         """Tell reviewers about a plan that waits for them; record whether that worked."""
@@ -720,10 +656,6 @@ class Runtime:
                     data={"error": failure} if failure else {},
                 )
         return record
-
-    def _fingerprint(self, plan: Plan) -> str:
-        """The contracts of the tools the plan uses: if they change, the plan is checked again."""
-        return self._catalogue().fingerprint(step.tool for step in plan.steps)
 
     def _record(self, plan: PlanRow, kind: str, actor: str, data: dict[str, Any]) -> None:
         """The one way the runtime writes an event (inside the caller's transaction)."""
@@ -745,11 +677,6 @@ class Runtime:
 
     def _now(self) -> str:
         return iso(self.clock.now())
-
-
-def _first_violation(checked: dict[str, Any]) -> str:
-    found = checked.get("violations") or (checked.get("policy") or {}).get("violations") or []
-    return str(Violation(**found[0])) if found else "no violation was recorded"
 
 
 def _not_react(plan: PlanRow) -> None:

@@ -23,13 +23,15 @@ from typing import Any
 
 from temporalio import activity, workflow
 from temporalio.common import RetryPolicy
+from temporalio.exceptions import ApplicationError
 
 with workflow.unsafe.imports_passed_through():
+    from plangate import ledger
     from plangate._clock import SystemClock
     from plangate.engine import Engine
     from plangate.errors import GovernanceError
     from plangate.plan import Plan
-    from plangate.runtime import Runtime
+    from plangate.runtime import Claim, Runtime
     from plangate.store import open_store
     from plangate.tools import Catalogue
 
@@ -38,15 +40,27 @@ _LEASE_SECONDS = 3600.0  # a workflow's lease: Temporal itself keeps the run goi
 
 
 def _stepper(args: dict[str, Any]) -> Any:
+    """The engine for one activity: the plan text claimed when the workflow started, never what the store holds now.
+
+    The text travels in the workflow's own history with its approved hash; the steps the
+    store recorded are held against the audit log before each step, so nothing changed in
+    the store since the claim reaches a tool.
+    """
+    body = Plan.parse(args["body"])
+    if body.hash != args["hash"]:
+        raise ApplicationError(
+            f"plan {args['plan_id']}: the workflow's plan text is not the approved one", non_retryable=True
+        )
     store = open_store(args["db"])
-    row = store.get_plan(args["plan_id"])
-    version = store.get_version(args["plan_id"], row.version) if row else None
-    if row is None or version is None:
-        raise RuntimeError(f"no plan {args['plan_id']} in {args['db']}")
+    try:
+        ledger.check_steps(store, args["plan_id"])
+    except GovernanceError as refused:
+        store.close()
+        raise ApplicationError(str(refused), non_retryable=True) from None
     engine = Engine(
         store=store, catalogue=Catalogue.from_module(args["tools"]), clock=SystemClock(), owner=args.get("owner")
     )
-    return engine.stepper(row.id, row.version, Plan.parse(version.body), actor="temporal"), store
+    return engine.stepper(args["plan_id"], args["version"], body, actor="temporal"), store
 
 
 @activity.defn(name="plangate.step")
@@ -105,14 +119,19 @@ class PlanWorkflow:
         )
 
 
-def workflow_args(db: str, tools: str, plan_id: str, plan: Plan) -> dict[str, Any]:
+def workflow_args(db: str, tools: str, claim: Claim) -> dict[str, Any]:
+    """The workflow's input for a claimed run: the approved text and hash travel in Temporal's history."""
     from plangate.graph import PlanGraph
 
-    graph = PlanGraph.of(plan)
+    graph = PlanGraph.of(claim.body)
     return {
         "db": db,
         "tools": tools,
-        "plan_id": plan_id,
+        "plan_id": claim.plan.id,
+        "version": claim.plan.version,
+        "body": claim.body.canonical_json(),
+        "hash": claim.body.hash,
+        "owner": claim.owner,
         "order": list(graph.order),
         "deps": {str(k): sorted(v) for k, v in graph.deps.items()},
     }
@@ -161,7 +180,7 @@ async def serve(
                 with contextlib.suppress(WorkflowAlreadyStartedError, WorkflowFailureError):
                     await client.execute_workflow(
                         PlanWorkflow.run,
-                        {**workflow_args(db, tools, plan_id, claim.body), "owner": name},
+                        workflow_args(db, tools, claim),
                         id=plan_id,
                         task_queue=TASK_QUEUE,
                         id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,

@@ -296,6 +296,7 @@ def create_app(
             observed = json.loads(output) if output.strip() else None
         except json.JSONDecodeError as exc:
             raise _Refused(422, f"the output is not JSON: {exc}") from None
+        may_decide(user, governed(lambda: rt.get(plan_id), plan_id))
         governed(
             lambda: rt.settle(plan_id, step, done=done == "yes", actor=user.name, output=observed, note=note or None),
             plan_id,
@@ -306,6 +307,7 @@ def create_app(
     def compensate_form(request: Request, plan_id: str, reason: str = Form(""), csrf: str = Form("")) -> Response:
         rt = runtime()
         user, _ = require(request, rt, write=True, form_csrf=csrf)
+        may_decide(user, governed(lambda: rt.get(plan_id), plan_id))
         result = governed(lambda: rt.compensate(plan_id, actor=user.name, reason=reason), plan_id)
         return RedirectResponse(
             f"/plans/{plan_id}?{urlencode({'flash': str(result).splitlines()[0]})}", status_code=303
@@ -518,12 +520,17 @@ def create_app(
     return app
 
 
+def may_decide(user: User, record: PlanRecord) -> None:
+    """Approving, rejecting, settling and rolling back are decisions: only for approvers of the plan's category."""
+    if not user.may_approve(record.category):
+        raise _Refused(403, f"{user.name} ({user.role}) may not decide on plans of category {record.category!r}")
+
+
 def _decide(
     rt: Runtime, user: User, plan_id: str, plan_hash: str | None, comment: str | None, *, approve: bool
 ) -> PlanRecord:
     record = rt.get(plan_id)
-    if not user.may_approve(record.category):
-        raise _Refused(403, f"{user.name} ({user.role}) may not decide on plans of category {record.category!r}")
+    may_decide(user, record)
     if approve:
         return rt.approve(record.id, user.name, plan_hash or "", comment=comment)
     return rt.reject(record.id, user.name, comment or "", plan_hash=plan_hash or None)

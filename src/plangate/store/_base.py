@@ -8,7 +8,16 @@ from contextlib import AbstractContextManager
 from typing import Any
 
 from plangate.audit import AuditReport
-from plangate.store._records import ApprovalRow, CallRow, Event, PlanRow, StepRow, TemplateRow, VersionRow
+from plangate.store._records import (
+    ApprovalRow,
+    CallRow,
+    CheckRecord,
+    Event,
+    PlanRow,
+    StepRow,
+    TemplateRow,
+    VersionRow,
+)
 
 
 class Store(abc.ABC):
@@ -52,7 +61,7 @@ class Store(abc.ABC):
     def insert_version(self, row: VersionRow) -> None: ...
 
     @abc.abstractmethod
-    def update_version_check(self, plan_id: str, version: int, check: dict[str, Any], policy_hash: str | None) -> None:
+    def update_version_check(self, plan_id: str, version: int, check: CheckRecord, policy_hash: str | None) -> None:
         """Record a new check of an existing version (the tools or the policy changed since)."""
 
     @abc.abstractmethod

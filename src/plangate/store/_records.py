@@ -41,6 +41,37 @@ class PlanRow:
 
 
 @dataclass(frozen=True, kw_only=True)
+class CheckRecord:
+    """What the checker and the policy said about one version, as recorded with it (and in its event)."""
+
+    ok: bool
+    violations: tuple[dict[str, Any], ...] = ()
+    policy: dict[str, Any] | None = None
+    """The policy's decision (:meth:`plangate.policy.PolicyDecision.to_dict`), or None without a policy."""
+    plan_hash: str | None = None
+    catalogue: str | None = None
+    """The fingerprint of the contracts of the tools the plan uses, when it was checked."""
+    recheck: str | None = None
+    """Why the version was checked again (the tools or the policy changed), if it was."""
+    action: dict[str, Any] | None = None
+    """A ReAct run's pending action."""
+
+    def to_dict(self) -> dict[str, Any]:
+        data: dict[str, Any] = {"ok": self.ok, "violations": list(self.violations), "policy": self.policy}
+        optional = {"plan_hash": self.plan_hash, "catalogue": self.catalogue, "recheck": self.recheck}
+        data.update({name: value for name, value in {**optional, "action": self.action}.items() if value is not None})
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> CheckRecord:
+        return cls(**{**data, "violations": tuple(data.get("violations", ()))})
+
+    @property
+    def needs_person(self) -> bool:
+        return self.policy is None or self.policy.get("approval") != "auto"
+
+
+@dataclass(frozen=True, kw_only=True)
 class VersionRow:
     """One version of a plan: its exact text, its author, and what the check and policy said."""
 
@@ -50,7 +81,7 @@ class VersionRow:
     body: str
     author: str
     created_at: str
-    check: dict[str, Any]
+    check: CheckRecord
     policy_hash: str | None
 
 

@@ -13,7 +13,16 @@ from plangate._auditkey import audit_key, find_audit_key
 from plangate.errors import StoreError
 from plangate.plan import canonical
 from plangate.store._base import Store
-from plangate.store._records import ApprovalRow, CallRow, Event, PlanRow, StepRow, TemplateRow, VersionRow
+from plangate.store._records import (
+    ApprovalRow,
+    CallRow,
+    CheckRecord,
+    Event,
+    PlanRow,
+    StepRow,
+    TemplateRow,
+    VersionRow,
+)
 
 # What update_plan may change. The status is not among them: it changes only through
 # transition(), a compare-and-set (see plangate.lifecycle).
@@ -140,11 +149,11 @@ class SQLStore(Store):
         )
         return int(cursor.rowcount) == 1
 
-    def update_version_check(self, plan_id: str, version: int, check: dict[str, Any], policy_hash: str | None) -> None:
+    def update_version_check(self, plan_id: str, version: int, check: CheckRecord, policy_hash: str | None) -> None:
         self._require_tx()
         self._exec(
             "UPDATE plan_versions SET check_result = ?, policy_hash = ? WHERE plan_id = ? AND version = ?",
-            (_dump(check), policy_hash, plan_id, version),
+            (_dump(check.to_dict()), policy_hash, plan_id, version),
         )
 
     def insert_version(self, row: VersionRow) -> None:
@@ -159,7 +168,7 @@ class SQLStore(Store):
                 row.body,
                 row.author,
                 row.created_at,
-                _dump(row.check),
+                _dump(row.check.to_dict()),
                 row.policy_hash,
             ),
         )
@@ -431,7 +440,7 @@ class SQLStore(Store):
             body=row[3],
             author=row[4],
             created_at=row[5],
-            check=_load(row[6]),
+            check=CheckRecord.from_dict(_load(row[6])),
             policy_hash=row[7],
         )
 

@@ -1,0 +1,78 @@
+"""After a halt: settling a step whose outcome is unknown, and correcting a failed step.
+
+Both change what a resumed run does, so both are decisions: the runtime checks who may
+make them (:func:`plangate.approval.check_may_decide`) and that no run holds the plan.
+Rolling back is :mod:`plangate.compensation`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from plangate import lifecycle
+from plangate.errors import StateError, UsageError
+from plangate.plan import Plan
+from plangate.store import DONE, PlanRow, Store, VersionRow
+from plangate.tools import Catalogue
+
+
+def check_correction(store: Store, plan: PlanRow, old: VersionRow, corrected: Plan) -> None:
+    """A correction of a halted plan may change only what has not run: what ran is kept."""
+    before = {s.id: s for s in Plan.parse(old.body).steps}
+    after = {s.id: s for s in corrected.steps}
+    rows = sorted(store.steps(plan.id).items())
+    unknown = [step_id for step_id, row in rows if row.status in ("started", "outcome_unknown")]
+    if unknown:
+        raise StateError(f"step {unknown[0]}'s outcome is unknown: settle it first (plangate settle)")
+    for step_id, row in rows:
+        if row.status in DONE and step_id > 0 and after.get(step_id) != before.get(step_id):
+            raise StateError(
+                f"step {step_id} already ran ({row.status}); a correction may change only steps "
+                "that have not succeeded, and keeps the others as they are"
+            )
+
+
+def settle(
+    store: Store,
+    catalogue: Catalogue,
+    plan: PlanRow,
+    version: VersionRow,
+    step_id: int,
+    *,
+    done: bool,
+    actor: str,
+    output: Any,
+    note: str | None,
+    at: str,
+) -> None:
+    """Record a person's word on a step whose outcome is unknown (inside the caller's transaction).
+
+    Done: the output they observed, checked against the tool's declared type, becomes the
+    step's output (the event shows it beside their name). Not done: the step is failed, so
+    ``resume`` runs it again.
+    """
+    row = store.steps(plan.id).get(step_id)
+    if row is None or row.status not in ("outcome_unknown", "started"):
+        raise StateError(f"step {step_id} of plan {plan.id} has no unknown outcome to settle")
+    step = Plan.parse(version.body).step(step_id)
+    if done:
+        tool = catalogue[step.tool]
+        try:
+            output = tool.dump_output(output)
+        except ValueError as exc:
+            raise UsageError(f"the output given does not match {tool.name}'s declared type: {exc}") from None
+        store.put_step(replace(row, status="succeeded", output=output, error=None, finished_at=at))
+    else:
+        error = f"settled as not done by {actor}" + (f": {note}" if note else "")
+        store.put_step(replace(row, status="failed", error=error, finished_at=at))
+    lifecycle.hold(store, plan, at)
+    store.append_event(
+        plan_id=plan.id,
+        version=plan.version,
+        step_id=step_id,
+        kind="step.settled",
+        actor=actor,
+        at=at,
+        data={"step": step_id, "tool": step.tool, "done": done, "output": output, "note": note},
+    )
