@@ -553,3 +553,17 @@ def test_settle_and_compensate_act_only_on_a_plan_whose_rows_agree_with_the_log(
     with pytest.raises(GovernanceError, match=r"may not compensate: .*plans.requested_by"):
         rt.compensate(plan_id, actor="dave", reason="undo")
     assert EFFECTS == []
+
+
+def test_a_run_cut_out_of_the_log_does_not_run_again(db: str) -> None:
+    rt, plan_id = approved(db)
+    assert rt.execute(plan_id).ok and EFFECTS == ["pay 3.0 on 42"]
+    approved(db)  # another plan's events come after the run
+    run = [e.seq for e in rt.trace(plan_id) if e.kind.startswith(("run.", "step."))]
+    sql(db, f"DELETE FROM events WHERE seq IN ({', '.join(map(str, run))})")
+    sql(db, "DELETE FROM steps WHERE plan_id = ?", (plan_id,))
+    sql(db, "UPDATE plans SET status = 'approved' WHERE id = ?", (plan_id,))
+    with pytest.raises(GovernanceError, match="events of the plan were deleted"):
+        open_rt(CAT, POLICY, db=db).execute(plan_id)
+    assert EFFECTS == ["pay 3.0 on 42"]
+    assert not ledger.verify(rt.store).ok

@@ -1,9 +1,9 @@
 """The audit log's keyed hash chain: how an event's hash is made, and how the chain is verified.
 
-Each event's hash is the HMAC-SHA256, under the audit key, of its canonical header
-(sequence number, plan, version, step, kind, actor, time, the previous event's hash, and
-the hash of the same plan's previous event) and its data in canonical JSON, joined by a
-newline. The second link makes each plan's events a chain of their own, so one plan's
+Each event's hash is the HMAC-SHA256, under the audit key, of its header (a compact JSON
+array: sequence number, plan, version, step, kind, actor, time, the previous event's hash,
+and the hash of the same plan's previous event) and its data in canonical JSON, joined by
+a newline. The second link makes each plan's events a chain of their own, so one plan's
 story is checked before it runs (:func:`verify_plan`) without walking the whole log. The
 key is kept outside the database (``PLANGATE_AUDIT_KEY`` or a key file, see
 ``plangate._auditkey``); the store records only
@@ -38,14 +38,15 @@ from __future__ import annotations
 import hashlib
 import hmac
 import itertools
+import json
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from plangate._auditkey import FILE_VARIABLE, KEY_VARIABLE, key_path
-from plangate.plan import canonical
 
 GENESIS = "0" * 64
+_HEADER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 COLUMNS = "seq, plan_id, version, step_id, kind, actor, at, data, prev, hash, plan_prev"
 """An event as the hash covers it: ``prev`` links it to the event before it in the log,
 ``plan_prev`` to the event before it of the same plan (GENESIS for a plan's first)."""
@@ -76,20 +77,15 @@ class Chain:
 
     def hash(self, row: Sequence[Any]) -> str:
         """The hash of an event given as its row (:data:`COLUMNS`), its data as text; its own hash is ignored."""
-        seq, plan_id, version, step_id, kind, actor, at, data, prev, _, plan_prev = row
-        header = {
-            "seq": seq,
-            "plan_id": plan_id,
-            "version": version,
-            "step_id": step_id,
-            "kind": kind,
-            "actor": actor,
-            "at": at,
-            "prev": prev,
-            "plan_prev": plan_prev,
-        }
+        header = _HEADER.encode((*row[:7], row[8], row[10]))  # seq .. at, prev, plan_prev: a JSON array
         mac = self._mac.copy()
-        mac.update(f"{canonical(header)}\n{data}".encode())
+        mac.update(f"{header}\n{row[7]}".encode())
+        return mac.hexdigest()
+
+    def seal(self, plan_id: str, seq: int, digest: str) -> str:
+        """A tag, under the key, naming a plan's newest event (kept beside the plan)."""
+        mac = self._mac.copy()
+        mac.update(f"tail\n{plan_id}\n{seq}\n{digest}".encode())
         return mac.hexdigest()
 
 
@@ -249,4 +245,24 @@ def verify_plan(rows: Iterable[Sequence[Any]], chain: Chain) -> tuple[int, str] 
         if chain.hash(row) != row[9]:
             return row[0], f"its content does not match its hash ({row[4]}): it was edited"
         before = row[9]
+    return None
+
+
+def tail_problem(chain: Chain, plan_id: str, last: tuple[int, str] | None, sealed: str | None) -> str | None:
+    """Whether the plan's newest event is the one sealed beside it (see :meth:`Chain.seal`); if not, why.
+
+    Deleting a plan's newest events leaves a valid chain of the plan's events; the seal,
+    which only a key holder can make, says where that chain must end.
+    """
+    if last is None:
+        return None
+    seq, _, rest = (sealed or "").partition(":")
+    digest, _, tag = rest.partition(":")
+    if not sealed or not seq.isdigit() or not hmac.compare_digest(tag, chain.seal(plan_id, int(seq), digest)):
+        return "the seal naming the plan's newest event is missing or was forged"
+    if (int(seq), digest) != last:
+        return (
+            f"the plan's newest event should be event {seq}, but its events end at event {last[0]}: "
+            "events of the plan were deleted"
+        )
     return None

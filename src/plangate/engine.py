@@ -500,16 +500,13 @@ class _Run:
     def _check_lease(self) -> None:
         """Before steps start: the runner must still hold the plan, in the store, not only in memory.
 
-        Read under the log's write lock in the transaction that records the steps as started,
-        so a runner that lost its lease (a clock that jumped, a process that was paused and
-        looked dead) never starts a step that its successor may also start.
+        The transaction that records the steps as started commits only while the lease is
+        this runner's (a fence), so a runner that lost its lease (a clock that jumped, a
+        process that was paused and looked dead) never starts a step its successor may start.
         """
-        lost = self.e.lease_lost is not None and self.e.lease_lost.is_set()
-        if not lost and self.e.owner is not None and self.ready:
-            self.store.lock_log()
-            plan = self.store.get_plan(self.plan_id)
-            lost = plan is None or plan.lease_owner != self.e.owner or plan.status != "running"
-        if lost:
+        if self.e.owner is not None and self.ready:
+            self.store.fence(self.plan_id, self.e.owner)
+        if self.e.lease_lost is not None and self.e.lease_lost.is_set():
             raise LeaseLostError(
                 f"{self.e.owner} lost its lease on plan {self.plan_id}: another runner took it over, so this one stops"
             )

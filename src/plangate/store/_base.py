@@ -97,6 +97,11 @@ class Store(abc.ABC):
         """Append one event to the hash-chained audit log."""
 
     @abc.abstractmethod
+    def fence(self, plan_id: str, owner: str) -> None:
+        """Inside a transaction: let it commit only if ``owner`` still holds the plan's lease then
+        (:class:`~plangate.errors.LeaseLostError` otherwise, and nothing of it is kept)."""
+
+    @abc.abstractmethod
     def lock_log(self) -> None:
         """Inside a transaction: take the audit log's write lock now, not at the first append.
 

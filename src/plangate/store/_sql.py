@@ -10,7 +10,7 @@ from typing import Any
 
 from plangate import audit
 from plangate._auditkey import audit_key, find_audit_key
-from plangate.errors import StoreError
+from plangate.errors import LeaseLostError, StoreError
 from plangate.plan import canonical
 from plangate.store._base import Store
 from plangate.store._records import (
@@ -54,6 +54,8 @@ class SQLStore(Store):
         # writer has appended since (the head is still the one this connection committed).
         self._plan_heads: dict[str, str] = {}
         self._committed: tuple[int, str] | None = None
+        self._tails: dict[str, tuple[int, str]] = {}  # the plans this transaction appended to: their newest event
+        self._fences: dict[str, str] = {}  # plans this transaction may change only while the owner holds them
 
     # -- plumbing ------------------------------------------------------------------------
     def _begin(self) -> None:
@@ -81,10 +83,13 @@ class SQLStore(Store):
                 yield
                 if self._head is not None:
                     self._exec("UPDATE audit_head SET seq = ?, hash = ? WHERE id = 1", self._head)
+                self._seal_tails()
             except BaseException:
                 # The key id may have been recorded in this transaction: check it again next time.
                 self._depth, self._head, self._chain, self._committed = 0, None, None, None
                 self._plan_heads.clear()
+                self._tails.clear()
+                self._fences.clear()
                 self._conn.execute("ROLLBACK")
                 raise
             self._conn.execute("COMMIT")
@@ -260,6 +265,7 @@ class SQLStore(Store):
         self._head = (seq, digest)
         if plan_id is not None:
             self._plan_heads[plan_id] = digest
+            self._tails[plan_id] = (seq, digest)
         return Event(
             seq=seq,
             plan_id=plan_id,
@@ -272,6 +278,31 @@ class SQLStore(Store):
             prev=prev,
             hash=digest,
         )
+
+    def fence(self, plan_id: str, owner: str) -> None:
+        self._require_tx()
+        self._fences[plan_id] = owner
+
+    def _seal_tails(self) -> None:
+        """Record, under the key, each plan's newest event beside the plan: cutting the plan's
+        story short then shows, unless the row is set back to a seal copied earlier. A fenced
+        plan's row changes only while its owner holds it; else the transaction fails."""
+        fences, self._fences = self._fences, {}
+        tails, self._tails = self._tails, {}
+        for plan_id, (seq, digest) in tails.items():
+            assert self._chain is not None
+            tail = f"{seq}:{digest}:{self._chain.seal(plan_id, seq, digest)}"
+            if plan_id not in fences:
+                self._exec("UPDATE plans SET tail = ? WHERE id = ?", (tail, plan_id))
+            elif not self._exec(_FENCED, (tail, plan_id, fences.pop(plan_id))).rowcount:
+                raise LeaseLostError(f"{self._fence_owner(plan_id)}: the lease on plan {plan_id} was lost")
+        for plan_id, owner in fences.items():
+            if not self._exec(_FENCED, (None, plan_id, owner)).rowcount:
+                raise LeaseLostError(f"{self._fence_owner(plan_id)}: the lease on plan {plan_id} was lost")
+
+    def _fence_owner(self, plan_id: str) -> str:
+        row = self._exec("SELECT lease_owner FROM plans WHERE id = ?", (plan_id,)).fetchone()
+        return f"plan {plan_id} is held by {row[0] if row else 'nobody'}"
 
     def _plan_head(self, plan_id: str) -> str:
         """The hash of the plan's newest event (read under the log's lock, remembered for the transaction)."""
@@ -534,6 +565,10 @@ class SQLStore(Store):
         bad = audit.verify_plan(rows, self._chain)
         if bad is not None:
             return [], f"event {bad[0]}: {bad[1]}"
+        sealed = self._exec("SELECT tail FROM plans WHERE id = ?", (plan_id,)).fetchone()
+        last = (rows[-1][0], rows[-1][9]) if rows and sealed else None  # no row: the tables' check says so
+        if problem := audit.tail_problem(self._chain, plan_id, last, sealed[0] if sealed else None):
+            return [], problem
         return [_event(r) for r in rows], None
 
     def audit_head(self) -> tuple[int, str]:
@@ -585,6 +620,12 @@ class SQLStore(Store):
 
     def close(self) -> None:
         self._conn.close()
+
+
+_FENCED = (
+    "UPDATE plans SET tail = COALESCE(?, tail) WHERE id = ? AND lease_owner = ?"
+    " AND status IN ('running', 'compensating')"
+)
 
 
 def _event(r: Any) -> Event:
@@ -676,6 +717,6 @@ SCHEMA_V5 = [
         reason TEXT NOT NULL)""",
 ]
 SCHEMA_V6 = ["ALTER TABLE plans ADD COLUMN lease_owner TEXT", "ALTER TABLE plans ADD COLUMN lease_until TEXT"]
-SCHEMA_V7 = ["ALTER TABLE events ADD COLUMN plan_prev TEXT"]
+SCHEMA_V7 = ["ALTER TABLE events ADD COLUMN plan_prev TEXT", "ALTER TABLE plans ADD COLUMN tail TEXT"]
 MIGRATIONS: list[list[str]] = [SCHEMA_V1, SCHEMA_V2, SCHEMA_V3, SCHEMA_V4, SCHEMA_V5, SCHEMA_V6, SCHEMA_V7]
 """Schema migrations, in order: migration N brings the schema from version N-1 to N."""
