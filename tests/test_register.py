@@ -90,3 +90,13 @@ def test_the_register_and_report_on_the_command_line(
     assert "lookups" in runner.invoke(main, ["register", "list"]).stdout
     out = runner.invoke(main, ["approvals", "report"]).stdout
     assert out.splitlines()[0].split()[:3] == ["CATEGORY", "PLANS", "APPROVED"]
+
+
+def test_a_hold_changed_in_the_database_still_holds(runtime: Runtime) -> None:
+    lookup = plan({"id": 1, "tool": "look", "params": {"key": "a"}}, category="lookups")
+    Register(runtime.store, runtime.clock).set("lookups", False, by="gina", reason="until the audit")
+    with runtime.store.transaction():  # someone with database access lifts the hold
+        runtime.store.command("UPDATE register SET auto = 1 WHERE category = 'lookups'")
+    held = runtime.submit(lookup, "ann")
+    assert held.status == "pending_approval"
+    assert any("was changed outside plangate" in r for r in held.decision["reasons"])  # type: ignore[index]

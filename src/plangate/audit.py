@@ -82,10 +82,10 @@ class Chain:
         mac.update(f"{header}\n{row[7]}".encode())
         return mac.hexdigest()
 
-    def seal(self, plan_id: str, seq: int, digest: str) -> str:
-        """A tag, under the key, naming a plan's newest event (kept beside the plan)."""
+    def seal_text(self, text: str) -> str:
+        """A tag, under the key, of a row kept outside the log (a plan's newest event, a register entry)."""
         mac = self._mac.copy()
-        mac.update(f"tail\n{plan_id}\n{seq}\n{digest}".encode())
+        mac.update(f"seal\n{text}".encode())
         return mac.hexdigest()
 
 
@@ -248,8 +248,13 @@ def verify_plan(rows: Iterable[Sequence[Any]], chain: Chain) -> tuple[int, str] 
     return None
 
 
+def tail_text(plan_id: str, seq: int, digest: str) -> str:
+    """What a plan's seal covers: the plan and its newest event."""
+    return f"tail\n{plan_id}\n{seq}\n{digest}"
+
+
 def tail_problem(chain: Chain, plan_id: str, last: tuple[int, str] | None, sealed: str | None) -> str | None:
-    """Whether the plan's newest event is the one sealed beside it (see :meth:`Chain.seal`); if not, why.
+    """Whether the plan's newest event is the one sealed beside it (:meth:`Chain.seal_text`); if not, why.
 
     Deleting a plan's newest events leaves a valid chain of the plan's events; the seal,
     which only a key holder can make, says where that chain must end.
@@ -258,7 +263,8 @@ def tail_problem(chain: Chain, plan_id: str, last: tuple[int, str] | None, seale
         return None
     seq, _, rest = (sealed or "").partition(":")
     digest, _, tag = rest.partition(":")
-    if not sealed or not seq.isdigit() or not hmac.compare_digest(tag, chain.seal(plan_id, int(seq), digest)):
+    expected = chain.seal_text(tail_text(plan_id, int(seq) if seq.isdigit() else -1, digest))
+    if not sealed or not seq.isdigit() or not hmac.compare_digest(tag, expected):
         return "the seal naming the plan's newest event is missing or was forged"
     if (int(seq), digest) != last:
         return (

@@ -34,16 +34,27 @@ class Entry:
     reason: str
 
 
+_COLUMNS = "category, auto, changed_by, changed_at, reason, seal"
+
+
 class Register:
     def __init__(self, store: Store, clock: Clock | None = None) -> None:
         self.store = store
         self.clock = clock or SystemClock()
 
     def get(self, category: str) -> Entry | None:
-        rows = self.store.query(
-            "SELECT category, auto, changed_by, changed_at, reason FROM register WHERE category = ?", (category,)
-        )
-        return _entry(rows[0]) if rows else None
+        """The entry for ``category``; one changed outside plangate (its seal does not match) holds it for people."""
+        rows = self.store.query(f"SELECT {_COLUMNS} FROM register WHERE category = ?", (category,))
+        return self._checked(rows[0]) if rows else None
+
+    def _checked(self, row: tuple[Any, ...]) -> Entry:
+        entry = _entry(row)
+        if row[5] != self._seal(entry):
+            return replace(entry, auto=False, reason="its entry in the register was changed outside plangate")
+        return entry
+
+    def _seal(self, entry: Entry) -> str:
+        return self.store.seal("register", entry.category, entry.auto, entry.changed_by, entry.changed_at, entry.reason)
 
     def hold(self, category: str, checked: CheckRecord) -> CheckRecord:
         """The check, with an automatic approval turned into a person's when the register holds the category."""
@@ -57,8 +68,8 @@ class Register:
         return replace(checked, policy={**decision, "approval": "human", "reasons": [*decision["reasons"], held]})
 
     def all(self) -> list[Entry]:
-        rows = self.store.query("SELECT category, auto, changed_by, changed_at, reason FROM register ORDER BY category")
-        return [_entry(r) for r in rows]
+        rows = self.store.query(f"SELECT {_COLUMNS} FROM register ORDER BY category")
+        return [self._checked(r) for r in rows]
 
     def set(self, category: str, auto: bool, *, by: str, reason: str) -> Entry:
         """Clear (or stop clearing) a category for automatic approval; governance only, with a reason."""
@@ -71,13 +82,8 @@ class Register:
         if not reason.strip():
             raise UsageError("say why the register changes (--reason)")
         at = iso(self.clock.now())
+        entry = Entry(category=category, auto=auto, changed_by=by, changed_at=at, reason=reason)
         with self.store.transaction():
-            self.store.command(
-                "INSERT INTO register (category, auto, changed_by, changed_at, reason) VALUES (?, ?, ?, ?, ?)"
-                " ON CONFLICT (category) DO UPDATE SET auto = excluded.auto, changed_by = excluded.changed_by,"
-                " changed_at = excluded.changed_at, reason = excluded.reason",
-                (category, int(auto), by, at, reason),
-            )
             self.store.append_event(
                 plan_id=None,
                 version=None,
@@ -87,7 +93,13 @@ class Register:
                 at=at,
                 data={"category": category, "auto": auto, "reason": reason},
             )
-        return Entry(category=category, auto=auto, changed_by=by, changed_at=at, reason=reason)
+            self.store.command(
+                "INSERT INTO register (category, auto, changed_by, changed_at, reason, seal) VALUES (?, ?, ?, ?, ?, ?)"
+                " ON CONFLICT (category) DO UPDATE SET auto = excluded.auto, changed_by = excluded.changed_by,"
+                " changed_at = excluded.changed_at, reason = excluded.reason, seal = excluded.seal",
+                (category, int(auto), by, at, reason, self._seal(entry)),
+            )
+        return entry
 
 
 def _entry(row: tuple[Any, ...]) -> Entry:

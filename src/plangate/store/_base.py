@@ -97,6 +97,10 @@ class Store(abc.ABC):
         """Append one event to the hash-chained audit log."""
 
     @abc.abstractmethod
+    def seal(self, *parts: object) -> str:
+        """A tag of ``parts`` under the audit key, for a row that must not change outside plangate."""
+
+    @abc.abstractmethod
     def fence(self, plan_id: str, owner: str) -> None:
         """Inside a transaction: let it commit only if ``owner`` still holds the plan's lease then
         (:class:`~plangate.errors.LeaseLostError` otherwise, and nothing of it is kept)."""

@@ -279,6 +279,9 @@ class SQLStore(Store):
             hash=digest,
         )
 
+    def seal(self, *parts: object) -> str:
+        return self._keyed_chain().seal_text("\n".join(map(str, parts)))
+
     def fence(self, plan_id: str, owner: str) -> None:
         self._require_tx()
         self._fences[plan_id] = owner
@@ -291,7 +294,7 @@ class SQLStore(Store):
         tails, self._tails = self._tails, {}
         for plan_id, (seq, digest) in tails.items():
             assert self._chain is not None
-            tail = f"{seq}:{digest}:{self._chain.seal(plan_id, seq, digest)}"
+            tail = f"{seq}:{digest}:{self._chain.seal_text(audit.tail_text(plan_id, seq, digest))}"
             if plan_id not in fences:
                 self._exec("UPDATE plans SET tail = ? WHERE id = ?", (tail, plan_id))
             elif not self._exec(_FENCED, (tail, plan_id, fences.pop(plan_id))).rowcount:
@@ -552,15 +555,24 @@ class SQLStore(Store):
             anchor=anchor,
         )
 
-    def plan_events(self, plan_id: str) -> tuple[list[Event], str | None]:
+    def _keyed_chain(self) -> audit.Chain:
+        """This process's key, once the log is known to be written with it (StoreError if not)."""
         if self._chain is None:
             row = self._exec("SELECT value FROM settings WHERE key = ?", (audit.KEY_ID,)).fetchone()
             key = find_audit_key()
             chain = audit.Chain(key) if key is not None else None
             problem = audit.key_problem(None if row is None else str(row[0]), chain, has_events=True)
             if problem is not None or chain is None:
-                return [], problem or audit.UNKEYED
+                raise StoreError(problem or audit.UNKEYED)
             self._chain = chain
+        return self._chain
+
+    def plan_events(self, plan_id: str) -> tuple[list[Event], str | None]:
+        try:
+            self._keyed_chain()
+        except StoreError as exc:
+            return [], str(exc)
+        assert self._chain is not None
         rows = self._exec(f"SELECT {audit.COLUMNS} FROM events WHERE plan_id = ? ORDER BY seq", (plan_id,)).fetchall()
         bad = audit.verify_plan(rows, self._chain)
         if bad is not None:
@@ -717,6 +729,10 @@ SCHEMA_V5 = [
         reason TEXT NOT NULL)""",
 ]
 SCHEMA_V6 = ["ALTER TABLE plans ADD COLUMN lease_owner TEXT", "ALTER TABLE plans ADD COLUMN lease_until TEXT"]
-SCHEMA_V7 = ["ALTER TABLE events ADD COLUMN plan_prev TEXT", "ALTER TABLE plans ADD COLUMN tail TEXT"]
+SCHEMA_V7 = [
+    "ALTER TABLE events ADD COLUMN plan_prev TEXT",
+    "ALTER TABLE plans ADD COLUMN tail TEXT",
+    "ALTER TABLE register ADD COLUMN seal TEXT",
+]
 MIGRATIONS: list[list[str]] = [SCHEMA_V1, SCHEMA_V2, SCHEMA_V3, SCHEMA_V4, SCHEMA_V5, SCHEMA_V6, SCHEMA_V7]
 """Schema migrations, in order: migration N brings the schema from version N-1 to N."""
