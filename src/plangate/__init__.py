@@ -22,7 +22,8 @@ from plangate.errors import (
 )
 from plangate.plan import LIMITS, SCHEMA_VERSION, Limits, Plan, Step, plan_json_schema
 from plangate.policy import POLICY_RULES, Policy, PolicyDecision
-from plangate.runtime import PlanRecord, Runtime
+from plangate.record import PlanRecord
+from plangate.runtime import Runtime
 from plangate.tools import Catalogue, RunContext, Tool, tool
 from plangate.violations import Violation
 

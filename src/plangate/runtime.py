@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
@@ -23,66 +23,11 @@ from plangate.errors import GovernanceError, NotFoundError, StateError, UsageErr
 from plangate.plan import Plan
 from plangate.planner import PlanningResult
 from plangate.policy import Policy
-from plangate.store import ApprovalRow, CheckRecord, Event, PlanRow, PlanStatus, Store, VersionRow, open_store
+from plangate.record import Claim, PlanRecord
+from plangate.store import ApprovalRow, CheckRecord, Event, PlanRow, Store, VersionRow, open_store
 from plangate.tools import Catalogue
-from plangate.violations import Violation
 
 PlanInput = Plan | Mapping[str, Any] | str | bytes
-
-
-@dataclass(frozen=True, kw_only=True)
-class PlanRecord:
-    """A submitted plan as the store knows it: identity, status, and what it still needs."""
-
-    id: str
-    version: int
-    hash: str
-    status: PlanStatus
-    task: str
-    category: str
-    requested_by: str
-    role: str | None
-    plan: Plan | None
-    violations: tuple[Violation, ...] = ()
-    decision: dict[str, Any] | None = None
-    needs: tuple[str, ...] = ()
-    kind: str = "plan"
-    action: dict[str, Any] | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "version": self.version,
-            "hash": self.hash,
-            "status": self.status,
-            "task": self.task,
-            "category": self.category,
-            "requested_by": self.requested_by,
-            "needs": list(self.needs),
-            "violations": [v.to_dict() for v in self.violations],
-            "policy": self.decision,
-            "plan": json.loads(self.plan.canonical_json()) if self.plan else None,
-        }
-
-    def __str__(self) -> str:
-        what = "ReAct run" if self.kind == "react" else "plan"
-        text = f"{what} {self.id} v{self.version} {self.hash[:12]}: {self.status}"
-        if self.status == "pending_approval" and self.needs:
-            text += f" (needs approval by {' and by '.join(self.needs)})"
-        if self.violations:
-            text += f" ({len(self.violations)} violation{'s' if len(self.violations) != 1 else ''})"
-        return text
-
-
-@dataclass(frozen=True, kw_only=True)
-class Claim:
-    """A run that has started: the plan as claimed, the exact plan text, and who holds the lease."""
-
-    plan: PlanRow
-    body: Plan
-    policy: Policy | None
-    owner: str
-    actor: str
 
 
 class Runtime:
@@ -470,18 +415,7 @@ class Runtime:
         if row is None:
             raise NotFoundError(f"no plan {plan_id!r}")
         if row.kind == "react" and row.version == 0:  # a ReAct run with no pending action
-            return PlanRecord(
-                id=row.id,
-                version=0,
-                hash=row.hash,
-                status=row.status,
-                task=row.task,
-                category=row.category,
-                requested_by=row.requested_by,
-                role=row.role,
-                plan=None,
-                kind="react",
-            )
+            return PlanRecord.of(row, None)
         version = self.store.get_version(row.id, row.version)
         if version is None:
             raise NotFoundError(f"plan {row.id} has no version {row.version}")
@@ -489,28 +423,9 @@ class Runtime:
 
     def _record_of(self, plan: PlanRow, version: VersionRow) -> PlanRecord:
         """The record of a plan from the rows already read (approvals only while it waits for them)."""
-        decision = version.check.policy
-        needs = (
-            tuple(approval.missing(decision, self.store.approvals(plan.id, plan.version)))
-            if plan.status == "pending_approval"
-            else ()
-        )
-        return PlanRecord(
-            id=plan.id,
-            version=plan.version,
-            hash=plan.hash,
-            status=plan.status,
-            task=plan.task,
-            category=plan.category,
-            requested_by=plan.requested_by,
-            role=plan.role,
-            plan=None if plan.kind == "react" else Plan.parse(version.body),
-            violations=tuple(Violation(**v) for v in version.check.violations),
-            decision=decision,
-            needs=needs,
-            kind=plan.kind,
-            action=version.check.action,
-        )
+        waiting = plan.status == "pending_approval"
+        approvals = self.store.approvals(plan.id, plan.version) if waiting else []
+        return PlanRecord.of(plan, version, approval.missing(version.check.policy, approvals) if waiting else ())
 
     def list_plans(self, status: str | None = None, limit: int = 100) -> list[PlanRow]:
         return self.store.list_plans(status, limit)

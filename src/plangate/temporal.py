@@ -31,7 +31,8 @@ with workflow.unsafe.imports_passed_through():
     from plangate.engine import Engine
     from plangate.errors import GovernanceError
     from plangate.plan import Plan
-    from plangate.runtime import Claim, Runtime
+    from plangate.record import Claim
+    from plangate.runtime import Runtime
     from plangate.store import open_store
     from plangate.tools import Catalogue
 

@@ -32,7 +32,8 @@ from plangate.check import check
 from plangate.errors import GovernanceError, InputError, NotFoundError, PlanError, UsageError
 from plangate.plan import Plan
 from plangate.policy import Policy
-from plangate.runtime import PlanRecord, Runtime
+from plangate.record import PlanRecord
+from plangate.runtime import Runtime
 from plangate.server import views
 from plangate.store import open_store
 from plangate.tools import Catalogue

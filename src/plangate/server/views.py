@@ -9,7 +9,8 @@ from typing import Any
 
 from plangate.graph import PlanGraph
 from plangate.plan import Plan
-from plangate.runtime import PlanRecord, Runtime
+from plangate.record import PlanRecord
+from plangate.runtime import Runtime
 from plangate.tools import Catalogue
 
 _RISK = {"read": 0, "write": 1, "irreversible": 2}

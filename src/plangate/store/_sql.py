@@ -2,22 +2,19 @@
 
 from __future__ import annotations
 
-import json
 import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
 from plangate import audit
-from plangate._auditkey import audit_key, find_audit_key
-from plangate.errors import LeaseLostError, StoreError
-from plangate.plan import canonical
+from plangate.errors import StoreError
 from plangate.store._base import Store
+from plangate.store._log import AuditLog, _dump, _load
 from plangate.store._records import (
     ApprovalRow,
     CallRow,
     CheckRecord,
-    Event,
     PlanRow,
     StepRow,
     TemplateRow,
@@ -33,15 +30,7 @@ _PLAN_COLUMNS = (
 )
 
 
-def _dump(value: Any) -> str:
-    return canonical(value)
-
-
-def _load(text: str | None) -> Any:
-    return None if text is None else json.loads(text)
-
-
-class SQLStore(Store):
+class SQLStore(AuditLog, Store):
     """Shared SQL for the backends; a subclass supplies the connection and its dialect."""
 
     def __init__(self, url: str, connection: Any) -> None:
@@ -241,107 +230,6 @@ class SQLStore(Store):
             (policy_hash, name, body),
         )
 
-    def append_event(
-        self,
-        *,
-        plan_id: str | None,
-        version: int | None,
-        step_id: int | None,
-        kind: str,
-        actor: str,
-        at: str,
-        data: dict[str, Any],
-    ) -> Event:
-        self.lock_log()
-        assert self._head is not None
-        seq, prev = self._head[0] + 1, self._head[1]
-        plan_prev = None if plan_id is None else self._plan_head(plan_id)
-        row = (seq, plan_id, version, step_id, kind, actor, at, _dump(data), prev, "", plan_prev)
-        digest = self._chain_for_append(seq - 1).hash(row)
-        self._exec(
-            f"INSERT INTO events ({audit.COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (*row[:9], digest, plan_prev),
-        )
-        self._head = (seq, digest)
-        if plan_id is not None:
-            self._plan_heads[plan_id] = digest
-            self._tails[plan_id] = (seq, digest)
-        return Event(
-            seq=seq,
-            plan_id=plan_id,
-            version=version,
-            step_id=step_id,
-            kind=kind,
-            actor=actor,
-            at=at,
-            data=data,
-            prev=prev,
-            hash=digest,
-        )
-
-    def seal(self, *parts: object) -> str:
-        return self._keyed_chain().seal_text("\n".join(map(str, parts)))
-
-    def fence(self, plan_id: str, owner: str) -> None:
-        self._require_tx()
-        self._fences[plan_id] = owner
-
-    def _seal_tails(self) -> None:
-        """Record, under the key, each plan's newest event beside the plan: cutting the plan's
-        story short then shows, unless the row is set back to a seal copied earlier. A fenced
-        plan's row changes only while its owner holds it; else the transaction fails."""
-        fences, self._fences = self._fences, {}
-        tails, self._tails = self._tails, {}
-        for plan_id, (seq, digest) in tails.items():
-            assert self._chain is not None
-            tail = f"{seq}:{digest}:{self._chain.seal_text(audit.tail_text(plan_id, seq, digest))}"
-            if plan_id not in fences:
-                self._exec("UPDATE plans SET tail = ? WHERE id = ?", (tail, plan_id))
-            elif not self._exec(_FENCED, (tail, plan_id, fences.pop(plan_id))).rowcount:
-                raise LeaseLostError(f"{self._fence_owner(plan_id)}: the lease on plan {plan_id} was lost")
-        for plan_id, owner in fences.items():
-            if not self._exec(_FENCED, (None, plan_id, owner)).rowcount:
-                raise LeaseLostError(f"{self._fence_owner(plan_id)}: the lease on plan {plan_id} was lost")
-
-    def _fence_owner(self, plan_id: str) -> str:
-        row = self._exec("SELECT lease_owner FROM plans WHERE id = ?", (plan_id,)).fetchone()
-        return f"plan {plan_id} is held by {row[0] if row else 'nobody'}"
-
-    def _plan_head(self, plan_id: str) -> str:
-        """The hash of the plan's newest event (read under the log's lock, remembered for the transaction)."""
-        if plan_id not in self._plan_heads:
-            row = self._exec(
-                "SELECT hash FROM events WHERE plan_id = ? ORDER BY seq DESC LIMIT 1", (plan_id,)
-            ).fetchone()
-            self._plan_heads[plan_id] = audit.GENESIS if row is None else str(row[0])
-        return self._plan_heads[plan_id]
-
-    def lock_log(self) -> None:
-        self._require_tx()
-        if self._head is None:
-            self._head = self._head_for_append()
-            if self._head != self._committed:  # another writer appended since: what was remembered may be stale
-                self._plan_heads.clear()
-
-    _chain: audit.Chain | None = None  # this process's key, once the log is known to be written with it
-
-    def _chain_for_append(self, last_seq: int) -> audit.Chain:
-        """The chain to append with: this process's key, refused if the log was written with another or none.
-
-        Called inside the appending transaction, after the head is locked, so two processes
-        appending to a new log cannot both record their key.
-        """
-        if self._chain is not None:
-            return self._chain
-        chain = audit.Chain(audit_key())
-        row = self._exec("SELECT value FROM settings WHERE key = ?", (audit.KEY_ID,)).fetchone()
-        if row is None and last_seq == 0:
-            self._exec("INSERT INTO settings (key, value) VALUES (?, ?)", (audit.KEY_ID, chain.key_id))
-        elif problem := audit.key_problem(None if row is None else row[0], chain, has_events=last_seq > 0):
-            raise StoreError(problem)
-        self._chain = chain
-        return chain
-
     _CALL_COLUMNS = (
         "id, at, plan_id, task, model, purpose, expected_steps, budget, effort, input_tokens, output_tokens,"
         " thinking_tokens, cost, seconds, ok, error"
@@ -528,64 +416,9 @@ class SQLStore(Store):
             for r in rows
         }
 
-    def events(self, plan_id: str | None = None) -> Iterator[Event]:
-        query = "SELECT seq, plan_id, version, step_id, kind, actor, at, data, prev, hash FROM events"
-        params: tuple[Any, ...] = ()
-        if plan_id is not None:
-            query += " WHERE plan_id = ?"
-            params = (plan_id,)
-        cursor = self._exec(query + " ORDER BY seq", params)
-        while batch := cursor.fetchmany(500):
-            yield from map(_event, batch)
-
     def policy_text(self, policy_hash: str) -> str | None:
         row = self._exec("SELECT body FROM policies WHERE hash = ?", (policy_hash,)).fetchone()
         return None if row is None else str(row[0])
-
-    def verify_audit(self, anchor: tuple[int, str] | None = None) -> audit.AuditReport:
-        head = self._exec("SELECT seq, hash FROM audit_head WHERE id = 1").fetchone()
-        row = self._exec("SELECT value FROM settings WHERE key = ?", (audit.KEY_ID,)).fetchone()
-        written_with = None if row is None else str(row[0])
-        rows = self._exec(f"SELECT {audit.COLUMNS} FROM events ORDER BY seq")
-        return audit.verify(
-            rows,
-            written_with=written_with,
-            key=find_audit_key() if written_with else None,
-            head=(head[0], head[1]) if head and head[0] else None,
-            anchor=anchor,
-        )
-
-    def _keyed_chain(self) -> audit.Chain:
-        """This process's key, once the log is known to be written with it (StoreError if not)."""
-        if self._chain is None:
-            row = self._exec("SELECT value FROM settings WHERE key = ?", (audit.KEY_ID,)).fetchone()
-            key = find_audit_key()
-            chain = audit.Chain(key) if key is not None else None
-            problem = audit.key_problem(None if row is None else str(row[0]), chain, has_events=True)
-            if problem is not None or chain is None:
-                raise StoreError(problem or audit.UNKEYED)
-            self._chain = chain
-        return self._chain
-
-    def plan_events(self, plan_id: str) -> tuple[list[Event], str | None]:
-        try:
-            self._keyed_chain()
-        except StoreError as exc:
-            return [], str(exc)
-        assert self._chain is not None
-        rows = self._exec(f"SELECT {audit.COLUMNS} FROM events WHERE plan_id = ? ORDER BY seq", (plan_id,)).fetchall()
-        bad = audit.verify_plan(rows, self._chain)
-        if bad is not None:
-            return [], f"event {bad[0]}: {bad[1]}"
-        sealed = self._exec("SELECT tail FROM plans WHERE id = ?", (plan_id,)).fetchone()
-        last = (rows[-1][0], rows[-1][9]) if rows and sealed else None  # no row: the tables' check says so
-        if problem := audit.tail_problem(self._chain, plan_id, last, sealed[0] if sealed else None):
-            return [], problem
-        return [_event(r) for r in rows], None
-
-    def audit_head(self) -> tuple[int, str]:
-        row = self._exec("SELECT seq, hash FROM audit_head WHERE id = 1").fetchone()
-        return (row[0], row[1]) if row and row[0] else (0, audit.GENESIS)
 
     _LOCK_ROWS = ""  # PostgreSQL: FOR UPDATE SKIP LOCKED (SQLite's write lock already serialises)
 
@@ -634,27 +467,6 @@ class SQLStore(Store):
         self._conn.close()
 
 
-_FENCED = (
-    "UPDATE plans SET tail = COALESCE(?, tail) WHERE id = ? AND lease_owner = ?"
-    " AND status IN ('running', 'compensating')"
-)
-
-
-def _event(r: Any) -> Event:
-    return Event(
-        seq=r[0],
-        plan_id=r[1],
-        version=r[2],
-        step_id=r[3],
-        kind=r[4],
-        actor=r[5],
-        at=r[6],
-        data=_load(r[7]),
-        prev=r[8],
-        hash=r[9],
-    )
-
-
 def _plan(row: Any) -> PlanRow:
     return PlanRow(
         id=row[0],
@@ -672,67 +484,3 @@ def _plan(row: Any) -> PlanRow:
         lease_owner=row[12],
         lease_until=row[13],
     )
-
-
-SCHEMA_V1 = [
-    """CREATE TABLE plans (
-        id TEXT PRIMARY KEY, status TEXT NOT NULL, version INTEGER NOT NULL, hash TEXT NOT NULL,
-        task TEXT NOT NULL, category TEXT NOT NULL, requested_by TEXT NOT NULL, role TEXT, tools TEXT,
-        created_at TEXT NOT NULL, updated_at TEXT NOT NULL)""",
-    "CREATE INDEX plans_status ON plans (status, created_at)",
-    """CREATE TABLE plan_versions (
-        plan_id TEXT NOT NULL REFERENCES plans (id), version INTEGER NOT NULL, hash TEXT NOT NULL,
-        body TEXT NOT NULL, author TEXT NOT NULL, created_at TEXT NOT NULL, check_result TEXT NOT NULL,
-        policy_hash TEXT, PRIMARY KEY (plan_id, version))""",
-    """CREATE TABLE approvals (
-        id INTEGER PRIMARY KEY, plan_id TEXT NOT NULL REFERENCES plans (id), version INTEGER NOT NULL,
-        plan_hash TEXT NOT NULL, policy_hash TEXT, decision TEXT NOT NULL, actor TEXT NOT NULL, role TEXT,
-        kind TEXT NOT NULL, comment TEXT, at TEXT NOT NULL, void INTEGER NOT NULL DEFAULT 0)""",
-    "CREATE INDEX approvals_plan ON approvals (plan_id, version)",
-    """CREATE TABLE steps (
-        plan_id TEXT NOT NULL REFERENCES plans (id), step_id INTEGER NOT NULL, version INTEGER NOT NULL,
-        status TEXT NOT NULL, attempt INTEGER NOT NULL, idempotency_key TEXT NOT NULL, params TEXT, output TEXT,
-        error TEXT, started_at TEXT, finished_at TEXT, PRIMARY KEY (plan_id, step_id))""",
-    "CREATE TABLE policies (hash TEXT PRIMARY KEY, name TEXT NOT NULL, body TEXT NOT NULL)",
-    """CREATE TABLE events (
-        seq INTEGER PRIMARY KEY, plan_id TEXT, version INTEGER, step_id INTEGER, kind TEXT NOT NULL,
-        actor TEXT NOT NULL, at TEXT NOT NULL, data TEXT NOT NULL, prev TEXT NOT NULL, hash TEXT NOT NULL)""",
-    "CREATE INDEX events_plan ON events (plan_id, seq)",
-    "CREATE TABLE audit_head (id INTEGER PRIMARY KEY CHECK (id = 1), seq INTEGER NOT NULL, hash TEXT NOT NULL)",
-    "INSERT INTO audit_head (id, seq, hash) VALUES (1, 0, '')",
-]
-SCHEMA_V2 = [
-    """CREATE TABLE model_calls (
-        id TEXT PRIMARY KEY, at TEXT NOT NULL, plan_id TEXT, task TEXT NOT NULL, model TEXT NOT NULL,
-        purpose TEXT NOT NULL, expected_steps INTEGER, budget INTEGER, effort TEXT, input_tokens INTEGER NOT NULL,
-        output_tokens INTEGER NOT NULL, thinking_tokens INTEGER NOT NULL, cost REAL, seconds REAL NOT NULL,
-        ok INTEGER NOT NULL, error TEXT)""",
-    "CREATE INDEX model_calls_at ON model_calls (at)",
-    "CREATE INDEX model_calls_plan ON model_calls (plan_id)",
-    """CREATE TABLE templates (
-        name TEXT PRIMARY KEY, pattern TEXT NOT NULL, slots TEXT NOT NULL, body TEXT NOT NULL,
-        source_plan TEXT NOT NULL, created_by TEXT NOT NULL, created_at TEXT NOT NULL)""",
-]
-SCHEMA_V3 = ["ALTER TABLE plans ADD COLUMN kind TEXT NOT NULL DEFAULT 'plan'"]
-SCHEMA_V4 = [
-    """CREATE TABLE users (
-        name TEXT PRIMARY KEY, role TEXT NOT NULL, categories TEXT NOT NULL, password_hash TEXT,
-        created_at TEXT NOT NULL)""",
-    """CREATE TABLE api_tokens (
-        digest TEXT PRIMARY KEY, user_name TEXT NOT NULL REFERENCES users (name), label TEXT NOT NULL,
-        created_at TEXT NOT NULL)""",
-    "CREATE TABLE settings (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
-]
-SCHEMA_V5 = [
-    """CREATE TABLE register (
-        category TEXT PRIMARY KEY, auto INTEGER NOT NULL, changed_by TEXT NOT NULL, changed_at TEXT NOT NULL,
-        reason TEXT NOT NULL)""",
-]
-SCHEMA_V6 = ["ALTER TABLE plans ADD COLUMN lease_owner TEXT", "ALTER TABLE plans ADD COLUMN lease_until TEXT"]
-SCHEMA_V7 = [
-    "ALTER TABLE events ADD COLUMN plan_prev TEXT",
-    "ALTER TABLE plans ADD COLUMN tail TEXT",
-    "ALTER TABLE register ADD COLUMN seal TEXT",
-]
-MIGRATIONS: list[list[str]] = [SCHEMA_V1, SCHEMA_V2, SCHEMA_V3, SCHEMA_V4, SCHEMA_V5, SCHEMA_V6, SCHEMA_V7]
-"""Schema migrations, in order: migration N brings the schema from version N-1 to N."""

@@ -12,7 +12,8 @@ from typing import Any
 
 from plangate import audit
 from plangate.errors import StoreError
-from plangate.store._sql import MIGRATIONS, SQLStore
+from plangate.store._schema import MIGRATIONS
+from plangate.store._sql import SQLStore
 
 try:
     import psycopg

@@ -7,7 +7,8 @@ from pathlib import Path
 from typing import Literal
 
 from plangate.errors import StoreError
-from plangate.store._sql import MIGRATIONS, SQLStore
+from plangate.store._schema import MIGRATIONS
+from plangate.store._sql import SQLStore
 
 Synchronous = Literal["normal", "full"]
 

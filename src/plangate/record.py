@@ -1,0 +1,94 @@
+"""What callers get back about a plan: its record, and the claim on a run that has started."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from plangate.plan import Plan
+from plangate.policy import Policy
+from plangate.store import PlanRow, PlanStatus, VersionRow
+from plangate.violations import Violation
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlanRecord:
+    """A submitted plan as the store knows it: identity, status, and what it still needs."""
+
+    id: str
+    version: int
+    hash: str
+    status: PlanStatus
+    task: str
+    category: str
+    requested_by: str
+    role: str | None
+    plan: Plan | None
+    violations: tuple[Violation, ...] = ()
+    decision: dict[str, Any] | None = None
+    needs: tuple[str, ...] = ()
+    kind: str = "plan"
+    action: dict[str, Any] | None = None
+
+    @classmethod
+    def of(cls, plan: PlanRow, version: VersionRow | None, needs: Sequence[str] = ()) -> PlanRecord:
+        """The record of a plan from its rows (``version`` None: a ReAct run with no pending action)."""
+        record = cls(
+            id=plan.id,
+            version=plan.version,
+            hash=plan.hash,
+            status=plan.status,
+            task=plan.task,
+            category=plan.category,
+            requested_by=plan.requested_by,
+            role=plan.role,
+            kind=plan.kind,
+            plan=None,
+        )
+        if version is None:
+            return record
+        return replace(
+            record,
+            plan=None if plan.kind == "react" else Plan.parse(version.body),
+            violations=tuple(Violation(**v) for v in version.check.violations),
+            decision=version.check.policy,
+            needs=tuple(needs),
+            action=version.check.action,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "version": self.version,
+            "hash": self.hash,
+            "status": self.status,
+            "task": self.task,
+            "category": self.category,
+            "requested_by": self.requested_by,
+            "needs": list(self.needs),
+            "violations": [v.to_dict() for v in self.violations],
+            "policy": self.decision,
+            "plan": json.loads(self.plan.canonical_json()) if self.plan else None,
+        }
+
+    def __str__(self) -> str:
+        what = "ReAct run" if self.kind == "react" else "plan"
+        text = f"{what} {self.id} v{self.version} {self.hash[:12]}: {self.status}"
+        if self.status == "pending_approval" and self.needs:
+            text += f" (needs approval by {' and by '.join(self.needs)})"
+        if self.violations:
+            text += f" ({len(self.violations)} violation{'s' if len(self.violations) != 1 else ''})"
+        return text
+
+
+@dataclass(frozen=True, kw_only=True)
+class Claim:
+    """A run that has started: the plan as claimed, the exact plan text, and who holds the lease."""
+
+    plan: PlanRow
+    body: Plan
+    policy: Policy | None
+    owner: str
+    actor: str
