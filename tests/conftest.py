@@ -1,6 +1,8 @@
 from __future__ import annotations
 
+import itertools
 import json
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -52,3 +54,25 @@ def load_plan(name: str) -> dict[str, Any]:
 @pytest.fixture
 def refund_plan() -> dict[str, Any]:
     return load_plan("refund")
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> Iterator[str]:
+    """One throwaway PostgreSQL cluster on loopback for the session (per test worker)."""
+    from plangate.testing import postgres_cluster
+
+    with postgres_cluster() as url:
+        yield url
+
+
+_DATABASES = itertools.count()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def any_db(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A fresh store URL, once on SQLite and once on PostgreSQL: for tests where the store matters."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path}/plangate.db"
+    from plangate.testing import fresh_database
+
+    return fresh_database(request.getfixturevalue("pg_server"), f"test_{os.getpid()}_{next(_DATABASES)}")

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
-import os
 import stat
-from collections.abc import Iterator
 from contextlib import closing
 from pathlib import Path
 
@@ -19,24 +17,15 @@ from plangate.cli import main
 from plangate.errors import StoreError, UsageError
 from plangate.plan import canonical
 from plangate.store import Store, open_store
-from plangate.testing import fresh_database, postgres_cluster
 
 KEY = "the key this log was written with, 32+ characters"
 OTHER_KEY = "another key altogether, also 32+ characters long"
 _NAMES = itertools.count()
 
 
-@pytest.fixture(scope="module")
-def pg_server() -> Iterator[str]:
-    with postgres_cluster() as url:
-        yield url
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path}/plangate.db"
-    return fresh_database(request.getfixturevalue("pg_server"), f"audit_{os.getpid()}_{next(_NAMES)}")
+@pytest.fixture
+def url(any_db: str) -> str:
+    return any_db
 
 
 def append(store: Store, count: int, *, first: int = 1) -> None:

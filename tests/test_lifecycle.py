@@ -6,7 +6,6 @@ The store matters for most of them, so they run on SQLite and on a real PostgreS
 from __future__ import annotations
 
 import json
-import os
 import sqlite3
 import threading
 from collections.abc import Callable, Iterator
@@ -21,7 +20,6 @@ from plangate import Catalogue, Policy, ledger, tool
 from plangate.errors import GovernanceError, PlangateError, SelfApprovalError, StateError, UsageError
 from plangate.runtime import Runtime
 from plangate.store import StepRow
-from plangate.testing import fresh_database, postgres_cluster
 from tests.helpers import FixedClock, plan
 
 _COUNTER = iter(range(10**6))
@@ -85,17 +83,9 @@ def _clean() -> Iterator[None]:
         _OPEN.pop().close()
 
 
-@pytest.fixture(scope="module")
-def pg_server() -> Iterator[str]:
-    with postgres_cluster() as url:
-        yield url
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def db(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path}/plangate.db"
-    return fresh_database(request.getfixturevalue("pg_server"), f"attack_{os.getpid()}_{next(_COUNTER)}")
+@pytest.fixture
+def db(any_db: str) -> str:
+    return any_db
 
 
 def sql(db: str, statement: str, params: tuple[Any, ...] = ()) -> None:

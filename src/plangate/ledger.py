@@ -52,6 +52,8 @@ class PlanLedger:
     """A ReAct run's action waiting for approval: its hash and what it needs."""
     resumed: set[str] = field(default_factory=set)
     """The hashes of the ReAct actions that were carried out after their approval."""
+    events: list[Event] = field(default_factory=list)
+    """The events it was folded from, when they were read to act on the plan."""
     broken: list[str] = field(default_factory=list)
     """Events that do not follow from the ones before them (a transition from a state the plan was not in)."""
 
@@ -235,13 +237,7 @@ def _react_problems(store: Store, row: PlanRow, ledger: PlanLedger) -> list[str]
 
 def right_to_resume(store: Store, run: PlanRow) -> list[Event]:
     """A ReAct run's events, if its pending action may be carried out now; else a refusal saying why."""
-    events, broken = store.plan_events(run.id)
-    if broken is not None:
-        raise GovernanceError(f"ReAct run {run.id} may not go on: its audit events do not verify: {broken}")
-    told = fold(run.id, events)
-    found = problems(store, told, run)
-    if found:
-        raise GovernanceError(f"ReAct run {run.id} may not go on: {found[0]}; nothing was run")
+    told = story(store, run, "go on")
     version = told.version
     if told.status != "approved" or version is None:
         raise GovernanceError(f"ReAct run {run.id} has no approved action waiting (the audit log says {told.status})")
@@ -252,7 +248,7 @@ def right_to_resume(store: Store, run: PlanRow) -> list[Event]:
         raise GovernanceError(
             f"ReAct run {run.id}: its pending action still needs approval by {' and by '.join(needs)}"
         )
-    return events
+    return told.events
 
 
 def _step_problems(store: Store, ledger: PlanLedger) -> list[str]:
@@ -333,6 +329,7 @@ def story(store: Store, plan: PlanRow, doing: str = "run") -> PlanLedger:
     if broken is not None:
         raise GovernanceError(f"plan {plan.id} may not {doing}: its audit events do not verify: {broken}")
     told = fold(plan.id, events)
+    told.events = events
     found = problems(store, told, plan)
     if found:
         more = f" (and {len(found) - 1} more; see plangate audit verify)" if len(found) > 1 else ""
