@@ -25,3 +25,39 @@ class FixedClock:
 
 def plan(*steps: dict[str, Any], category: str = "ops", task: str = "test") -> dict[str, Any]:
     return {"task": task, "category": category, "steps": [{"rationale": "needed", **s} for s in steps]}
+
+
+def died_during(store: Any, plan_id: str, step_id: int, *, version: int = 1) -> None:
+    """What a runner that died during step ``step_id``'s call leaves: the plan running under a lease
+    that has run out, the step recorded as started, and no outcome."""
+    from plangate import lifecycle
+    from plangate.store import StepRow
+
+    at = "2026-01-01T00:00:00.000000Z"
+    with store.transaction():
+        store.lock_log()
+        plan = store.get_plan(plan_id)
+        lifecycle.claim(
+            store, plan, owner="gone#0@elsewhere:1", at=at, until=at, actor="engine", kind="run.started", data={}
+        )
+        key = f"{plan_id}:{step_id}"
+        store.put_step(
+            StepRow(
+                plan_id=plan_id,
+                step_id=step_id,
+                version=version,
+                status="started",
+                attempt=1,
+                idempotency_key=key,
+                started_at=at,
+            )
+        )
+        store.append_event(
+            plan_id=plan_id,
+            version=version,
+            step_id=step_id,
+            kind="step.started",
+            actor="engine",
+            at=at,
+            data={"idempotency_key": key},
+        )

@@ -19,8 +19,7 @@ import pytest
 from plangate import Catalogue, Policy, ledger, tool
 from plangate.errors import GovernanceError, PlangateError, SelfApprovalError, StateError, UsageError
 from plangate.runtime import Runtime
-from plangate.store import StepRow
-from tests.helpers import FixedClock, plan
+from tests.helpers import FixedClock, died_during, plan
 
 _COUNTER = iter(range(10**6))
 EFFECTS: list[str] = []
@@ -366,13 +365,7 @@ def test_tools_from_another_module_with_another_contract_are_refused(tmp_path: P
 def test_only_an_approver_settles_and_never_during_a_run(db: str) -> None:
     rt, plan_id = approved(db)
 
-    with rt.store.transaction():  # what a runner that died during the call leaves behind
-        rt.store.put_step(
-            StepRow(plan_id=plan_id, step_id=1, version=1, status="started", attempt=1, idempotency_key=f"{plan_id}:1")
-        )
-        rt.store.append_event(
-            plan_id=plan_id, version=1, step_id=1, kind="step.started", actor="engine", at="2026-01-01", data={}
-        )
+    died_during(rt.store, plan_id, 1)
     result = rt.execute(plan_id)
     assert result.status == "halted" and "outcome unknown" in (result.error or "") and EFFECTS == []
     with pytest.raises(SelfApprovalError, match="alice requested plan"):
@@ -529,13 +522,7 @@ def test_audit_verify_is_not_blinded_by_a_changed_kind(tmp_path: Path) -> None:
 
 def test_settle_and_compensate_act_only_on_a_plan_whose_rows_agree_with_the_log(db: str) -> None:
     rt, plan_id = approved(db)
-    with rt.store.transaction():  # a runner died during step 1's call
-        rt.store.put_step(
-            StepRow(plan_id=plan_id, step_id=1, version=1, status="started", attempt=1, idempotency_key=f"{plan_id}:1")
-        )
-        rt.store.append_event(
-            plan_id=plan_id, version=1, step_id=1, kind="step.started", actor="engine", at="2026-01-01", data={}
-        )
+    died_during(rt.store, plan_id, 1)
     assert rt.execute(plan_id).status == "halted"
     sql(db, "UPDATE plans SET requested_by = 'erin' WHERE id = ?", (plan_id,))
     with pytest.raises(GovernanceError, match=r"may not settle: .*plans.requested_by is 'erin'"):

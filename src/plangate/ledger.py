@@ -167,7 +167,11 @@ def _apply_step(ledger: PlanLedger, event: Event) -> None:
         status = "succeeded" if event.data.get("done") else "failed"
     if status is None:
         return
-    step = -event.step_id if event.kind.startswith("compensation.") else event.step_id
+    undo = event.kind.startswith("compensation.")
+    during = "compensating" if undo else "halted" if event.kind == "step.settled" else "running"
+    if ledger.status != during:
+        ledger.broken.append(f"event {event.seq} ({event.kind}) happened while the plan was {ledger.status}")
+    step = -event.step_id if undo else event.step_id
     ledger.steps[step] = (status, event.data.get("output") if status == "succeeded" else None)
 
 
@@ -323,8 +327,14 @@ def story(store: Store, plan: PlanRow, doing: str = "run") -> PlanLedger:
     """The plan's story from its verified events, once every stored row of it agrees; else a refusal.
 
     Whatever acts on a plan (a run, a settlement, a rollback) starts from this, so nothing
-    changed in the store outside plangate decides what happens.
+    changed in the store outside plangate decides what happens. Read as one snapshot, so a
+    run going on meanwhile is never mistaken for a change made outside plangate.
     """
+    with store.snapshot():
+        return _story(store, plan, doing)
+
+
+def _story(store: Store, plan: PlanRow, doing: str) -> PlanLedger:
     events, broken = store.plan_events(plan.id)
     if broken is not None:
         raise GovernanceError(f"plan {plan.id} may not {doing}: its audit events do not verify: {broken}")
@@ -360,14 +370,23 @@ def check_steps(store: Store, plan_id: str) -> None:
     For a runner that reads the steps back between steps (the Temporal activities), so an
     output changed in the store never feeds a later step.
     """
-    events, broken = store.plan_events(plan_id)
-    found = [broken] if broken else _step_problems(store, fold(plan_id, events))
+    with store.snapshot():
+        events, broken = store.plan_events(plan_id)
+        found = [broken] if broken else _step_problems(store, fold(plan_id, events))
     if found:
         raise GovernanceError(f"plan {plan_id} may not go on: {found[0]}")
 
 
 def verify(store: Store, anchor: tuple[int, str] | None = None) -> AuditReport:
-    """The whole story: the chain (see :meth:`Store.verify_audit`), then every plan's rows held against it."""
+    """The whole story: the chain (see :meth:`Store.verify_audit`), then every plan's rows held against it.
+
+    Read as one snapshot, so a store in use is not mistaken for a changed one.
+    """
+    with store.snapshot():
+        return _verify(store, anchor)
+
+
+def _verify(store: Store, anchor: tuple[int, str] | None) -> AuditReport:
     report = store.verify_audit(anchor)
     if not report.ok:
         return report

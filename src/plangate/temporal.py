@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import contextlib
 from datetime import timedelta
 from typing import Any
 
@@ -54,7 +53,7 @@ def _stepper(args: dict[str, Any]) -> Any:
         )
     store = open_store(args["db"])
     try:
-        ledger.check_steps(store, args["plan_id"])
+        _check_claim(store, args)
     except GovernanceError as refused:
         store.close()
         raise ApplicationError(str(refused), non_retryable=True) from None
@@ -62,6 +61,21 @@ def _stepper(args: dict[str, Any]) -> Any:
         store=store, catalogue=Catalogue.from_module(args["tools"]), clock=SystemClock(), owner=args.get("owner")
     )
     return engine.stepper(args["plan_id"], args["version"], body, actor="temporal"), store
+
+
+def _check_claim(store: Any, args: dict[str, Any]) -> None:
+    """The plan must still be running under this workflow's claim, for the hash it carries, with the
+    approvals the log holds and the steps it recorded; else nothing runs."""
+    with store.snapshot():
+        row = store.get_plan(args["plan_id"])
+        owner = args.get("owner")
+        if row is None or not owner or row.lease_owner != owner or row.status != "running":
+            held = f"{row.status} under {row.lease_owner}" if row else "not there"
+            raise GovernanceError(f"plan {args['plan_id']} is {held}, not running under this workflow's claim")
+        version = store.get_version(row.id, row.version)
+        if version is None or (row.version, row.hash) != (args["version"], args["hash"]):
+            raise GovernanceError(f"plan {row.id}'s current version is not the one this workflow runs")
+        ledger.right_to_run(store, row, version)
 
 
 @activity.defn(name="plangate.step")
@@ -178,7 +192,7 @@ async def serve(
                     store.close()
                     continue
                 store.close()
-                with contextlib.suppress(WorkflowAlreadyStartedError, WorkflowFailureError):
+                try:
                     await client.execute_workflow(
                         PlanWorkflow.run,
                         workflow_args(db, tools, claim),
@@ -186,9 +200,11 @@ async def serve(
                         task_queue=TASK_QUEUE,
                         id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
                     )
-                store = open_store(db)
-                store.release(plan_id, name)
-                store.close()
+                except (WorkflowAlreadyStartedError, WorkflowFailureError):
+                    # It stays running under this worker's lease for a person to look at, and is
+                    # not claimed again by this worker (a workflow id is never reused).
+                    refused.append(plan_id)
+                    continue
                 ran += 1
 
 

@@ -33,6 +33,10 @@ class Store(abc.ABC):
     def transaction(self) -> AbstractContextManager[None]:
         """One atomic, durable unit of writes (nested calls join the outer one)."""
 
+    @abc.abstractmethod
+    def snapshot(self) -> AbstractContextManager[None]:
+        """Reads that see one consistent state of the store, while others go on writing (no writes)."""
+
     # -- writes (inside a transaction) ---------------------------------------------------
     @abc.abstractmethod
     def insert_plan(self, row: PlanRow) -> None: ...

@@ -45,6 +45,7 @@ class SQLStore(AuditLog, Store):
         self._committed: tuple[int, str] | None = None
         self._tails: dict[str, tuple[int, str]] = {}  # the plans this transaction appended to: their newest event
         self._fences: dict[str, str] = {}  # plans this transaction may change only while the owner holds them
+        self._reading = False  # inside snapshot()
 
     # -- plumbing ------------------------------------------------------------------------
     def _begin(self) -> None:
@@ -73,6 +74,7 @@ class SQLStore(AuditLog, Store):
                 if self._head is not None:
                     self._exec("UPDATE audit_head SET seq = ?, hash = ? WHERE id = 1", self._head)
                 self._seal_tails()
+                self._conn.execute("COMMIT")
             except BaseException:
                 # The key id may have been recorded in this transaction: check it again next time.
                 self._depth, self._head, self._chain, self._committed = 0, None, None, None
@@ -81,8 +83,23 @@ class SQLStore(AuditLog, Store):
                 self._fences.clear()
                 self._conn.execute("ROLLBACK")
                 raise
-            self._conn.execute("COMMIT")
             self._depth, self._committed, self._head = 0, self._head or self._committed, None
+
+    _SNAPSHOT = "BEGIN"  # SQLite: a deferred transaction reads one snapshot (WAL)
+
+    @contextmanager
+    def snapshot(self) -> Iterator[None]:
+        with self._lock:
+            if self._depth or self._reading:  # inside a transaction or a snapshot already: it is the snapshot
+                yield
+                return
+            self._conn.execute(self._SNAPSHOT)
+            self._reading = True
+            try:
+                yield
+            finally:
+                self._reading = False
+                self._conn.execute("ROLLBACK")
 
     def _head_for_append(self) -> tuple[int, str]:
         """The audit head, read so that no other writer can append until this transaction ends."""

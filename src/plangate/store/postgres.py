@@ -41,6 +41,7 @@ class PostgresStore(SQLStore):
 
     _LOCK_ROWS = " FOR UPDATE SKIP LOCKED"
     _SAME = "IS NOT DISTINCT FROM"
+    _SNAPSHOT = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
 
     def _sql(self, query: str) -> str:
         return query.replace("?", "%s")
