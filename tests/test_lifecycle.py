@@ -527,7 +527,7 @@ def test_settle_and_compensate_act_only_on_a_plan_whose_rows_agree_with_the_log(
     sql(db, "UPDATE plans SET requested_by = 'erin' WHERE id = ?", (plan_id,))
     with pytest.raises(GovernanceError, match=r"may not settle: .*plans.requested_by is 'erin'"):
         rt.settle(plan_id, 1, done=True, actor="dave", output="paid 3.0")
-    with pytest.raises(GovernanceError, match=r"may not compensate: .*plans.requested_by"):
+    with pytest.raises(GovernanceError, match=r"may not be rolled back: .*plans.requested_by"):
         rt.compensate(plan_id, actor="dave", reason="undo")
     assert EFFECTS == []
 

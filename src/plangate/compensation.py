@@ -130,7 +130,9 @@ class Compensation:
             params=params,
             started_at=previous.started_at if previous and previous.started_at else now,
         )
-        with self.store.transaction():
+        with self.store.transaction():  # only while this rollback holds the plan (a fence)
+            assert self.plan.lease_owner is not None
+            self.store.fence(self.plan_id, self.plan.lease_owner)
             self.store.put_step(started)
             self._event(
                 "compensation.step_started",

@@ -235,7 +235,14 @@ class Runtime:
         return self.get(plan.id)
 
     def compensate(self, plan_id: str, *, actor: str, reason: str) -> CompensationResult:
-        """Undo a halted plan's completed steps in reverse order (see :mod:`plangate.compensation`)."""
+        """Undo a halted plan's completed steps in reverse order (see :mod:`plangate.compensation`).
+
+        A decision like an approval (never the requester or an author); a rollback that died
+        is taken over once its lease has run out.
+        """
+        return self._roll_back(plan_id, actor=actor, reason=reason, by_person=True)
+
+    def _roll_back(self, plan_id: str, *, actor: str, reason: str, by_person: bool) -> CompensationResult:
         if not reason.strip():
             raise UsageError("say why the plan is rolled back")
         owner = lifecycle.runner(actor)
@@ -244,9 +251,9 @@ class Runtime:
             _not_react(plan)
             if plan.status not in ("halted", "compensation_incomplete", "compensating"):
                 raise StateError(f"plan {plan.id} is {plan.status}; only a halted plan can be compensated")
-            if not actor.startswith("policy:"):
-                self._check_after_halt(plan, version, actor, "compensate")
             lifecycle.require_idle(plan, self._now(), "a rollback")
+            if by_person:
+                approval.check_may_decide(plan, self._authors(plan), actor, self._policy_for(version), "compensate")
             ledger.story(self.store, plan, "be rolled back")
             plan = lifecycle.move(
                 self.store,
@@ -258,14 +265,16 @@ class Runtime:
                 data={"reason": reason},
                 lease=(owner, self._lease_until()),
             )
-        return Compensation(
+        rollback = Compensation(
             store=self.store,
             catalogue=self._catalogue(),
             clock=self.clock,
             plan=plan,
             body=Plan.parse(version.body),
             actor=actor,
-        ).run()
+        )
+        with lifecycle.LeaseKeeper(self.store, plan.id, owner, self.lease_seconds, self._lease_until):
+            return rollback.run()
 
     def _check_after_halt(self, plan: PlanRow, version: VersionRow, actor: str, doing: str) -> None:
         lifecycle.require_idle(plan, self._now(), f"to {doing} a step")
@@ -371,7 +380,12 @@ class Runtime:
         unknown = (result.error or "").startswith("outcome unknown")
         policy = claim.policy
         if not result.ok and not unknown and policy is not None and policy.compensation.on_halt == "auto":
-            self.compensate(claim.plan.id, actor=f"policy:{policy.name}", reason="the policy rolls back halted plans")
+            self._roll_back(
+                claim.plan.id,
+                actor=f"policy:{policy.name}",
+                reason="the policy rolls back halted plans",
+                by_person=False,
+            )
         return result
 
     def _policy_now(self, version: VersionRow) -> Policy | None:
