@@ -544,3 +544,17 @@ def test_a_run_cut_out_of_the_log_does_not_run_again(db: str) -> None:
         open_rt(CAT, POLICY, db=db).execute(plan_id)
     assert EFFECTS == ["pay 3.0 on 42"]
     assert not ledger.verify(rt.store).ok
+
+
+def test_a_run_cut_out_with_the_plans_earlier_seal_put_back_does_not_run_again(db: str) -> None:
+    rt, plan_id = approved(db)
+    before = rt.store.query("SELECT tail FROM plans WHERE id = ?", (plan_id,))[0][0]  # copied while approved
+    assert rt.execute(plan_id).ok
+    approved(db)  # the log goes on with another plan
+    run = [e.seq for e in rt.trace(plan_id) if e.kind.startswith(("run.", "step."))]
+    sql(db, f"DELETE FROM events WHERE seq IN ({', '.join(map(str, run))})")
+    sql(db, "DELETE FROM steps WHERE plan_id = ?", (plan_id,))
+    sql(db, "UPDATE plans SET status = 'approved', tail = ? WHERE id = ?", (before, plan_id))
+    with pytest.raises(GovernanceError, match="events after it were cut out"):
+        open_rt(CAT, POLICY, db=db).execute(plan_id)
+    assert EFFECTS == ["pay 3.0 on 42"]

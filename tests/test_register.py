@@ -8,7 +8,7 @@ from click.testing import CliRunner
 from plangate import Catalogue, Policy, tool
 from plangate.accounts import Accounts
 from plangate.cli import main
-from plangate.errors import GovernanceError, UsageError
+from plangate.errors import GovernanceError, StoreError, UsageError
 from plangate.register import Register, report
 from plangate.runtime import Runtime
 from tests.helpers import FixedClock, plan
@@ -92,11 +92,16 @@ def test_the_register_and_report_on_the_command_line(
     assert out.splitlines()[0].split()[:3] == ["CATEGORY", "PLANS", "APPROVED"]
 
 
-def test_a_hold_changed_in_the_database_still_holds(runtime: Runtime) -> None:
+def test_a_hold_changed_or_deleted_in_the_database_still_holds(runtime: Runtime) -> None:
     lookup = plan({"id": 1, "tool": "look", "params": {"key": "a"}}, category="lookups")
     Register(runtime.store, runtime.clock).set("lookups", False, by="gina", reason="until the audit")
-    with runtime.store.transaction():  # someone with database access lifts the hold
-        runtime.store.command("UPDATE register SET auto = 1 WHERE category = 'lookups'")
-    held = runtime.submit(lookup, "ann")
-    assert held.status == "pending_approval"
-    assert any("was changed outside plangate" in r for r in held.decision["reasons"])  # type: ignore[index]
+    for lift in ("UPDATE register SET auto = 1 WHERE category = 'lookups'", "DELETE FROM register"):
+        with runtime.store.transaction():  # someone with database access lifts the hold
+            runtime.store.command(lift)
+        held = runtime.submit(lookup, "ann")
+        assert held.status == "pending_approval"
+        assert any("holds category 'lookups' for people" in r for r in held.decision["reasons"])  # type: ignore[index]
+    with runtime.store.transaction():  # or rewrites the event that set it
+        runtime.store.command("UPDATE events SET data = replace(data, 'false', 'true') WHERE kind = 'register.changed'")
+    with pytest.raises(StoreError, match="was changed outside plangate"):
+        runtime.submit(lookup, "ann")

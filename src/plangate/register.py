@@ -34,27 +34,32 @@ class Entry:
     reason: str
 
 
-_COLUMNS = "category, auto, changed_by, changed_at, reason, seal"
-
-
 class Register:
     def __init__(self, store: Store, clock: Clock | None = None) -> None:
         self.store = store
         self.clock = clock or SystemClock()
 
     def get(self, category: str) -> Entry | None:
-        """The entry for ``category``; one changed outside plangate (its seal does not match) holds it for people."""
-        rows = self.store.query(f"SELECT {_COLUMNS} FROM register WHERE category = ?", (category,))
-        return self._checked(rows[0]) if rows else None
+        """The entry for ``category``, as the audit log records its last change (the table only mirrors it)."""
+        return self._entries().get(category)
 
-    def _checked(self, row: tuple[Any, ...]) -> Entry:
-        entry = _entry(row)
-        if row[5] != self._seal(entry):
-            return replace(entry, auto=False, reason="its entry in the register was changed outside plangate")
-        return entry
+    def _entries(self) -> dict[str, Entry]:
+        """Every category's last change, from the register's events, each checked under the audit key.
 
-    def _seal(self, entry: Entry) -> str:
-        return self.store.seal("register", entry.category, entry.auto, entry.changed_by, entry.changed_at, entry.reason)
+        A register row changed, added or deleted in the database changes nothing here; an
+        event changed there is refused (:class:`~plangate.errors.StoreError`).
+        """
+        entries: dict[str, Entry] = {}
+        for event in self.store.verified_events("register.changed"):
+            category = str(event.data["category"])
+            entries[category] = Entry(
+                category=category,
+                auto=bool(event.data["auto"]),
+                changed_by=event.actor,
+                changed_at=event.at,
+                reason=str(event.data["reason"]),
+            )
+        return entries
 
     def hold(self, category: str, checked: CheckRecord) -> CheckRecord:
         """The check, with an automatic approval turned into a person's when the register holds the category."""
@@ -68,8 +73,7 @@ class Register:
         return replace(checked, policy={**decision, "approval": "human", "reasons": [*decision["reasons"], held]})
 
     def all(self) -> list[Entry]:
-        rows = self.store.query(f"SELECT {_COLUMNS} FROM register ORDER BY category")
-        return [self._checked(r) for r in rows]
+        return [entry for _, entry in sorted(self._entries().items())]
 
     def set(self, category: str, auto: bool, *, by: str, reason: str) -> Entry:
         """Clear (or stop clearing) a category for automatic approval; governance only, with a reason."""
@@ -94,10 +98,10 @@ class Register:
                 data={"category": category, "auto": auto, "reason": reason},
             )
             self.store.command(
-                "INSERT INTO register (category, auto, changed_by, changed_at, reason, seal) VALUES (?, ?, ?, ?, ?, ?)"
+                "INSERT INTO register (category, auto, changed_by, changed_at, reason) VALUES (?, ?, ?, ?, ?)"
                 " ON CONFLICT (category) DO UPDATE SET auto = excluded.auto, changed_by = excluded.changed_by,"
-                " changed_at = excluded.changed_at, reason = excluded.reason, seal = excluded.seal",
-                (category, int(auto), by, at, reason, self._seal(entry)),
+                " changed_at = excluded.changed_at, reason = excluded.reason",
+                (category, int(auto), by, at, reason),
             )
         return entry
 

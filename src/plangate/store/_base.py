@@ -101,8 +101,8 @@ class Store(abc.ABC):
         """Append one event to the hash-chained audit log."""
 
     @abc.abstractmethod
-    def seal(self, *parts: object) -> str:
-        """A tag of ``parts`` under the audit key, for a row that must not change outside plangate."""
+    def verified_events(self, kind: str) -> list[Event]:
+        """The events of ``kind`` that belong to no plan (the register's), each checked under this process's key."""
 
     @abc.abstractmethod
     def fence(self, plan_id: str, owner: str) -> None:

@@ -82,8 +82,16 @@ class AuditLog:
             hash=digest,
         )
 
-    def seal(self, *parts: object) -> str:
-        return self._keyed_chain().seal_text("\n".join(map(str, parts)))
+    def verified_events(self, kind: str) -> list[Event]:
+        query = f"SELECT {audit.COLUMNS} FROM events WHERE plan_id IS NULL AND kind = ? ORDER BY seq"
+        rows = self._exec(query, (kind,)).fetchall()
+        chain = self._keyed_chain() if rows else None
+        for row in rows:
+            if chain is not None and chain.hash(row) != row[9]:
+                raise StoreError(
+                    f"audit event {row[0]} ({kind}) was changed outside plangate; see plangate audit verify"
+                )
+        return [_event(r) for r in rows]
 
     def fence(self, plan_id: str, owner: str) -> None:
         self._require_tx()
@@ -192,7 +200,20 @@ class AuditLog:
         last = (rows[-1][0], rows[-1][9]) if rows and sealed else None  # no row: the tables' check says so
         if problem := audit.tail_problem(self._chain, plan_id, last, sealed[0] if sealed else None):
             return [], problem
+        if last is not None and (problem := self._follows(last)):
+            return [], problem
         return [_event(r) for r in rows], None
+
+    def _follows(self, last: tuple[int, str]) -> str | None:
+        """The log goes on from the plan's newest event: the next event, if any, links to it.
+
+        A cheap check against a plan's events cut out of the middle of the log with an older
+        seal put back; the whole log's check (``plangate audit verify``) sees every gap.
+        """
+        after = self._exec("SELECT seq, prev FROM events WHERE seq > ? ORDER BY seq LIMIT 1", (last[0],)).fetchone()
+        if after is not None and (after[0], after[1]) != (last[0] + 1, last[1]):
+            return f"the log does not go on from the plan's newest event {last[0]}: events after it were cut out"
+        return None
 
     def audit_head(self) -> tuple[int, str]:
         row = self._exec("SELECT seq, hash FROM audit_head WHERE id = 1").fetchone()

@@ -60,7 +60,6 @@ SCHEMA_V6 = ["ALTER TABLE plans ADD COLUMN lease_owner TEXT", "ALTER TABLE plans
 SCHEMA_V7 = [
     "ALTER TABLE events ADD COLUMN plan_prev TEXT",
     "ALTER TABLE plans ADD COLUMN tail TEXT",
-    "ALTER TABLE register ADD COLUMN seal TEXT",
 ]
 MIGRATIONS: list[list[str]] = [SCHEMA_V1, SCHEMA_V2, SCHEMA_V3, SCHEMA_V4, SCHEMA_V5, SCHEMA_V6, SCHEMA_V7]
 """Schema migrations, in order: migration N brings the schema from version N-1 to N."""
