@@ -28,19 +28,20 @@ def plan(*steps: dict[str, Any], category: str = "ops", task: str = "test") -> d
 
 
 def died_during(store: Any, plan_id: str, step_id: int, *, version: int = 1) -> None:
-    """What a runner that died during step ``step_id``'s call leaves: the plan running under a lease
-    that has run out, the step recorded as started, and no outcome."""
+    """What a runner that died during step ``step_id``'s call leaves, recorded as the engine records it:
+    the plan running under a lease that has run out, the step started, and no outcome."""
     from plangate import lifecycle
+    from plangate.plan import Plan
     from plangate.store import StepRow
 
     at = "2026-01-01T00:00:00.000000Z"
+    step = Plan.parse(store.get_version(plan_id, version).body).step(step_id)
+    key = f"{plan_id}:{step_id}"
     with store.transaction():
         store.lock_log()
         plan = store.get_plan(plan_id)
-        lifecycle.claim(
-            store, plan, owner="gone#0@elsewhere:1", at=at, until=at, actor="engine", kind="run.started", data={}
-        )
-        key = f"{plan_id}:{step_id}"
+        gone = "gone#0@elsewhere:1"
+        lifecycle.claim(store, plan, owner=gone, at=at, until=at, actor="engine", kind="run.started", data={"steps": 1})
         store.put_step(
             StepRow(
                 plan_id=plan_id,
@@ -49,15 +50,11 @@ def died_during(store: Any, plan_id: str, step_id: int, *, version: int = 1) -> 
                 status="started",
                 attempt=1,
                 idempotency_key=key,
+                params=step.params,
                 started_at=at,
             )
         )
+        data = {"tool": step.tool, "params": step.params, "attempt": 1, "idempotency_key": key}
         store.append_event(
-            plan_id=plan_id,
-            version=version,
-            step_id=step_id,
-            kind="step.started",
-            actor="engine",
-            at=at,
-            data={"idempotency_key": key},
+            plan_id=plan_id, version=version, step_id=step_id, kind="step.started", actor="engine", at=at, data=data
         )

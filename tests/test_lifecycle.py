@@ -558,3 +558,17 @@ def test_a_run_cut_out_with_the_plans_earlier_seal_put_back_does_not_run_again(d
     with pytest.raises(GovernanceError, match="events after it were cut out"):
         open_rt(CAT, POLICY, db=db).execute(plan_id)
     assert EFFECTS == ["pay 3.0 on 42"]
+
+
+def test_a_settled_output_is_shown_beside_the_settlers_name(tmp_path: Path) -> None:
+    from plangate.server.views import progress
+    from plangate.story import tell
+
+    db = f"sqlite:///{tmp_path}/plangate.db"
+    rt, plan_id = approved(db)
+    died_during(rt.store, plan_id, 1)
+    assert rt.execute(plan_id).status == "halted"
+    rt.settle(plan_id, 1, done=True, actor="dave", output="paid 3.0", note="the bank shows it")
+    story = "\n".join(tell(rt.trace(plan_id)))
+    assert 'dave             step 1 (pay) SETTLED by a person as done, with the output they saw: "paid 3.0"' in story
+    assert progress(rt, rt.get(plan_id))["steps"]["1"]["detail"] == 'settled as done by dave: "paid 3.0"'

@@ -100,6 +100,11 @@ _TELLERS: dict[str, Teller] = {
     "step.skipped": _step("skipped"),
     "step.retrying": _step("retrying"),
     "step.outcome_unknown": _step("outcome unknown"),
+    "step.settled": lambda d, step: (
+        f"step {step} ({d.get('tool')}) SETTLED by a person as "
+        + (f"done, with the output they saw: {_short(d.get('output'))}" if d["done"] else "not done")
+        + (f" ({d['note']})" if d.get("note") else "")
+    ),
 }
 
 

@@ -132,11 +132,14 @@ def pretty_plan(plan: Plan) -> str:
 
 def progress(rt: Runtime, record: PlanRecord) -> dict[str, Any]:
     rows = rt.store.steps(record.id)
+    settled = {e.step_id: e.actor for e in rt.trace(record.id) if e.kind == "step.settled"}
     steps: dict[str, dict[str, Any]] = {}
     for step in record.plan.steps if record.plan else ():
         row = rows.get(step.id)
         detail = ""
         if row is not None:
             detail = row.error or ("" if row.output is None else json.dumps(row.output, ensure_ascii=False)[:300])
+            if step.id in settled and row.status == "succeeded":  # an output a person gave, not a tool
+                detail = f"settled as done by {settled[step.id]}: {detail}"
         steps[str(step.id)] = {"status": row.status if row else "waiting", "detail": detail}
     return {"status": rt.get(record.id).status, "steps": steps}
