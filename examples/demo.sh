@@ -71,6 +71,19 @@ run plangate audit verify
 say "Keep the head outside the database: a log cut short (its head row rewritten too) is then caught"
 run plangate audit head
 run plangate audit verify --head "$(plangate audit head | tr ' ' ':')"
+
+say "An approved plan changed in the database, outside plangate, does not run; the audit names the row"
+TAMPERED=$(submit examples/plans/halt.json alice | field id)
+TAMPERED_HASH=$(plangate list --json | python3 -c "import json, sys; print(json.load(sys.stdin)[-1]['hash'])")
+plangate approve "$TAMPERED" --as dave --hash "$TAMPERED_HASH" >/dev/null
+python3 - "$DEMO/plangate.db" "$TAMPERED" <<'SQL'
+import sqlite3, sys
+with sqlite3.connect(sys.argv[1]) as db:  # someone with access to the database, not to the audit key
+    db.execute("UPDATE plan_versions SET body = replace(body, '\"43\"', '\"44\"') WHERE plan_id = ?", (sys.argv[2],))
+SQL
+echo "(the stored text of the approved plan now refunds invoice 44 instead of 43)"
+run plangate execute "$TAMPERED"
+run plangate audit verify
 run plangate list
 
 say "What the example business saw: two refunds, two emails (counted by the business itself)"

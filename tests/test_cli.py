@@ -144,11 +144,13 @@ def test_the_demo_walks_the_whole_story(tmp_path: Path) -> None:
     done = subprocess.run(["bash", "examples/demo.sh"], cwd=ROOT, capture_output=True, text=True, env=env, check=False)
     assert done.returncode == 0, done.stderr
     out = done.stdout
-    assert out.count("(exit 4)") == 3, "self-approval, unapproved execution and a stale hash are refused"
+    assert out.count("(exit 4)") == 4, "self-approval, unapproved execution, a stale hash, a changed text: refused"
     refusals = done.stderr
     assert "may not approve it" in refusals and "is pending_approval, not approved" in refusals
     assert "is not plan" in refusals
-    assert "rejected (4 violations)" in out and out.count("(exit 1)") == 1
+    assert "may not run: v1: the stored plan text hashes to" in refusals
+    assert "audit log intact, but 1 stored row(s) disagree with it" in out
+    assert "rejected (4 violations)" in out and out.count("(exit 1)") == 2
     assert "halted at step 2 (issue_refund)" in out and out.count("(exit 3)") == 1
     assert "succeeded: 4 steps done, 0 skipped, 0 run now" in out, "executing a finished plan repeats nothing"
     assert "planned from the library: template 'refund-and-tell', slots {'invoice_id': '44'}" in out

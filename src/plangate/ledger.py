@@ -343,7 +343,8 @@ def _story(store: Store, plan: PlanRow, doing: str) -> PlanLedger:
     found = problems(store, told, plan)
     if found:
         more = f" (and {len(found) - 1} more; see plangate audit verify)" if len(found) > 1 else ""
-        raise GovernanceError(f"plan {plan.id} may not {doing}: {found[0]}{more}; nothing was done")
+        first = found[0].removeprefix(f"plan {plan.id}: ").removeprefix(f"plan {plan.id} ")
+        raise GovernanceError(f"plan {plan.id} may not {doing}: {first}{more}; nothing was done")
     return told
 
 
