@@ -365,19 +365,6 @@ def right_to_run(store: Store, plan: PlanRow, version: VersionRow) -> tuple[Plan
     return body, told
 
 
-def check_steps(store: Store, plan_id: str) -> None:
-    """Refuse to go on with a run whose recorded steps (their outcomes and outputs) are not what the log says.
-
-    For a runner that reads the steps back between steps (the Temporal activities), so an
-    output changed in the store never feeds a later step.
-    """
-    with store.snapshot():
-        events, broken = store.plan_events(plan_id)
-        found = [broken] if broken else _step_problems(store, fold(plan_id, events))
-    if found:
-        raise GovernanceError(f"plan {plan_id} may not go on: {found[0]}")
-
-
 def verify(store: Store, anchor: tuple[int, str] | None = None) -> AuditReport:
     """The whole story: the chain (see :meth:`Store.verify_audit`), then every plan's rows held against it.
 
