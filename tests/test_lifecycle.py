@@ -572,3 +572,27 @@ def test_a_settled_output_is_shown_beside_the_settlers_name(tmp_path: Path) -> N
     story = "\n".join(tell(rt.trace(plan_id)))
     assert 'dave             step 1 (pay) SETTLED by a person as done, with the output they saw: "paid 3.0"' in story
     assert progress(rt, rt.get(plan_id))["steps"]["1"]["detail"] == 'settled as done by dave: "paid 3.0"'
+
+
+def test_a_react_run_whose_process_died_mid_action_is_stopped_not_run_again(db: str) -> None:
+    from plangate.models.test import ScriptedModel
+    from plangate.react import ReActAgent
+
+    @tool(effect="write", scopes=["refunds:write"], name="pay")
+    def dying_pay(invoice_id: str, amount: float) -> str:
+        EFFECTS.append(f"pay {amount} on {invoice_id}")
+        raise KeyboardInterrupt  # the process goes down during the call
+
+    script = ['Action: pay {"invoice_id": "42", "amount": 3.0}', "Final Answer: paid"]
+    store = open_rt(db=db).store
+    agent = ReActAgent(ScriptedModel(script), Catalogue([dying_pay, look]), store, policy=POLICY, user="alice")
+    paused = agent.run("Refund 3 EUR on invoice 42")
+    open_rt(CAT, POLICY, db=db).approve(paused.run_id, "dave", paused.pending_hash or "")
+    with pytest.raises(KeyboardInterrupt):
+        agent.resume(paused.run_id)
+    gone = "UPDATE plans SET lease_owner = 'gone#0@elsewhere:1', lease_until = '2000-01-01' WHERE id = ?"
+    sql(db, gone, (paused.run_id,))
+    stopped = agent.resume(paused.run_id)
+    assert stopped.status == "stopped" and "may or may not have happened" in (stopped.reason or "")
+    assert EFFECTS == ["pay 3.0 on 42"], "never run again on its own"
+    assert open_rt(db=db).get(paused.run_id).status == "halted"

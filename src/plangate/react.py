@@ -28,6 +28,7 @@ import re
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
+from datetime import timedelta
 from typing import Any, Literal
 
 from pydantic import ValidationError
@@ -107,6 +108,7 @@ class ReActAgent:
     role: str | None = None
     category: str = "react"
     on_step: Callable[[ReActStep], None] | None = None
+    lease_seconds: float = 30.0
 
     def __post_init__(self) -> None:
         # The role comes from the policy; a claim may only name the role the user holds.
@@ -116,7 +118,7 @@ class ReActAgent:
     def run(self, question: str) -> ReActResult:
         """Answer ``question``; returns when answered, stopped, or paused for an approval."""
         state = _State(run_id=self.clock.new_id(), question=question)
-        now = iso(self.clock.now())
+        now, owner = iso(self.clock.now()), lifecycle.runner(f"react:{self.user}")
         with self.store.transaction():
             self.store.insert_plan(
                 PlanRow(
@@ -132,6 +134,8 @@ class ReActAgent:
                     created_at=now,
                     updated_at=now,
                     kind="react",
+                    lease_owner=owner,
+                    lease_until=self._until(),
                 )
             )
             self._event(
@@ -146,15 +150,23 @@ class ReActAgent:
                     "transition": {"from": None, "to": "running"},
                 },
             )
-        return self._finish(state)
+        with self._leased(state.run_id, owner):
+            return self._finish(state)
 
     def resume(self, run_id: str) -> ReActResult:
-        """Carry on a paused run once its pending action is approved (it runs first)."""
+        """Carry on a paused run once its pending action is approved (it runs first).
+
+        A run whose process died (running under a lease that is dead) is stopped instead: an
+        action it had started may or may not have happened, and it is never run again here.
+        """
+        owner = lifecycle.runner(f"react:{self.user}")
         with self.store.transaction():  # a claim: of two resumes, one goes on and the other is refused
             self.store.lock_log()
             row = self.store.get_plan(run_id)
             if row is None or row.kind != "react":
                 raise StateError(f"no ReAct run {run_id!r}")
+            if row.status == "running" and not lifecycle.lease_is_live(row, iso(self.clock.now())):
+                return self._stop_dead(row)
             if row.status != "approved":
                 raise StateError(f"ReAct run {run_id} is {row.status}; only an approved pending action can go on")
             state = _State.load(self.store, row)  # the right to go on, from the audit log
@@ -166,7 +178,28 @@ class ReActAgent:
                 at=iso(self.clock.now()),
                 kind="react.resumed",
                 data={"action_hash": row.hash},
+                lease=(owner, self._until()),
             )
+        with self._leased(run_id, owner):
+            return self._go_on(state)
+
+    def _stop_dead(self, row: PlanRow) -> ReActResult:
+        """End a run whose process died mid-way (inside the caller's transaction)."""
+        reason = (
+            f"the run stopped without finishing (its process, {row.lease_owner}, is gone): an action it had "
+            "started may or may not have happened; check before asking again"
+        )
+        at = iso(self.clock.now())
+        lifecycle.move(self.store, row, "halted", actor=self.user, at=at, kind="react.stopped", data={"reason": reason})
+        return ReActResult(run_id=row.id, status="stopped", reason=reason)
+
+    def _leased(self, run_id: str, owner: str) -> lifecycle.LeaseKeeper:
+        return lifecycle.LeaseKeeper(self.store, run_id, owner, self.lease_seconds, self._until)
+
+    def _until(self) -> str:
+        return iso(self.clock.now() + timedelta(seconds=self.lease_seconds))
+
+    def _go_on(self, state: _State) -> ReActResult:
         pending = state.pending
         assert pending is not None
         state.approvals += 1
