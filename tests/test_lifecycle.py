@@ -596,3 +596,37 @@ def test_a_react_run_whose_process_died_mid_action_is_stopped_not_run_again(db: 
     assert stopped.status == "stopped" and "may or may not have happened" in (stopped.reason or "")
     assert EFFECTS == ["pay 3.0 on 42"], "never run again on its own"
     assert open_rt(db=db).get(paused.run_id).status == "halted"
+
+
+def test_a_tools_module_named_in_a_rewritten_event_is_never_imported(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from plangate.cli import main
+
+    db = f"sqlite:///{tmp_path}/plangate.db"
+    tools = tmp_path / "tools.py"
+    tools.write_text(
+        "from plangate import tool\n\n@tool(effect='write')\ndef pay(amount: float) -> str:\n    return 'ok'\n"
+    )
+    evil, marker = tmp_path / "evil.py", tmp_path / "imported"
+    evil.write_text(f"open({str(marker)!r}, 'w').write('code ran')\n")
+    plan_file = tmp_path / "plan.json"
+    plan_file.write_text(json.dumps(plan({"id": 1, "tool": "pay", "params": {"amount": 3.0}})))
+    runner = CliRunner()
+    plan_id = runner.invoke(main, ["submit", str(plan_file), "--tools", str(tools), "--as", "alice", "--db", db])
+    plan_id = plan_id.stdout.split()[1]
+    rt = open_rt(db=db)
+    rt.approve(plan_id, "dave", rt.get(plan_id).hash)
+    sql(db, "UPDATE plans SET tools = ? WHERE id = ?", (str(evil), plan_id))
+    sql(db, "UPDATE events SET data = replace(data, ?, ?) WHERE plan_id = ?", (str(tools), str(evil), plan_id))
+    result = runner.invoke(main, ["execute", plan_id, "--db", db])
+    assert result.exit_code == 4 and "do not verify" in result.output, result.output
+    assert not marker.exists()
+
+
+def test_a_status_plangate_does_not_know_is_a_plain_refusal(db: str) -> None:
+    rt = open_rt(CAT, POLICY, db=db)
+    record = rt.submit(REFUND, "alice")
+    sql(db, "UPDATE plans SET status = 'bogus' WHERE id = ?", (record.id,))
+    with pytest.raises(StateError, match="is bogus; it cannot become approved"):
+        rt.approve(record.id, "dave", record.hash)

@@ -103,5 +103,19 @@ def test_a_hold_changed_or_deleted_in_the_database_still_holds(runtime: Runtime)
         assert any("holds category 'lookups' for people" in r for r in held.decision["reasons"])  # type: ignore[index]
     with runtime.store.transaction():  # or rewrites the event that set it
         runtime.store.command("UPDATE events SET data = replace(data, 'false', 'true') WHERE kind = 'register.changed'")
-    with pytest.raises(StoreError, match="was changed outside plangate"):
+    with pytest.raises(StoreError, match="changed outside plangate"):
+        runtime.submit(lookup, "ann")
+
+
+def test_a_hold_whose_event_was_cut_out_of_the_log_still_stops_plangate(runtime: Runtime) -> None:
+    lookup = plan({"id": 1, "tool": "look", "params": {"key": "a"}}, category="lookups")
+    register = Register(runtime.store, runtime.clock)
+    register.set("lookups", True, by="gina", reason="cleared after review")
+    register.set("lookups", False, by="gina", reason="until the audit")
+    with runtime.store.transaction():  # the hold's event and its mirror row deleted
+        runtime.store.command(
+            "DELETE FROM events WHERE seq = (SELECT MAX(seq) FROM events WHERE kind = 'register.changed')"
+        )
+        runtime.store.command("DELETE FROM register")
+    with pytest.raises(StoreError, match=r"register\.changed events were changed outside plangate"):
         runtime.submit(lookup, "ann")

@@ -79,6 +79,7 @@ class Compensation:
             "compensated" if not (not_undoable or failed) else "compensation_incomplete"
         )
         with self.store.transaction():
+            self.store.lock_log()
             plan = self.store.get_plan(self.plan_id)
             if plan is None or plan.lease_owner != self.plan.lease_owner:
                 raise LeaseLostError(f"the rollback of plan {self.plan_id} lost its lease; it stops here")

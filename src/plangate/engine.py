@@ -488,6 +488,7 @@ class _Run:
 
     def _move(self, to: Literal["succeeded", "halted"], kind: str, data: dict[str, Any]) -> None:
         """End the run: the plan leaves ``running`` only from the runner that holds it."""
+        self.store.lock_log()
         plan = self.store.get_plan(self.plan_id)
         if plan is None:
             raise LeaseLostError(f"plan {self.plan_id} no longer exists")

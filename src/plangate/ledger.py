@@ -160,6 +160,10 @@ _STEP_STATUS = {
 }
 
 
+_STEP_WHILE = {"step.settled": ("halted", "compensation_incomplete")}
+"""Where a step event may happen other than during a run (undo steps: during a rollback)."""
+
+
 def _apply_step(ledger: PlanLedger, event: Event) -> None:
     assert event.step_id is not None
     status = _STEP_STATUS.get(event.kind)
@@ -168,8 +172,8 @@ def _apply_step(ledger: PlanLedger, event: Event) -> None:
     if status is None:
         return
     undo = event.kind.startswith("compensation.")
-    during = "compensating" if undo else "halted" if event.kind == "step.settled" else "running"
-    if ledger.status != during:
+    during = _STEP_WHILE.get(event.kind, ("compensating",) if undo else ("running",))
+    if ledger.status not in during:
         ledger.broken.append(f"event {event.seq} ({event.kind}) happened while the plan was {ledger.status}")
     step = -event.step_id if undo else event.step_id
     ledger.steps[step] = (status, event.data.get("output") if status == "succeeded" else None)

@@ -127,8 +127,9 @@ def move(
     Must run inside ``store.transaction()``. The event (``kind``, default ``plan.TO``)
     carries ``transition: {from, to}``, which is how the audit log tells a plan's status.
     """
-    if to not in TRANSITIONS[plan.status]:
+    if to not in TRANSITIONS.get(plan.status, frozenset()):
         raise StateError(f"{_what(plan)} {plan.id} is {plan.status}; it cannot become {to}")
+    store.lock_log()  # the log's lock before the plan's row, in every writer: no two wait on each other
     if not store.transition(
         plan.id,
         expected=plan.status,
@@ -177,6 +178,7 @@ def hold(store: Store, plan: PlanRow, at: str) -> None:
     claimed the plan meanwhile makes the decision fail, not the other way round.
     """
     lease = (plan.lease_owner, plan.lease_until)
+    store.lock_log()
     if not store.transition(plan.id, expected=plan.status, expected_lease=lease, to=plan.status, at=at, lease=lease):
         raise StateError(_changed(store, plan))
 

@@ -117,8 +117,9 @@ class ReActAgent:
     # -- running ---------------------------------------------------------------------------
     def run(self, question: str) -> ReActResult:
         """Answer ``question``; returns when answered, stopped, or paused for an approval."""
-        state = _State(run_id=self.clock.new_id(), question=question)
-        now, owner = iso(self.clock.now()), lifecycle.runner(f"react:{self.user}")
+        owner = lifecycle.runner(f"react:{self.user}")
+        state = _State(run_id=self.clock.new_id(), question=question, owner=owner)
+        now = iso(self.clock.now())
         with self.store.transaction():
             self.store.insert_plan(
                 PlanRow(
@@ -170,6 +171,7 @@ class ReActAgent:
             if row.status != "approved":
                 raise StateError(f"ReAct run {run_id} is {row.status}; only an approved pending action can go on")
             state = _State.load(self.store, row)  # the right to go on, from the audit log
+            state.owner = owner
             lifecycle.move(
                 self.store,
                 row,
@@ -389,6 +391,9 @@ class ReActAgent:
         )
 
     def _call(self, state: _State, number: int, tool: Tool, kwargs: dict[str, Any]) -> str:
+        if state.owner is not None:  # a tool is called only while this process holds the run
+            with self.store.transaction():
+                self.store.fence(state.run_id, state.owner)
         if tool.ctx_param is not None:
             kwargs[tool.ctx_param] = RunContext(
                 plan_id=state.run_id, step_id=number, now=parse_iso(iso(self.clock.now()))
@@ -536,6 +541,7 @@ class ReActAgent:
 class _State:
     run_id: str
     question: str
+    owner: str | None = None  # who holds the run's lease
     transcript: list[Message] = field(default_factory=list)
     steps: list[ReActStep] = field(default_factory=list)
     actions: list[dict[str, Any]] = field(default_factory=list)

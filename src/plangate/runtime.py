@@ -457,7 +457,10 @@ class Runtime:
         plan = self.store.get_plan(self.resolve_id(plan_id))
         if plan is None:
             raise NotFoundError(f"no plan {plan_id!r}")
-        told = ledger.fold(plan.id, self.store.events(plan.id))
+        events, broken = self.store.plan_events(plan.id)
+        if broken is not None:
+            raise GovernanceError(f"plan {plan.id}'s audit events do not verify ({broken}); nothing was imported")
+        told = ledger.fold(plan.id, events)
         if told.tools != plan.tools:
             raise GovernanceError(
                 f"plan {plan.id}'s tools module on record ({plan.tools!r}) is not the one its audit log names "

@@ -153,9 +153,12 @@ def workflow_args(db: str, tools: str, claim: Claim) -> dict[str, Any]:
 
 
 async def serve(
-    address: str, db: str, tools: str, *, drain: bool = False, poll: float = 1.0, name: str = "temporal-worker"
+    address: str, db: str, tools: str, *, drain: bool = False, poll: float = 1.0, name: str | None = None
 ) -> int:
     """Host the workflow and activities, and start a workflow for each approved plan. Returns plans run."""
+    from plangate import lifecycle
+
+    name = name or lifecycle.runner("temporal-worker")
     from temporalio.client import Client, WorkflowFailureError
     from temporalio.common import WorkflowIDReusePolicy
     from temporalio.exceptions import WorkflowAlreadyStartedError

@@ -40,14 +40,15 @@ class Worker:
         """Claim and run one plan; None when there is nothing to do."""
         runtime = Runtime(self.catalogue, self.policy, db=self.db, clock=self.clock, lease_seconds=self.lease_seconds)
         try:
+            skip: list[str] = []  # refused in this pass: claimed again on the next (it may have been approved since)
             while True:
-                skip = [refusal.partition(":")[0] for refusal in self.refused]
                 plan_id = runtime.store.claim(self.name, iso(self.clock.now()), self._until(), skip=skip)
                 if plan_id is None:
                     return None
                 try:
                     return runtime.resume(plan_id, actor=f"worker:{self.name}", owner=self.name)
                 except GovernanceError as refused:  # it may not run: sent back for approval, or the log disagrees
+                    skip.append(plan_id)
                     self.refused.append(f"{plan_id}: {refused}")
                 finally:
                     runtime.store.release(plan_id, self.name)

@@ -22,7 +22,10 @@ def _dump(value: Any) -> str:
 
 
 def _load(text: str | None) -> Any:
-    return None if text is None else json.loads(text)
+    try:
+        return None if text is None else json.loads(text)
+    except ValueError as exc:
+        raise StoreError(f"a stored value is not JSON ({exc}): it was changed outside plangate") from None
 
 
 class AuditLog:
@@ -58,7 +61,8 @@ class AuditLog:
         self.lock_log()
         assert self._head is not None
         seq, prev = self._head[0] + 1, self._head[1]
-        plan_prev = None if plan_id is None else self._plan_head(plan_id)
+        chain_of = plan_id if plan_id is not None else f"~{kind}"  # events of no plan chain by kind
+        plan_prev = self._plan_head(chain_of)
         row = (seq, plan_id, version, step_id, kind, actor, at, _dump(data), prev, "", plan_prev)
         digest = self._chain_for_append(seq - 1).hash(row)
         self._exec(
@@ -66,9 +70,8 @@ class AuditLog:
             (*row[:9], digest, plan_prev),
         )
         self._head = (seq, digest)
-        if plan_id is not None:
-            self._plan_heads[plan_id] = digest
-            self._tails[plan_id] = (seq, digest)
+        self._plan_heads[chain_of] = digest
+        self._tails[chain_of] = (seq, digest)
         return Event(
             seq=seq,
             plan_id=plan_id,
@@ -85,12 +88,17 @@ class AuditLog:
     def verified_events(self, kind: str) -> list[Event]:
         query = f"SELECT {audit.COLUMNS} FROM events WHERE plan_id IS NULL AND kind = ? ORDER BY seq"
         rows = self._exec(query, (kind,)).fetchall()
-        chain = self._keyed_chain() if rows else None
-        for row in rows:
-            if chain is not None and chain.hash(row) != row[9]:
-                raise StoreError(
-                    f"audit event {row[0]} ({kind}) was changed outside plangate; see plangate audit verify"
-                )
+        if not rows:
+            return []
+        chain = self._keyed_chain()
+        bad = audit.verify_plan(rows, chain)
+        sealed = self._exec("SELECT value FROM settings WHERE key = ?", (f"tail:{kind}",)).fetchone()
+        last = (rows[-1][0], rows[-1][9])
+        problem = (
+            f"event {bad[0]}: {bad[1]}" if bad else audit.tail_problem(chain, f"~{kind}", last, sealed and sealed[0])
+        )
+        if problem := problem or self._follows(last):
+            raise StoreError(f"the {kind} events were changed outside plangate ({problem}); see plangate audit verify")
         return [_event(r) for r in rows]
 
     def fence(self, plan_id: str, owner: str) -> None:
@@ -106,7 +114,9 @@ class AuditLog:
         for plan_id, (seq, digest) in tails.items():
             assert self._chain is not None
             tail = f"{seq}:{digest}:{self._chain.seal_text(audit.tail_text(plan_id, seq, digest))}"
-            if plan_id not in fences:
+            if plan_id.startswith("~"):  # the newest event of a kind that belongs to no plan
+                self._exec(_SEAL_SETTING, (f"tail:{plan_id[1:]}", tail))
+            elif plan_id not in fences:
                 self._exec("UPDATE plans SET tail = ? WHERE id = ?", (tail, plan_id))
             elif not self._exec(_FENCED, (tail, plan_id, fences.pop(plan_id))).rowcount:
                 raise LeaseLostError(f"{self._fence_owner(plan_id)}: the lease on plan {plan_id} was lost")
@@ -121,9 +131,10 @@ class AuditLog:
     def _plan_head(self, plan_id: str) -> str:
         """The hash of the plan's newest event (read under the log's lock, remembered for the transaction)."""
         if plan_id not in self._plan_heads:
-            row = self._exec(
-                "SELECT hash FROM events WHERE plan_id = ? ORDER BY seq DESC LIMIT 1", (plan_id,)
-            ).fetchone()
+            where, key = (
+                ("plan_id IS NULL AND kind = ?", plan_id[1:]) if plan_id.startswith("~") else ("plan_id = ?", plan_id)
+            )
+            row = self._exec(f"SELECT hash FROM events WHERE {where} ORDER BY seq DESC LIMIT 1", (key,)).fetchone()
             self._plan_heads[plan_id] = audit.GENESIS if row is None else str(row[0])
         return self._plan_heads[plan_id]
 
@@ -220,6 +231,7 @@ class AuditLog:
         return (row[0], row[1]) if row and row[0] else (0, audit.GENESIS)
 
 
+_SEAL_SETTING = "INSERT INTO settings (key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value"
 _FENCED = (
     "UPDATE plans SET tail = COALESCE(?, tail) WHERE id = ? AND lease_owner = ?"
     " AND status IN ('running', 'compensating')"

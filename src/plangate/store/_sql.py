@@ -113,24 +113,9 @@ class SQLStore(AuditLog, Store):
     # -- writes --------------------------------------------------------------------------
     def insert_plan(self, row: PlanRow) -> None:
         self._require_tx()
-        self._exec(
-            "INSERT INTO plans (id, status, version, hash, task, category, requested_by, role, tools, created_at,"
-            " updated_at, kind) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (
-                row.id,
-                row.status,
-                row.version,
-                row.hash,
-                row.task,
-                row.category,
-                row.requested_by,
-                row.role,
-                row.tools,
-                row.created_at,
-                row.updated_at,
-                row.kind,
-            ),
-        )
+        names = _PLAN_COLUMNS.split(", ")
+        values = tuple(getattr(row, name.strip()) for name in names)
+        self._exec(f"INSERT INTO plans ({_PLAN_COLUMNS}) VALUES ({', '.join('?' for _ in names)})", values)
 
     def update_plan(self, plan_id: str, **fields: Any) -> None:
         self._require_tx()
@@ -379,7 +364,7 @@ class SQLStore(AuditLog, Store):
             body=row[3],
             author=row[4],
             created_at=row[5],
-            check=CheckRecord.from_dict(_load(row[6])),
+            check=_check(row[0], row[1], row[6]),
             policy_hash=row[7],
         )
 
@@ -482,6 +467,13 @@ class SQLStore(AuditLog, Store):
 
     def close(self) -> None:
         self._conn.close()
+
+
+def _check(plan_id: str, version: int, text: str) -> CheckRecord:
+    try:
+        return CheckRecord.from_dict(_load(text))
+    except (TypeError, StoreError) as exc:
+        raise StoreError(f"plan {plan_id} v{version}: its recorded check cannot be read ({exc})") from None
 
 
 def _plan(row: Any) -> PlanRow:
