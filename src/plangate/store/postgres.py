@@ -42,6 +42,7 @@ class PostgresStore(SQLStore):
     _LOCK_ROWS = " FOR UPDATE SKIP LOCKED"
     _SAME = "IS NOT DISTINCT FROM"
     _SNAPSHOT = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
+    _HEAD_IS_THE_LOCK = True
 
     def _sql(self, query: str) -> str:
         return query.replace("?", "%s")
