@@ -160,7 +160,9 @@ def test_deny_rules_deleted_from_the_stored_policy_do_not_run(db: str) -> None:
     assert EFFECTS == []
 
 
-def test_a_tools_module_repointed_in_the_store_is_never_imported(tmp_path: Path) -> None:
+def submitted_with_tools(tmp_path: Path) -> tuple[str, str, Path, Path, Path]:
+    """A plan submitted on the command line with a tools module, and approved; and a module
+    that marks it was imported (code that must never run)."""
     from click.testing import CliRunner
 
     from plangate.cli import main
@@ -170,18 +172,25 @@ def test_a_tools_module_repointed_in_the_store_is_never_imported(tmp_path: Path)
     tools.write_text(
         "from plangate import tool\n\n@tool(effect='write')\ndef pay(amount: float) -> str:\n    return 'ok'\n"
     )
-    evil = tmp_path / "evil.py"
-    marker = tmp_path / "imported"
+    evil, marker = tmp_path / "evil.py", tmp_path / "imported"
     evil.write_text(f"open({str(marker)!r}, 'w').write('code ran')\n")
     plan_file = tmp_path / "plan.json"
     plan_file.write_text(json.dumps(plan({"id": 1, "tool": "pay", "params": {"amount": 3.0}})))
-    runner = CliRunner()
-    submitted = runner.invoke(main, ["submit", str(plan_file), "--tools", str(tools), "--as", "alice", "--db", db])
-    plan_id = submitted.stdout.split()[1]
+    done = CliRunner().invoke(main, ["submit", str(plan_file), "--tools", str(tools), "--as", "alice", "--db", db])
+    plan_id = done.stdout.split()[1]
     rt = open_rt(db=db)
     rt.approve(plan_id, "dave", rt.get(plan_id).hash)
+    return db, plan_id, tools, evil, marker
+
+
+def test_a_tools_module_repointed_in_the_store_is_never_imported(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from plangate.cli import main
+
+    db, plan_id, _, evil, marker = submitted_with_tools(tmp_path)
     sql(db, "UPDATE plans SET tools = ? WHERE id = ?", (str(evil), plan_id))
-    result = runner.invoke(main, ["execute", plan_id, "--db", db])
+    result = CliRunner().invoke(main, ["execute", plan_id, "--db", db])
     assert result.exit_code == 4, result.output
     assert "not the one its audit log names" in result.output
     assert not marker.exists()
@@ -603,23 +612,10 @@ def test_a_tools_module_named_in_a_rewritten_event_is_never_imported(tmp_path: P
 
     from plangate.cli import main
 
-    db = f"sqlite:///{tmp_path}/plangate.db"
-    tools = tmp_path / "tools.py"
-    tools.write_text(
-        "from plangate import tool\n\n@tool(effect='write')\ndef pay(amount: float) -> str:\n    return 'ok'\n"
-    )
-    evil, marker = tmp_path / "evil.py", tmp_path / "imported"
-    evil.write_text(f"open({str(marker)!r}, 'w').write('code ran')\n")
-    plan_file = tmp_path / "plan.json"
-    plan_file.write_text(json.dumps(plan({"id": 1, "tool": "pay", "params": {"amount": 3.0}})))
-    runner = CliRunner()
-    plan_id = runner.invoke(main, ["submit", str(plan_file), "--tools", str(tools), "--as", "alice", "--db", db])
-    plan_id = plan_id.stdout.split()[1]
-    rt = open_rt(db=db)
-    rt.approve(plan_id, "dave", rt.get(plan_id).hash)
+    db, plan_id, tools, evil, marker = submitted_with_tools(tmp_path)
     sql(db, "UPDATE plans SET tools = ? WHERE id = ?", (str(evil), plan_id))
     sql(db, "UPDATE events SET data = replace(data, ?, ?) WHERE plan_id = ?", (str(tools), str(evil), plan_id))
-    result = runner.invoke(main, ["execute", plan_id, "--db", db])
+    result = CliRunner().invoke(main, ["execute", plan_id, "--db", db])
     assert result.exit_code == 4 and "do not verify" in result.output, result.output
     assert not marker.exists()
 
