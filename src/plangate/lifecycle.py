@@ -33,6 +33,7 @@ import secrets
 import socket
 import threading
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -133,6 +134,7 @@ def move(
     if not store.transition(
         plan.id,
         expected=plan.status,
+        expected_version=plan.version,
         expected_lease=(plan.lease_owner, plan.lease_until),
         to=to,
         at=at,
@@ -151,9 +153,7 @@ def move(
         at=at,
         data={**(data or {}), "transition": transition},
     )
-    return PlanRow(
-        **{**plan.__dict__, "status": to, "updated_at": at, "lease_owner": lease[0], "lease_until": lease[1]}
-    )
+    return replace(plan, status=to, updated_at=at, lease_owner=lease[0], lease_until=lease[1])
 
 
 def claim(
@@ -179,7 +179,15 @@ def hold(store: Store, plan: PlanRow, at: str) -> None:
     """
     lease = (plan.lease_owner, plan.lease_until)
     store.lock_log()
-    if not store.transition(plan.id, expected=plan.status, expected_lease=lease, to=plan.status, at=at, lease=lease):
+    if not store.transition(
+        plan.id,
+        expected=plan.status,
+        expected_version=plan.version,
+        expected_lease=lease,
+        to=plan.status,
+        at=at,
+        lease=lease,
+    ):
         raise StateError(_changed(store, plan))
 
 

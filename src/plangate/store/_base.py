@@ -50,12 +50,13 @@ class Store(abc.ABC):
         plan_id: str,
         *,
         expected: str,
+        expected_version: int,
         expected_lease: tuple[str | None, str | None],
         to: str,
         at: str,
         lease: tuple[str | None, str | None],
     ) -> bool:
-        """Compare-and-set a plan's status and lease: True when the plan was still as expected.
+        """Compare-and-set a plan's status and lease: True when the plan (status, version, lease) was still as expected.
 
         Only :func:`plangate.lifecycle.move` calls this; it records the transition's event in
         the same transaction.

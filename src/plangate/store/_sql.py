@@ -137,6 +137,7 @@ class SQLStore(AuditLog, Store):
         plan_id: str,
         *,
         expected: str,
+        expected_version: int,
         expected_lease: tuple[str | None, str | None],
         to: str,
         at: str,
@@ -145,8 +146,8 @@ class SQLStore(AuditLog, Store):
         self._require_tx()
         cursor = self._exec(
             "UPDATE plans SET status = ?, updated_at = ?, lease_owner = ?, lease_until = ? WHERE id = ?"
-            f" AND status = ? AND lease_owner {self._SAME} ? AND lease_until {self._SAME} ?",
-            (to, at, *lease, plan_id, expected, *expected_lease),
+            f" AND status = ? AND version = ? AND lease_owner {self._SAME} ? AND lease_until {self._SAME} ?",
+            (to, at, *lease, plan_id, expected, expected_version, *expected_lease),
         )
         return int(cursor.rowcount) == 1
 
