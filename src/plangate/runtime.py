@@ -219,7 +219,7 @@ class Runtime:
         with self.store.transaction():
             plan, version = self._locked(plan_id)
             _not_react(plan)
-            self._check_after_halt(plan, version, actor, "settle")
+            self._check_after_halt(plan, version, actor, doing="settle", allowed=("halted", "compensation_incomplete"))
             recovery.settle(
                 self.store,
                 self._catalogue(),
@@ -249,12 +249,9 @@ class Runtime:
         with self.store.transaction():
             plan, version = self._locked(plan_id)
             _not_react(plan)
-            if plan.status not in ("halted", "compensation_incomplete", "compensating"):
-                raise StateError(f"plan {plan.id} is {plan.status}; only a halted plan can be compensated")
-            lifecycle.require_idle(plan, self._now(), "a rollback")
-            if by_person:
-                approval.check_may_decide(plan, self._authors(plan), actor, self._policy_for(version), "compensate")
-            ledger.story(self.store, plan, "be rolled back")
+            allowed = ("halted", "compensation_incomplete", "compensating")  # compensating: one that died
+            person = actor if by_person else None
+            self._check_after_halt(plan, version, person, doing="compensate", allowed=allowed)
             plan = lifecycle.move(
                 self.store,
                 plan,
@@ -276,12 +273,17 @@ class Runtime:
         with lifecycle.LeaseKeeper(self.store, plan.id, owner, self.lease_seconds, self._lease_until):
             return rollback.run()
 
-    def _check_after_halt(self, plan: PlanRow, version: VersionRow, actor: str, doing: str) -> None:
+    def _check_after_halt(
+        self, plan: PlanRow, version: VersionRow, person: str | None, *, doing: str, allowed: tuple[str, ...]
+    ) -> None:
+        """Settling or rolling back: a halted plan no run holds, a person who may decide (None: the
+        policy's own rollback), and rows that agree with the audit log."""
         lifecycle.require_idle(plan, self._now(), f"to {doing} a step")
-        if plan.status not in ("halted", "compensation_incomplete"):
+        if plan.status not in allowed:
             raise StateError(f"plan {plan.id} is {plan.status}; only a halted plan's steps can be settled or undone")
-        approval.check_may_decide(plan, self._authors(plan), actor, self._policy_for(version), doing)
-        ledger.story(self.store, plan, doing)
+        if person is not None:
+            approval.check_may_decide(plan, self._authors(plan), person, self._policy_for(version), doing)
+        ledger.story(self.store, plan, "be rolled back" if doing == "compensate" else doing)
 
     # -- execute ---------------------------------------------------------------------------
     def execute(
@@ -364,6 +366,7 @@ class Runtime:
 
     def drive(self, claim: Claim, progress: Callable[[Progress], None] | None = None) -> RunResult:
         """Run a claimed plan to its end or a halt, renewing the lease as it goes."""
+        keeper = lifecycle.LeaseKeeper(self.store, claim.plan.id, claim.owner, self.lease_seconds, self._lease_until)
         engine = Engine(
             store=self.store,
             catalogue=self._catalogue(),
@@ -372,10 +375,9 @@ class Runtime:
             max_concurrency=self.max_concurrency,
             progress=progress,
             owner=claim.owner,
+            lease_lost=keeper.lost,
         )
-        keeper = lifecycle.LeaseKeeper(self.store, claim.plan.id, claim.owner, self.lease_seconds, self._lease_until)
         with keeper:
-            engine.lease_lost = keeper.lost
             result = engine.run(claim.plan.id, claim.plan.version, claim.body, actor=claim.actor)
         unknown = (result.error or "").startswith("outcome unknown")
         policy = claim.policy
