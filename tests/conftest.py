@@ -17,14 +17,19 @@ EXAMPLES = ROOT / "examples"
 
 @pytest.fixture(autouse=True, scope="session")
 def audit_key_file(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """One audit key for the session, made in a temporary folder on first use: no test touches ~/.config.
+    """One audit key and one server secret for the session, made in a temporary folder on first use,
+    and a configuration folder of its own: no test touches ~/.config or picks up a token from outside.
 
-    Set in the environment, so the plangate processes tests start use it too.
+    Set in the environment, so the plangate processes tests start use them too.
     """
-    path = tmp_path_factory.mktemp("audit-key") / "audit.key"
+    folder = tmp_path_factory.mktemp("keys")
+    path = folder / "audit.key"
     with pytest.MonkeyPatch.context() as patch:
-        patch.delenv("PLANGATE_AUDIT_KEY", raising=False)
+        for variable in ("PLANGATE_AUDIT_KEY", "PLANGATE_SECRET_KEY", "PLANGATE_TOKEN", "PLANGATE_SERVER"):
+            patch.delenv(variable, raising=False)
         patch.setenv("PLANGATE_AUDIT_KEY_FILE", str(path))
+        patch.setenv("PLANGATE_SECRET_KEY_FILE", str(folder / "secret.key"))
+        patch.setenv("XDG_CONFIG_HOME", str(tmp_path_factory.mktemp("config")))
         yield path
 
 

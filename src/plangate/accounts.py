@@ -1,22 +1,40 @@
-"""People and machines that use the dashboard and the API: accounts, roles, passwords, tokens.
+"""People and machines that use plangate: accounts, roles, passwords, tokens and sessions.
 
 Roles: ``requester`` (submits plans), ``approver`` (decides on plans in the categories
 they are allowed, patterns such as ``refunds`` or ``*``), ``governance`` (also manages
-the auto-approval register) and ``auditor`` (reads everything, changes nothing).
-Passwords are hashed with Argon2id (argon2-cffi); API tokens are random and stored only
-as their SHA-256 digest.
+accounts and the auto-approval register) and ``auditor`` (reads everything, changes
+nothing). A person's *policy* role (the one named approvals ask for, such as
+``privacy-officer``) is what the policy's ``users`` mapping gives the account's name, or
+its ``default_role``; see docs/security.md.
+
+Every change to an account (made, role or categories changed, password set, disabled,
+enabled, token issued or revoked, chat id linked) is an audit event, chained under the
+audit key like every other. An account is what those events say: the ``users`` and
+``api_tokens`` tables only mirror them, so a row added or changed in the database makes
+no one anyone. Passwords are hashed with Argon2id (argon2-cffi) and the event records
+a digest of the hash, so a hash swapped in the database logs no one in; API tokens are
+random, expire (90 days unless told otherwise), and are stored only as their SHA-256
+digest. Browser sessions are records in the store, ended at logout and when the account
+is disabled or its tokens revoked; the cookie that names one is signed with the server's
+secret key, which lives outside the database (:mod:`plangate._keys`).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import re
 import secrets
-from dataclasses import dataclass
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timedelta
 from fnmatch import fnmatchcase
 from typing import Any, Literal, get_args
 
-from plangate.errors import UsageError
+from plangate._clock import Clock, SystemClock, iso, parse_iso
+from plangate._keys import SECRET_KEY
+from plangate.errors import GovernanceError, NotFoundError, UsageError
+from plangate.names import canonical, new_name, skeleton
 from plangate.store import Store
 
 try:
@@ -27,7 +45,12 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 
 Role = Literal["requester", "approver", "governance", "auditor"]
 ROLES: tuple[Role, ...] = get_args(Role)
+EVENT = "account.changed"
+TOKEN_DAYS = 90
+MAX_TOKEN_DAYS = 366
 _HASHER = PasswordHasher()
+_DURATION = re.compile(r"(\d+)([dh])")
+_SLACK_ID = re.compile(r"[UW][A-Z0-9]{2,20}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -35,91 +58,350 @@ class User:
     name: str
     role: Role
     categories: tuple[str, ...] = ()
+    slack_id: str | None = None
+    disabled: bool = False
 
     def may_approve(self, category: str) -> bool:
         return self.role in ("approver", "governance") and any(fnmatchcase(category, p) for p in self.categories)
+
+    def may_read(self, *, category: str, requested_by: str) -> bool:
+        """Auditors and governance read every plan; approvers the categories they decide; everyone their own."""
+        if self.role in ("auditor", "governance") or canonical(requested_by) == self.name:
+            return True
+        return self.may_approve(category)
 
     @property
     def read_only(self) -> bool:
         return self.role == "auditor"
 
 
+@dataclass(frozen=True, kw_only=True)
+class Token:
+    id: str
+    user: str
+    label: str
+    created_at: str
+    expires_at: str
+    revoked_at: str | None = None
+
+    def live(self, now: datetime) -> bool:
+        return self.revoked_at is None and parse_iso(self.expires_at) > now
+
+
+@dataclass(kw_only=True)
+class _Account:
+    user: User
+    password: str | None  # the digest of the Argon2 hash the log last recorded
+    tokens: dict[str, tuple[str, Token]] = field(default_factory=dict)  # token id -> (digest, token)
+
+
+def duration(text: str) -> timedelta:
+    """``90d`` or ``12h``: how long a token lives (at most a year)."""
+    match = _DURATION.fullmatch(text.strip())
+    if match is None:
+        raise UsageError(f"a token's lifetime is a number of days or hours, such as 90d or 12h, not {text!r}")
+    amount = int(match.group(1))
+    span = timedelta(days=amount) if match.group(2) == "d" else timedelta(hours=amount)
+    if not timedelta(hours=1) <= span <= timedelta(days=MAX_TOKEN_DAYS):
+        raise UsageError(f"a token lives between 1 hour and {MAX_TOKEN_DAYS} days, not {text}")
+    return span
+
+
 class Accounts:
-    """Accounts kept in the plangate store (tables ``users`` and ``api_tokens``)."""
+    """The accounts the audit log records, with their tokens and sessions."""
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, clock: Clock | None = None) -> None:
         self.store = store
+        self.clock = clock or SystemClock()
 
-    def add(
-        self, name: str, role: str, *, password: str | None = None, categories: tuple[str, ...] = (), at: str = ""
-    ) -> User:
-        if role not in ROLES:
-            raise UsageError(f"role must be one of {', '.join(ROLES)}, not {role!r}")
-        if not name or not name.replace("-", "").replace("_", "").replace(".", "").isalnum():
-            raise UsageError("a user name is letters, digits, '-', '_' and '.'")
-        if password is not None and len(password) < 8:
-            raise UsageError("a password has at least 8 characters")
-        digest = _HASHER.hash(password) if password is not None else None
-        with self.store.transaction():
-            self.store.command(
-                "INSERT INTO users (name, role, categories, password_hash, created_at) VALUES (?, ?, ?, ?, ?)"
-                " ON CONFLICT (name) DO UPDATE SET role = excluded.role, categories = excluded.categories,"
-                " password_hash = COALESCE(excluded.password_hash, users.password_hash)",
-                (name, role, json.dumps(list(categories)), digest, at),
-            )
-        return User(name=name, role=role, categories=tuple(categories))
+    # -- reading ------------------------------------------------------------------------------
+    def _fold(self) -> dict[str, _Account]:
+        """Every account as its events tell it, each event checked under the audit key.
+
+        An ``account.changed`` event changed in the database is refused
+        (:class:`~plangate.errors.StoreError`); rows in ``users`` or ``api_tokens`` are not read.
+        """
+        accounts: dict[str, _Account] = {}
+        for event in self.store.verified_events(EVENT):
+            data = event.data
+            name = str(data["name"])
+            change = data["change"]
+            if change == "saved":
+                user = User(
+                    name=name,
+                    role=data["role"],
+                    categories=tuple(data["categories"]),
+                    slack_id=data.get("slack_id"),
+                    disabled=accounts[name].user.disabled if name in accounts else False,
+                )
+                old = accounts.get(name)
+                accounts[name] = _Account(user=user, password=data["password"], tokens=old.tokens if old else {})
+            elif change in ("disabled", "enabled"):
+                accounts[name].user = replace(accounts[name].user, disabled=change == "disabled")
+            elif change == "token.issued":
+                token = Token(
+                    id=data["token"],
+                    user=name,
+                    label=data["label"],
+                    created_at=event.at,
+                    expires_at=data["expires_at"],
+                )
+                accounts[name].tokens[token.id] = (data["digest"], token)
+            elif change == "token.revoked":
+                tokens = accounts[name].tokens
+                for token_id in data["tokens"]:
+                    digest, token = tokens[token_id]
+                    tokens[token_id] = (digest, replace(token, revoked_at=event.at))
+        return accounts
+
+    def any(self) -> bool:
+        """Whether the store has accounts (if not, it is in single-operator local mode)."""
+        return bool(self._fold())
 
     def get(self, name: str) -> User | None:
-        rows = self.store.query("SELECT name, role, categories FROM users WHERE name = ?", (name,))
-        return _user(rows[0]) if rows else None
+        account = self._fold().get(canonical(name))
+        return account.user if account else None
+
+    def active(self, name: str) -> User | None:
+        """The account, unless it is unknown or disabled."""
+        user = self.get(name)
+        return user if user is not None and not user.disabled else None
 
     def all(self) -> list[User]:
-        return [_user(r) for r in self.store.query("SELECT name, role, categories FROM users ORDER BY name")]
+        return [account.user for _, account in sorted(self._fold().items())]
 
+    def tokens(self, name: str | None = None) -> list[Token]:
+        folded = self._fold()
+        names = [self._known(folded, name).user.name] if name is not None else sorted(folded)
+        return [token for n in names for _, token in folded[n].tokens.values()]
+
+    def by_slack_id(self, slack_id: str) -> User | None:
+        found = [a.user for a in self._fold().values() if a.user.slack_id == slack_id and not a.user.disabled]
+        return found[0] if len(found) == 1 else None
+
+    # -- signing in ---------------------------------------------------------------------------
     def login(self, name: str, password: str) -> User | None:
-        """The user when the password is right; ``None`` otherwise (whatever was wrong)."""
-        rows = self.store.query("SELECT password_hash FROM users WHERE name = ?", (name,))
-        row = rows[0] if rows else None
-        if row is None or row[0] is None:
+        """The user when the password is right and the account active; ``None`` otherwise (whatever was wrong)."""
+        account = self._fold().get(canonical(name))
+        rows = self.store.query("SELECT password_hash FROM users WHERE name = ?", (canonical(name),))
+        stored = rows[0][0] if rows and rows[0][0] else None
+        if account is None or account.password is None or stored is None or _digest(stored) != account.password:
             _HASHER.hash(password)  # spend the same time as a real check
             return None
         try:
-            _HASHER.verify(row[0], password)
+            _HASHER.verify(stored, password)
         except (VerificationError, InvalidHashError):
             return None
-        return self.get(name)
+        return None if account.user.disabled else account.user
 
-    def issue_token(self, name: str, label: str = "api", at: str = "") -> str:
-        if self.get(name) is None:
-            raise UsageError(f"no user {name!r}")
-        token = "pgt_" + secrets.token_urlsafe(32)
+    def by_token(self, token: str) -> User | None:
+        """The account a live token belongs to (not expired, not revoked, the account active)."""
+        digest, now = _digest(token), self.clock.now()
+        for account in self._fold().values():
+            for known, record in account.tokens.values():
+                if secrets.compare_digest(known, digest) and record.live(now) and not account.user.disabled:
+                    return account.user
+        return None
+
+    def open_session(self, user: User, *, hours: float) -> str:
+        """A new browser session for ``user``: the session id, to be carried in a signed cookie."""
+        session = secrets.token_urlsafe(24)
+        now = self.clock.now()
         with self.store.transaction():
             self.store.command(
-                "INSERT INTO api_tokens (digest, user_name, label, created_at) VALUES (?, ?, ?, ?)",
-                (_digest(token), name, label, at),
+                "INSERT INTO sessions (digest, user_name, created_at, expires_at) VALUES (?, ?, ?, ?)",
+                (_digest(session), user.name, iso(now), iso(now + timedelta(hours=hours))),
+            )
+        return session
+
+    def session_user(self, session: str) -> User | None:
+        """The active account of a session that has not ended or expired."""
+        rows = self.store.query(
+            "SELECT user_name, expires_at FROM sessions WHERE digest = ? AND ended_at IS NULL", (_digest(session),)
+        )
+        if not rows or parse_iso(rows[0][1]) <= self.clock.now():
+            return None
+        return self.active(rows[0][0])
+
+    def end_session(self, session: str) -> None:
+        with self.store.transaction():
+            self.store.command(
+                "UPDATE sessions SET ended_at = ? WHERE digest = ? AND ended_at IS NULL",
+                (iso(self.clock.now()), _digest(session)),
+            )
+
+    # -- changing (each change an audit event) ------------------------------------------------
+    def add(
+        self,
+        name: str,
+        role: str,
+        *,
+        password: str | None = None,
+        categories: Iterable[str] = (),
+        slack_id: str | None = None,
+        by: User | None = None,
+        at: str = "",
+    ) -> User:
+        """Make an account, or change one's role, categories, password or chat id."""
+        if role not in ROLES:
+            raise UsageError(f"role must be one of {', '.join(ROLES)}, not {role!r}")
+        if password is not None and len(password) < 8:
+            raise UsageError("a password has at least 8 characters")
+        if slack_id is not None and not _SLACK_ID.fullmatch(slack_id):
+            raise UsageError(f"a chat user id looks like U012AB3CD, not {slack_id!r}")
+        name = new_name(name)
+        with self.store.transaction():
+            folded = self._changing(by)
+            old = folded.get(name)
+            if old is None:
+                _refuse_look_alike(name, folded)
+            if slack_id is not None and any(
+                a.user.slack_id == slack_id and a.user.name != name for a in folded.values()
+            ):
+                raise UsageError(f"chat user id {slack_id} already belongs to another account")
+            stored = _HASHER.hash(password) if password is not None else None
+            digest = _digest(stored) if stored is not None else (old.password if old else None)
+            user = User(
+                name=name,
+                role=role,
+                categories=tuple(categories),
+                slack_id=slack_id if slack_id is not None else (old.user.slack_id if old else None),
+                disabled=old.user.disabled if old else False,
+            )
+            record = {"role": role, "categories": list(user.categories), "slack_id": user.slack_id}
+            self._record(by, at, name, "saved", **record, password=digest)
+            self.store.command(
+                "INSERT INTO users (name, role, categories, password_hash, created_at, slack_id)"
+                " VALUES (?, ?, ?, ?, ?, ?)"
+                " ON CONFLICT (name) DO UPDATE SET role = excluded.role, categories = excluded.categories,"
+                " password_hash = COALESCE(excluded.password_hash, users.password_hash), slack_id = excluded.slack_id",
+                (name, role, json.dumps(list(user.categories)), stored, at or self._now(), user.slack_id),
+            )
+        return user
+
+    def disable(self, name: str, *, by: User | None = None, at: str = "") -> User:
+        """Disable an account: its tokens and sessions stop working at once (``enable`` undoes it)."""
+        return self._set_disabled(name, True, by, at)
+
+    def enable(self, name: str, *, by: User | None = None, at: str = "") -> User:
+        return self._set_disabled(name, False, by, at)
+
+    def issue_token(
+        self,
+        name: str,
+        label: str = "api",
+        *,
+        lifetime: timedelta = timedelta(days=TOKEN_DAYS),
+        by: User | None = None,
+        at: str = "",
+    ) -> str:
+        """A new API token for ``name``; only its digest is kept. Give it to its holder once."""
+        if not label.strip() or len(label) > 64:
+            raise UsageError("a token's label is 1 to 64 characters")
+        with self.store.transaction():
+            account = self._known(self._changing(by, for_self=name), name)
+            token_id = secrets.token_hex(4)
+            token = f"pgt_{token_id}_{secrets.token_urlsafe(32)}"
+            expires = iso(self.clock.now() + lifetime)
+            data = {"token": token_id, "digest": _digest(token), "label": label.strip(), "expires_at": expires}
+            self._record(by, at, account.user.name, "token.issued", **data)
+            self.store.command(
+                "INSERT INTO api_tokens (digest, user_name, label, created_at, id, expires_at)"
+                " VALUES (?, ?, ?, ?, ?, ?)",
+                (data["digest"], account.user.name, data["label"], at or self._now(), token_id, expires),
             )
         return token
 
-    def by_token(self, token: str) -> User | None:
-        rows = self.store.query("SELECT user_name FROM api_tokens WHERE digest = ?", (_digest(token),))
-        return self.get(rows[0][0]) if rows else None
+    def revoke(self, name: str, token_id: str | None = None, *, by: User | None = None, at: str = "") -> list[Token]:
+        """Revoke one token, or every live token of ``name`` and end their sessions; the tokens revoked."""
+        with self.store.transaction():
+            account = self._known(self._changing(by), name)
+            now = self.clock.now()
+            live = [t for _, t in account.tokens.values() if t.revoked_at is None]
+            if token_id is not None:
+                live = [t for t in live if t.id == token_id]
+                if not live:
+                    raise NotFoundError(f"{account.user.name} has no live token {token_id!r}")
+            if live:
+                self._record(by, at, account.user.name, "token.revoked", tokens=[t.id for t in live])
+                self.store.command(
+                    f"UPDATE api_tokens SET revoked_at = ? WHERE id IN ({', '.join('?' for _ in live)})",
+                    (iso(now), *(t.id for t in live)),
+                )
+            if token_id is None:
+                self._end_sessions(account.user.name)
+        return live
+
+    # -- internals ----------------------------------------------------------------------------
+    def _changing(self, by: User | None, *, for_self: str | None = None) -> dict[str, _Account]:
+        """The accounts, once ``by`` is shown to be allowed to change them.
+
+        ``by`` is the account a request came from (the command line's token, the server's
+        session): only an active governance account changes accounts, though anyone may get
+        a token for themselves. ``None`` is the local operator, who holds the store and the
+        audit key and so is trusted (recorded as ``local operator``).
+        """
+        self.store.lock_log()
+        folded = self._fold()
+        if by is None:
+            return folded
+        current = folded.get(by.name)
+        if current is None or current.user.disabled:
+            raise GovernanceError(f"{by.name} is not an active account")
+        if current.user.role != "governance" and (for_self is None or canonical(for_self) != by.name):
+            raise GovernanceError(f"{by.name} ({current.user.role}) may not change accounts; governance does that")
+        return folded
+
+    def _set_disabled(self, name: str, disabled: bool, by: User | None, at: str) -> User:
+        with self.store.transaction():
+            account = self._known(self._changing(by), name)
+            if by is not None and by.name == account.user.name and disabled:
+                raise UsageError("an account cannot disable itself")
+            if account.user.disabled != disabled:
+                self._record(by, at, account.user.name, "disabled" if disabled else "enabled")
+                self.store.command(
+                    "UPDATE users SET disabled_at = ? WHERE name = ?",
+                    (self._now() if disabled else None, account.user.name),
+                )
+            if disabled:
+                self._end_sessions(account.user.name)
+        return replace(account.user, disabled=disabled)
+
+    def _end_sessions(self, name: str) -> None:
+        self.store.command(
+            "UPDATE sessions SET ended_at = ? WHERE user_name = ? AND ended_at IS NULL", (self._now(), name)
+        )
+
+    def _record(self, by: User | None, at: str, name: str, change: str, **data: Any) -> None:
+        self.store.append_event(
+            plan_id=None,
+            version=None,
+            step_id=None,
+            kind=EVENT,
+            actor=by.name if by is not None else "local operator",
+            at=at or self._now(),
+            data={"name": name, "change": change, **data},
+        )
+
+    def _known(self, folded: dict[str, _Account], name: str) -> _Account:
+        account = folded.get(canonical(name))
+        if account is None:
+            raise NotFoundError(f"no account {canonical(name)!r}")
+        return account
+
+    def _now(self) -> str:
+        return iso(self.clock.now())
 
     def secret(self) -> bytes:
-        """The server's signing secret, made once and kept in the store."""
-        rows = self.store.query("SELECT value FROM settings WHERE key = 'secret'")
-        if rows:
-            return bytes.fromhex(rows[0][0])
-        with self.store.transaction():
-            self.store.command(
-                "INSERT INTO settings (key, value) VALUES ('secret', ?) ON CONFLICT (key) DO NOTHING",
-                (secrets.token_hex(32),),
-            )
-        return self.secret()
+        """The server's signing secret: from ``PLANGATE_SECRET_KEY`` or its key file, never from the database."""
+        return SECRET_KEY.get()
 
 
-def _user(row: tuple[Any, ...]) -> User:
-    return User(name=row[0], role=row[1], categories=tuple(json.loads(row[2])))
+def _refuse_look_alike(name: str, folded: dict[str, _Account]) -> None:
+    for other in folded:
+        if skeleton(other) == skeleton(name):
+            raise UsageError(f"the user name {name!r} looks like the existing account {other!r}")
 
 
-def _digest(token: str) -> str:
-    return hashlib.sha256(token.encode()).hexdigest()
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()

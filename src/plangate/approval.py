@@ -9,6 +9,7 @@ from collections.abc import Sequence, Set
 from typing import Any
 
 from plangate.errors import GovernanceError, SelfApprovalError, StaleHashError, StateError
+from plangate.names import canonical, same_person
 from plangate.policy import Policy
 from plangate.store import ApprovalRow, PlanRow
 
@@ -48,7 +49,7 @@ def held_role(policy: Policy | None, user: str, claimed: str | None = None) -> s
 def role_of(policy: Policy | None, user: str) -> str | None:
     if policy is None:
         return None
-    return policy.users.get(user) or policy.default_role
+    return policy.users.get(canonical(user)) or policy.default_role
 
 
 def check_can_decide(plan: PlanRow, actor: str, plan_hash: str | None) -> None:
@@ -70,7 +71,7 @@ def check_can_approve(plan: PlanRow, authors: Set[str], approver: str, approvals
     if plan.status == "approved":
         raise StateError(f"plan {plan.id} v{plan.version} is already approved")
     _check_four_eyes(plan, authors, approver, "approve")
-    if any(a.actor == approver and not a.void and a.decision == "approved" for a in approvals):
+    if any(same_person(a.actor, approver) and not a.void and a.decision == "approved" for a in approvals):
         raise StateError(f"{approver} has already approved plan {plan.id} v{plan.version}")
 
 
@@ -82,7 +83,7 @@ def check_may_decide(plan: PlanRow, authors: Set[str], actor: str, policy: Polic
 
 
 def _check_four_eyes(plan: PlanRow, authors: Set[str], actor: str, doing: str) -> None:
-    if actor == plan.requested_by:
+    if same_person(actor, plan.requested_by):
         raise SelfApprovalError(f"{actor} requested plan {plan.id} and may not {doing} it")
-    if actor in authors:
+    if any(same_person(actor, author) for author in authors):
         raise SelfApprovalError(f"{actor} wrote a version of plan {plan.id} and may not {doing} it")

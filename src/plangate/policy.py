@@ -20,7 +20,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
-from plangate import references
+from plangate import names, references
 from plangate._frozen import Frozen, cached
 from plangate.errors import PolicyError
 from plangate.graph import PlanGraph
@@ -217,6 +217,18 @@ class Policy(_Rules):
     budgets: Budgets = Field(default_factory=Budgets)
     compensation: CompensationRules = Field(default_factory=CompensationRules)
 
+    @field_validator("users")
+    @classmethod
+    def _one_name_per_person(cls, users: dict[str, str]) -> dict[str, str]:
+        """Names as plangate compares them (``Alice`` and ``alice `` are one); a person listed twice is refused."""
+        canonical_users: dict[str, str] = {}
+        for user, role in users.items():
+            name = names.canonical(user)
+            if name in canonical_users:
+                raise ValueError(f"user {user!r} is listed twice (names are compared case-folded and stripped)")
+            canonical_users[name] = role
+        return canonical_users
+
     @model_validator(mode="after")
     def _consistent(self) -> Policy:
         known = set(self.roles)
@@ -407,7 +419,7 @@ class _Evaluation:
 
     def _role(self) -> str | None:
         policy = self.policy
-        role = self.role or policy.users.get(self.user or "") or policy.default_role
+        role = self.role or policy.users.get(names.canonical(self.user or "")) or policy.default_role
         if role is None and policy.roles:
             who = f"user {self.user!r}" if self.user else "the requester"
             self._flag("unknown-role", f"{who} has no role, and the policy has no default_role")

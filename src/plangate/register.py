@@ -77,7 +77,7 @@ class Register:
 
     def set(self, category: str, auto: bool, *, by: str, reason: str) -> Entry:
         """Clear (or stop clearing) a category for automatic approval; governance only, with a reason."""
-        user = Accounts(self.store).get(by)
+        user = Accounts(self.store).active(by)
         if user is None or user.role != "governance":
             raise GovernanceError(
                 f"only governance may change the auto-approval register; {by} is "

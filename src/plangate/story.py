@@ -100,12 +100,25 @@ _TELLERS: dict[str, Teller] = {
     "step.skipped": _step("skipped"),
     "step.retrying": _step("retrying"),
     "step.outcome_unknown": _step("outcome unknown"),
+    "account.changed": lambda d, _: _account(d),
     "step.settled": lambda d, step: (
         f"step {step} ({d.get('tool')}) SETTLED by a person as "
         + (f"done, with the output they saw: {_short(d.get('output'))}" if d["done"] else "not done")
         + (f" ({d['note']})" if d.get("note") else "")
     ),
 }
+
+
+def _account(d: dict[str, Any]) -> str:
+    change = d["change"]
+    if change == "saved":
+        categories = f" for {', '.join(d['categories'])}" if d["categories"] else ""
+        return f"account {d['name']} saved: {d['role']}{categories}" + (", password set" if d["password"] else "")
+    if change == "token.issued":
+        return f"token {d['token']} ({d['label']!r}) issued to {d['name']}, expires {d['expires_at']}"
+    if change == "token.revoked":
+        return f"token(s) {', '.join(d['tokens'])} of {d['name']} revoked"
+    return f"account {d['name']} {change}"
 
 
 def _short(value: Any) -> str:

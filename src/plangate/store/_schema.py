@@ -61,5 +61,25 @@ SCHEMA_V7 = [
     "ALTER TABLE events ADD COLUMN plan_prev TEXT",
     "ALTER TABLE plans ADD COLUMN tail TEXT",
 ]
-MIGRATIONS: list[list[str]] = [SCHEMA_V1, SCHEMA_V2, SCHEMA_V3, SCHEMA_V4, SCHEMA_V5, SCHEMA_V6, SCHEMA_V7]
+SCHEMA_V8 = [
+    "ALTER TABLE users ADD COLUMN slack_id TEXT",
+    "ALTER TABLE users ADD COLUMN disabled_at TEXT",
+    "ALTER TABLE api_tokens ADD COLUMN id TEXT",
+    "ALTER TABLE api_tokens ADD COLUMN expires_at TEXT",
+    "ALTER TABLE api_tokens ADD COLUMN revoked_at TEXT",
+    """CREATE TABLE sessions (
+        digest TEXT PRIMARY KEY, user_name TEXT NOT NULL REFERENCES users (name), created_at TEXT NOT NULL,
+        expires_at TEXT NOT NULL, ended_at TEXT)""",
+    "CREATE INDEX sessions_user ON sessions (user_name)",
+]
+MIGRATIONS: list[list[str]] = [
+    SCHEMA_V1,
+    SCHEMA_V2,
+    SCHEMA_V3,
+    SCHEMA_V4,
+    SCHEMA_V5,
+    SCHEMA_V6,
+    SCHEMA_V7,
+    SCHEMA_V8,
+]
 """Schema migrations, in order: migration N brings the schema from version N-1 to N."""

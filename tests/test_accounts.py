@@ -1,0 +1,233 @@
+"""Accounts as the audit log records them: names, tokens, sessions, and what a database writer cannot do."""
+
+from __future__ import annotations
+
+import sqlite3
+import stat
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from plangate import ledger
+from plangate.accounts import Accounts, User, duration
+from plangate.errors import GovernanceError, NotFoundError, SelfApprovalError, StoreError, UsageError
+from plangate.names import canonical, new_name, same_person
+from plangate.policy import Policy
+from plangate.runtime import Runtime
+from plangate.store import open_store
+from tests.conftest import load_plan
+
+PASSWORD = "correct horse battery"
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.moment = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
+
+    def now(self) -> datetime:
+        return self.moment
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path}/accounts.db"
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture
+def accounts(db: str, clock: Clock) -> Accounts:
+    made = Accounts(open_store(db), clock)
+    made.add("gina", "governance", password=PASSWORD, categories=("*",))
+    made.add("alice", "requester", password=PASSWORD)
+    return made
+
+
+def sql(db: str, statement: str, *args: object) -> None:
+    """Someone with write access to the database, not to the audit key."""
+    with sqlite3.connect(db.removeprefix("sqlite:///")) as conn:
+        conn.execute(statement, args)
+
+
+# -- names ------------------------------------------------------------------------------------------
+
+
+def test_one_person_one_name() -> None:
+    assert canonical("Alice") == canonical("alice ") == canonical("ＡＬＩＣＥ") == "alice"
+    assert same_person("alice", "\u0430lice") and same_person("alice", "\u0430l\u0456c\u0435")
+    with pytest.raises(UsageError, match="mixes scripts"):
+        new_name("\u0430lice")  # a Cyrillic a among Latin letters
+    with pytest.raises(UsageError, match="letters, digits"):
+        new_name("alice\u202e")
+    with pytest.raises(UsageError, match="empty"):
+        new_name("   ")
+
+
+def test_look_alike_names_are_refused_and_spellings_are_one_account(accounts: Accounts) -> None:
+    assert accounts.get("Alice ") == accounts.get("ALICE") == accounts.get("alice")
+    with pytest.raises(UsageError, match="looks like the existing account 'alice'"):
+        accounts.add("\u0430\u04cf\u0456\u0441\u0435", "approver", categories=("*",))  # all Cyrillic
+    with pytest.raises(UsageError, match="looks like the existing account 'alice'"):
+        accounts.add("a1ice", "approver", categories=("*",))
+    accounts.add(" Alice", "requester")  # the same account, changed
+    assert [u.name for u in accounts.all()] == ["alice", "gina"]
+
+
+def test_four_eyes_holds_across_spellings_and_look_alikes(tmp_path: Path, catalogue: object, policy: Policy) -> None:
+    rt = Runtime(catalogue, policy, db=f"sqlite:///{tmp_path}/p.db")  # type: ignore[arg-type]
+    record = rt.submit(load_plan("refund"), requested_by="alice")
+    for spelling in ("Alice", "alice ", "ALICE", "\u0430lice"):
+        with pytest.raises(SelfApprovalError, match="requested plan"):
+            rt.approve(record.id, spelling, record.hash)
+    rt.approve(record.id, "dave", record.hash)
+    with pytest.raises(GovernanceError, match="already approved"):
+        rt.approve(record.id, "Dave ", record.hash)
+
+
+def test_policy_users_are_found_by_any_spelling() -> None:
+    policy = Policy.from_yaml("version: 1\nname: p\nroles: {support: {}}\nusers: {Alice: support}\n")
+    assert policy.users == {"alice": "support"}
+    with pytest.raises(Exception, match="listed twice"):
+        Policy.from_yaml("version: 1\nname: p\nroles: {support: {}}\nusers: {Alice: support, 'alice ': support}\n")
+
+
+# -- every change is an audit event, and the events are the accounts ---------------------------------
+
+
+def test_every_account_change_is_an_audit_event(accounts: Accounts, db: str) -> None:
+    gina = accounts.get("gina")
+    accounts.add("dave", "approver", categories=("refunds",), slack_id="U012AB3CD", by=gina)
+    token = accounts.issue_token("dave", "laptop", by=gina)
+    accounts.add("dave", "approver", categories=("refunds", "maintenance"), by=gina)
+    accounts.disable("dave", by=gina)
+    accounts.enable("dave", by=gina)
+    accounts.revoke("dave", by=gina)
+    changes = [(e.actor, e.data["name"], e.data["change"]) for e in accounts.store.verified_events("account.changed")]
+    assert changes == [
+        ("local operator", "gina", "saved"),
+        ("local operator", "alice", "saved"),
+        ("gina", "dave", "saved"),
+        ("gina", "dave", "token.issued"),
+        ("gina", "dave", "saved"),
+        ("gina", "dave", "disabled"),
+        ("gina", "dave", "enabled"),
+        ("gina", "dave", "token.revoked"),
+    ]
+    assert token not in str([e.data for e in accounts.store.verified_events("account.changed")])
+    assert ledger.verify(accounts.store).ok
+
+
+def test_rows_written_in_the_database_make_no_one_anyone(accounts: Accounts, db: str) -> None:
+    from argon2 import PasswordHasher
+
+    forged = PasswordHasher().hash("attacker-password")
+    sql(db, "INSERT INTO users (name, role, categories, password_hash, created_at) VALUES (?, ?, ?, ?, ?)",
+        "mallory", "governance", '["*"]', forged, "2026-01-01T00:00:00Z")  # fmt: skip
+    sql(db, "UPDATE users SET role = 'governance', categories = '[\"*\"]' WHERE name = 'alice'")
+    sql(db, "UPDATE users SET password_hash = ? WHERE name = 'gina'", forged)
+    token = "pgt_00000000_forged"
+    import hashlib
+
+    sql(db, "INSERT INTO api_tokens (digest, user_name, label, created_at, id, expires_at) VALUES (?, ?, ?, ?, ?, ?)",
+        hashlib.sha256(token.encode()).hexdigest(), "gina", "x", "2026-01-01T00:00:00Z", "00000000",
+        "2099-01-01T00:00:00Z")  # fmt: skip
+    assert accounts.get("mallory") is None and accounts.login("mallory", "attacker-password") is None
+    assert accounts.get("alice") == User(name="alice", role="requester")
+    assert accounts.login("gina", "attacker-password") is None and accounts.login("gina", PASSWORD) is None
+    assert accounts.by_token(token) is None
+
+
+def test_an_account_event_changed_in_the_database_is_refused(accounts: Accounts, db: str) -> None:
+    sql(db, "UPDATE events SET data = replace(data, '\"requester\"', '\"governance\"') WHERE kind = 'account.changed'")
+    with pytest.raises(StoreError, match=r"account\.changed events were changed outside plangate"):
+        accounts.get("alice")
+
+
+def test_only_governance_changes_accounts(accounts: Accounts) -> None:
+    alice = accounts.get("alice")
+    with pytest.raises(GovernanceError, match="may not change accounts"):
+        accounts.add("alice", "governance", by=alice)
+    with pytest.raises(GovernanceError, match="may not change accounts"):
+        accounts.issue_token("gina", by=alice)
+    assert accounts.issue_token("alice", "own", by=alice).startswith("pgt_")  # a token for oneself
+    gina = accounts.get("gina")
+    accounts.disable("alice", by=gina)
+    with pytest.raises(GovernanceError, match="not an active account"):
+        accounts.issue_token("alice", by=alice)
+    with pytest.raises(UsageError, match="cannot disable itself"):
+        accounts.disable("gina", by=gina)
+    with pytest.raises(NotFoundError, match="no account 'nobody'"):
+        accounts.disable("nobody", by=gina)
+
+
+# -- tokens ------------------------------------------------------------------------------------------
+
+
+def test_tokens_expire_and_can_be_revoked(accounts: Accounts, clock: Clock) -> None:
+    short = accounts.issue_token("alice", "ci", lifetime=duration("12h"))
+    default = accounts.issue_token("alice", "laptop")
+    assert accounts.by_token(short) == accounts.by_token(default) == accounts.get("alice")
+    clock.moment += timedelta(hours=13)
+    assert accounts.by_token(short) is None and accounts.by_token(default) is not None
+    clock.moment += timedelta(days=90)
+    assert accounts.by_token(default) is None, "the default lifetime is not forever"
+    third = accounts.issue_token("alice", "third")
+    fourth = accounts.issue_token("alice", "fourth")
+    listed = {t.label: t for t in accounts.tokens("alice")}
+    revoked = accounts.revoke("alice", listed["third"].id)
+    assert [t.label for t in revoked] == ["third"]
+    assert accounts.by_token(third) is None and accounts.by_token(fourth) is not None
+    with pytest.raises(NotFoundError, match="no live token"):
+        accounts.revoke("alice", listed["third"].id)
+    accounts.revoke("alice")
+    assert accounts.by_token(fourth) is None
+    assert all(t.revoked_at for t in accounts.tokens("alice") if t.label in ("third", "fourth"))
+
+
+def test_token_lifetimes() -> None:
+    assert duration("90d") == timedelta(days=90) and duration("12h") == timedelta(hours=12)
+    for bad in ("forever", "0d", "400d", "-1d", "90"):
+        with pytest.raises(UsageError, match=r"lifetime|between"):
+            duration(bad)
+
+
+# -- sessions ----------------------------------------------------------------------------------------
+
+
+def test_sessions_end_at_logout_disable_and_revoke(accounts: Accounts, clock: Clock) -> None:
+    alice = accounts.get("alice")
+    assert alice is not None
+    first = accounts.open_session(alice, hours=8)
+    assert accounts.session_user(first) == alice
+    accounts.end_session(first)
+    assert accounts.session_user(first) is None, "logout ends the session on the server"
+    second, third = accounts.open_session(alice, hours=8), accounts.open_session(alice, hours=8)
+    token = accounts.issue_token("alice")
+    accounts.disable("alice")
+    assert accounts.session_user(second) is None and accounts.by_token(token) is None
+    assert accounts.login("alice", PASSWORD) is None
+    accounts.enable("alice")
+    assert accounts.session_user(second) is None, "a disabled account's sessions stay ended"
+    fourth = accounts.open_session(alice, hours=8)
+    accounts.revoke("alice")
+    assert accounts.session_user(fourth) is None and accounts.session_user(third) is None
+    fifth = accounts.open_session(alice, hours=1)
+    clock.moment += timedelta(hours=2)
+    assert accounts.session_user(fifth) is None
+
+
+def test_the_signing_secret_lives_outside_the_database(accounts: Accounts, db: str, tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    path = tmp_path / "keys" / "secret.key"
+    monkeypatch.setenv("PLANGATE_SECRET_KEY_FILE", str(path))
+    secret = accounts.secret()
+    assert len(secret) >= 32 and stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert accounts.secret() == secret
+    rows = accounts.store.query("SELECT key FROM settings")
+    assert all("secret" not in key for (key,) in rows)
+    monkeypatch.setenv("PLANGATE_SECRET_KEY", "s" * 40)
+    assert accounts.secret() == b"s" * 40
