@@ -231,3 +231,63 @@ def test_the_signing_secret_lives_outside_the_database(accounts: Accounts, db: s
     assert all("secret" not in key for (key,) in rows)
     monkeypatch.setenv("PLANGATE_SECRET_KEY", "s" * 40)
     assert accounts.secret() == b"s" * 40
+
+
+# -- who acts: local mode, token mode ----------------------------------------------------------------
+
+
+def test_local_mode_records_the_name_given_in_canonical_form(tmp_path: Path) -> None:
+    from plangate.identity import actor
+
+    store = open_store(f"sqlite:///{tmp_path}/local.db")
+    assert actor(store, token=None, claimed=" Alice") == actor(store, token=None, claimed="ALICE")
+    assert actor(store, token=None, claimed=None, default="engine").name == "engine"
+    with pytest.raises(UsageError, match="--as NAME"):
+        actor(store, token=None, claimed="  ")
+
+
+def test_token_mode_needs_a_live_token_and_the_name_must_match(accounts: Accounts, clock: Clock) -> None:
+    from plangate.errors import NotPermittedError, SignInRequiredError
+    from plangate.identity import actor, permit
+
+    with pytest.raises(SignInRequiredError, match="this store has accounts: sign in with `plangate login NAME`"):
+        actor(accounts.store, token=None, claimed="nobody-at-all")
+    with pytest.raises(SignInRequiredError, match="unknown, expired or revoked"):
+        actor(accounts.store, token="pgt_forged", claimed=None)
+    token = accounts.issue_token("alice", lifetime=duration("1h"))
+    assert actor(accounts.store, token=token, claimed=None, clock=clock).name == "alice"
+    assert actor(accounts.store, token=token, claimed="Alice ", clock=clock).user == accounts.get("alice")
+    with pytest.raises(NotPermittedError, match="--as gina does not match the token's account alice"):
+        actor(accounts.store, token=token, claimed="gina", clock=clock)
+    clock.moment += timedelta(hours=2)
+    with pytest.raises(SignInRequiredError, match="expired"):
+        actor(accounts.store, token=token, claimed=None, clock=clock)
+    alice, gina = accounts.get("alice"), accounts.get("gina")
+    with pytest.raises(NotPermittedError, match="may not change the accounts"):
+        permit(alice, "accounts")
+    with pytest.raises(NotPermittedError, match="may not decide on plans of category 'refunds'"):
+        permit(alice, "decide", "refunds")
+    permit(gina, "decide", "refunds")
+    permit(None, "accounts")  # the local operator
+
+
+def test_the_token_file_is_private(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from plangate.identity import find_token, forget_token, save_token, token_path
+
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    assert find_token() is None
+    path = save_token("pgt_abc_def")
+    assert path == token_path() and stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert find_token() == "pgt_abc_def" and find_token("pgt_given") == "pgt_given"
+    monkeypatch.setenv("PLANGATE_TOKEN", "pgt_env")
+    assert find_token() == "pgt_env"
+    monkeypatch.delenv("PLANGATE_TOKEN")
+    path.chmod(0o644)
+    with pytest.raises(UsageError, match="only you may read: chmod 600"):
+        find_token()
+    assert forget_token() and not forget_token()
+    import os
+
+    os.mkfifo(path)
+    with pytest.raises(UsageError, match="regular file"):
+        find_token()

@@ -21,6 +21,7 @@ secret key, which lives outside the database (:mod:`plangate._keys`).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import re
@@ -37,18 +38,11 @@ from plangate.errors import GovernanceError, NotFoundError, UsageError
 from plangate.names import canonical, new_name, skeleton
 from plangate.store import Store
 
-try:
-    from argon2 import PasswordHasher
-    from argon2.exceptions import InvalidHashError, VerificationError
-except ImportError as exc:  # pragma: no cover - depends on the environment
-    raise ImportError("accounts need argon2-cffi: pip install 'plangate[server]'") from exc
-
 Role = Literal["requester", "approver", "governance", "auditor"]
 ROLES: tuple[Role, ...] = get_args(Role)
 EVENT = "account.changed"
 TOKEN_DAYS = 90
 MAX_TOKEN_DAYS = 366
-_HASHER = PasswordHasher()
 _DURATION = re.compile(r"(\d+)([dh])")
 _SLACK_ID = re.compile(r"[UW][A-Z0-9]{2,20}")
 
@@ -186,10 +180,12 @@ class Accounts:
         rows = self.store.query("SELECT password_hash FROM users WHERE name = ?", (canonical(name),))
         stored = rows[0][0] if rows and rows[0][0] else None
         if account is None or account.password is None or stored is None or _digest(stored) != account.password:
-            _HASHER.hash(password)  # spend the same time as a real check
+            _hasher().hash(password)  # spend the same time as a real check
             return None
+        from argon2.exceptions import InvalidHashError, VerificationError
+
         try:
-            _HASHER.verify(stored, password)
+            _hasher().verify(stored, password)
         except (VerificationError, InvalidHashError):
             return None
         return None if account.user.disabled else account.user
@@ -259,7 +255,7 @@ class Accounts:
                 a.user.slack_id == slack_id and a.user.name != name for a in folded.values()
             ):
                 raise UsageError(f"chat user id {slack_id} already belongs to another account")
-            stored = _HASHER.hash(password) if password is not None else None
+            stored = _hasher().hash(password) if password is not None else None
             digest = _digest(stored) if stored is not None else (old.password if old else None)
             user = User(
                 name=name,
@@ -401,6 +397,16 @@ def _refuse_look_alike(name: str, folded: dict[str, _Account]) -> None:
     for other in folded:
         if skeleton(other) == skeleton(name):
             raise UsageError(f"the user name {name!r} looks like the existing account {other!r}")
+
+
+@functools.cache
+def _hasher() -> Any:
+    """Argon2id, loaded only where a password is checked or set (tokens and sessions need no extra)."""
+    try:
+        from argon2 import PasswordHasher
+    except ImportError:  # pragma: no cover - depends on the environment
+        raise UsageError("passwords need argon2-cffi: pip install 'plangate[server]'") from None
+    return PasswordHasher()
 
 
 def _digest(text: str) -> str:

@@ -16,7 +16,9 @@ Three families, so callers can tell a mistake from a failure from a signal::
     ├── GovernanceError            a request that breaks a governance rule (nothing was done)
     │   ├── StateError             the plan is not in a state that allows this
     │   ├── StaleHashError         an approval for a version that is no longer current
-    │   └── SelfApprovalError      the requester (or the author of the version) approving it
+    │   ├── SelfApprovalError      the requester (or the author of the version) approving it
+    │   ├── SignInRequiredError    the store has accounts and no live token or session was given
+    │   └── NotPermittedError      the account's role does not allow this
     ├── StoreError                 the store cannot be opened, or is of a newer schema
     └── LeaseLostError             a control-flow signal: a worker's lease expired and another took the plan
 
@@ -122,6 +124,14 @@ class StaleHashError(GovernanceError):
 
 class SelfApprovalError(GovernanceError):
     """The requester, or the author of the current version, tried to approve it."""
+
+
+class SignInRequiredError(GovernanceError):
+    """The store has accounts: the request needs a live API token or session, and had none."""
+
+
+class NotPermittedError(GovernanceError):
+    """The account is known, but its role (or its categories) does not allow this."""
 
 
 class StoreError(PlangateError):
