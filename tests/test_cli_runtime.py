@@ -113,11 +113,3 @@ def test_audit_verify_names_the_tampered_event(db: str, tmp_path: Path) -> None:
     conn.close()
     code, out, _ = run("audit", "verify")
     assert code == 1 and out.startswith("audit log BROKEN at event 4: its content does not match its hash")
-
-
-@pytest.mark.parametrize(
-    "command", ["submit", "approve", "reject", "execute", "resume", "list", "show", "trace", "audit", "audit verify"]
-)
-def test_every_command_has_help(command: str) -> None:
-    code, out, _ = run(*command.split(), "--help")
-    assert code == 0 and out.startswith("Usage: ")
