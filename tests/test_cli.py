@@ -99,6 +99,22 @@ def test_unreadable_input_exits_2_with_a_plain_message(
     assert "Traceback" not in err
 
 
+def test_files_that_cannot_be_read_or_decoded_exit_2(tmp_path: Path) -> None:
+    """Tasks and a price table that are not UTF-8, a tools path too long to look at: one plain line, exit 2."""
+    latin1 = tmp_path / "latin1.yaml"
+    latin1.write_bytes("tasks: [{question: caf\xe9}]\n".encode("latin-1"))
+    too_long = str(tmp_path / ("t" * 300 + ".py"))
+    db = f"sqlite:///{tmp_path}/plangate.db"
+    for args, message in (
+        (["compare", str(latin1), "--tools", TOOLS, "--model", "anthropic:any"], "cannot read tasks"),
+        (["plan", "refund invoice 42", "--tools", TOOLS, "--prices", str(latin1)], "cannot read the price table"),
+        (["tools", "--tools", too_long], "cannot read tools file"),
+    ):
+        code, out, err = run(*args, *(["--db", db] if args[0] != "tools" else []))
+        assert (code, out) == (2, "") and err.startswith(f"plangate: {message} "), err
+        assert "Traceback" not in err
+
+
 def test_bad_policy_and_bad_tools_exit_2(tmp_path: Path) -> None:
     bad_policy = tmp_path / "policy.yaml"
     bad_policy.write_text("version: 1\nname: x\nlimits: {max_steps: many}\n")

@@ -104,6 +104,12 @@ def test_unknown_ids_and_bad_store_urls(db: str, tmp_path: Path) -> None:
     assert code == 2 and "unknown store URL" in err
 
 
+def test_a_tools_path_too_long_to_look_at_exits_2(db: str, tmp_path: Path) -> None:
+    plan = submit("refund")
+    code, out, err = run("execute", plan["id"], "--tools", str(tmp_path / ("t" * 300 + ".py")))
+    assert (code, out) == (2, "") and err.startswith("plangate: cannot read tools file "), err
+
+
 def test_audit_verify_names_the_tampered_event(db: str, tmp_path: Path) -> None:
     plan = submit("refund")
     run("approve", plan["id"], "--as", "dave", "--hash", plan["hash"])

@@ -82,8 +82,11 @@ def open_runtime(db: str | None, tools_spec: str | None = None, policy_file: Pat
 
 def absolute(spec: str | None) -> str | None:
     """A tools file is recorded by absolute path, so `execute` finds it from anywhere."""
-    if spec and (spec.endswith(".py") or "/" in spec) and Path(spec).exists():
-        return str(Path(spec).resolve())
+    try:
+        if spec and (spec.endswith(".py") or "/" in spec) and Path(spec).exists():
+            return str(Path(spec).resolve())
+    except OSError:
+        pass  # a path that cannot even be looked at: loading the catalogue says why, plainly
     return spec
 
 
