@@ -4,13 +4,18 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 
+import click
 import pytest
 from click.testing import CliRunner
 
 from plangate import plan_json_schema
 from plangate.cli import main
+from plangate.cli._errors import PlainErrors
+from plangate.errors import PolicyError, StaleHashError
 from tests.conftest import EXAMPLES, ROOT
 
 TOOLS = str(EXAMPLES / "business.py")
@@ -94,6 +99,22 @@ def test_unreadable_input_exits_2_with_a_plain_message(
     assert "Traceback" not in err
 
 
+def test_files_that_cannot_be_read_or_decoded_exit_2(tmp_path: Path) -> None:
+    """Tasks and a price table that are not UTF-8, a tools path too long to look at: one plain line, exit 2."""
+    latin1 = tmp_path / "latin1.yaml"
+    latin1.write_bytes("tasks: [{question: caf\xe9}]\n".encode("latin-1"))
+    too_long = str(tmp_path / ("t" * 300 + ".py"))
+    db = f"sqlite:///{tmp_path}/plangate.db"
+    for args, message in (
+        (["compare", str(latin1), "--tools", TOOLS, "--model", "anthropic:any"], "cannot read tasks"),
+        (["plan", "refund invoice 42", "--tools", TOOLS, "--prices", str(latin1)], "cannot read the price table"),
+        (["tools", "--tools", too_long], "cannot read tools file"),
+    ):
+        code, out, err = run(*args, *(["--db", db] if args[0] != "tools" else []))
+        assert (code, out) == (2, "") and err.startswith(f"plangate: {message} "), err
+        assert "Traceback" not in err
+
+
 def test_bad_policy_and_bad_tools_exit_2(tmp_path: Path) -> None:
     bad_policy = tmp_path / "policy.yaml"
     bad_policy.write_text("version: 1\nname: x\nlimits: {max_steps: many}\n")
@@ -115,10 +136,52 @@ def test_schema_tools_and_rules() -> None:
     assert code == 0 and "unknown-tool" in out and "resource-conflict" in out
 
 
-@pytest.mark.parametrize("command", [[], ["check"], ["schema"], ["tools"], ["rules"]])
-def test_every_command_has_help(command: list[str]) -> None:
+def commands(group: click.Group, path: tuple[str, ...] = ()) -> Iterator[tuple[str, ...]]:
+    """Every command and subcommand below ``group``, as the words that invoke it."""
+    for name, command in sorted(group.commands.items()):
+        yield (*path, name)
+        if isinstance(command, click.Group):
+            yield from commands(command, (*path, name))
+
+
+COMMANDS = [(), *commands(main)]
+
+
+def test_the_walk_finds_every_group_and_its_subcommands() -> None:
+    assert len(COMMANDS) == 37
+    assert {("audit", "verify"), ("library", "remove"), ("users", "token"), ("approvals", "report")} <= set(COMMANDS)
+
+
+@pytest.mark.parametrize("command", COMMANDS, ids=lambda words: " ".join(words) or "plangate")
+def test_every_command_has_help(command: tuple[str, ...]) -> None:
     code, out, _ = run(*command, "--help")
     assert code == 0 and out.startswith("Usage: ")
+    description = out.split("\n\n")[1]
+    assert description.strip() and not description.startswith("Options:"), f"{command} has no description"
+
+
+def test_plangate_errors_end_plainly_wherever_they_are_raised() -> None:
+    """No command has to catch plangate's errors: the top group turns each into one line and its exit code."""
+    assert isinstance(main, PlainErrors)
+    top, sub = PlainErrors("top"), click.Group("sub")
+    top.add_command(sub)
+    for name, error in (
+        ("refused", StaleHashError("approval for a version that is no longer current")),
+        ("bad", PolicyError("cannot read policy 'p.yaml'")),
+        ("bug", ValueError("a bug")),
+    ):
+        sub.add_command(click.Command(name, callback=partial(raise_, error)))
+    result = CliRunner().invoke(top, ["sub", "refused"])
+    assert (result.exit_code, result.stdout) == (4, "")
+    assert result.stderr == "plangate: refused: approval for a version that is no longer current\n"
+    result = CliRunner().invoke(top, ["sub", "bad"])
+    assert (result.exit_code, result.stderr) == (2, "plangate: cannot read policy 'p.yaml'\n")
+    result = CliRunner().invoke(top, ["sub", "bug"])
+    assert isinstance(result.exception, ValueError), "anything else is a bug and keeps its traceback"
+
+
+def raise_(error: Exception) -> None:
+    raise error
 
 
 def test_the_installed_entry_point_runs(tmp_path: Path) -> None:

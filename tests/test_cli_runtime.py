@@ -104,6 +104,12 @@ def test_unknown_ids_and_bad_store_urls(db: str, tmp_path: Path) -> None:
     assert code == 2 and "unknown store URL" in err
 
 
+def test_a_tools_path_too_long_to_look_at_exits_2(db: str, tmp_path: Path) -> None:
+    plan = submit("refund")
+    code, out, err = run("execute", plan["id"], "--tools", str(tmp_path / ("t" * 300 + ".py")))
+    assert (code, out) == (2, "") and err.startswith("plangate: cannot read tools file "), err
+
+
 def test_audit_verify_names_the_tampered_event(db: str, tmp_path: Path) -> None:
     plan = submit("refund")
     run("approve", plan["id"], "--as", "dave", "--hash", plan["hash"])
@@ -113,11 +119,3 @@ def test_audit_verify_names_the_tampered_event(db: str, tmp_path: Path) -> None:
     conn.close()
     code, out, _ = run("audit", "verify")
     assert code == 1 and out.startswith("audit log BROKEN at event 4: its content does not match its hash")
-
-
-@pytest.mark.parametrize(
-    "command", ["submit", "approve", "reject", "execute", "resume", "list", "show", "trace", "audit", "audit verify"]
-)
-def test_every_command_has_help(command: str) -> None:
-    code, out, _ = run(*command.split(), "--help")
-    assert code == 0 and out.startswith("Usage: ")

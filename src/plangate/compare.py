@@ -74,7 +74,7 @@ class Row:
 def load_tasks(path: str | Path) -> list[Task]:
     try:
         data = yaml.safe_load(Path(path).read_text())
-    except (OSError, yaml.YAMLError) as exc:
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
         raise UsageError(f"cannot read tasks {str(path)!r}: {exc}") from None
     if not isinstance(data, dict) or not isinstance(data.get("tasks"), list):
         raise UsageError(f"{path}: write 'tasks:' with a list of {{question, expect}} or {{question, check}}")

@@ -42,7 +42,7 @@ class PriceTable:
                 Path(chosen).read_text() if chosen else resources.files("plangate").joinpath("prices.yaml").read_text()
             )
             data = yaml.safe_load(text) or {}
-        except (OSError, yaml.YAMLError) as exc:
+        except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
             raise UsageError(f"cannot read the price table {str(chosen or 'prices.yaml')!r}: {exc}") from None
         if not isinstance(data, dict):
             raise UsageError("a price table maps model patterns to {input: USD, output: USD} per million tokens")

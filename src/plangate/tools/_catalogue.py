@@ -90,7 +90,11 @@ def _import(spec: str | Path) -> ModuleType:
 
 
 def _import_file(path: Path) -> ModuleType:
-    if not path.is_file():
+    try:
+        found = path.is_file()
+    except OSError as exc:  # not a missing file (that is False): a name too long, a folder that may not be read
+        raise CatalogueError(f"cannot read tools file {str(path)!r}: {exc.strerror or exc}") from None
+    if not found:
         raise CatalogueError(f"tools file {str(path)!r} does not exist")
     resolved = path.resolve()
     digest = hashlib.sha256(str(resolved).encode()).hexdigest()[:12]

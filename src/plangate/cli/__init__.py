@@ -1,0 +1,32 @@
+"""The ``plangate`` command line: one module per group of commands.
+
+Exit codes (``_errors.py`` holds the mapping): 0 success; 1 the plan has violations (or
+was rejected); 2 the input could not be read (a missing file, text that is not JSON, a
+plan of the wrong shape, a bad policy or tools module); 3 the run halted; 4 the request
+was refused by a governance rule (self-approval, a stale hash, executing an unapproved
+plan...).
+
+Commands import what they alone need (the server, Temporal, model SDKs) when they run,
+so ``plangate --help`` stays quick.
+"""
+
+from __future__ import annotations
+
+import click
+
+from plangate import __version__
+from plangate.cli import _admin, _audit, _planning, _plans, _react, _run
+from plangate.cli._errors import PlainErrors
+
+__all__ = ["main"]
+
+
+@click.group(cls=PlainErrors, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(__version__, prog_name="plangate")
+def main() -> None:
+    """plangate: a governed agent runtime. Plans are typed, checked, approved, then run."""
+
+
+for _module in (_plans, _run, _audit, _planning, _react, _admin):
+    for _command in _module.COMMANDS:
+        main.add_command(_command)

@@ -1,0 +1,172 @@
+"""The server and who may use it: serve, users, the auto-approval register, the approvals report."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from plangate._clock import iso
+from plangate.cli._common import db_option, open_runtime, policy_option, tools_option
+from plangate.policy import Policy
+from plangate.tools import Catalogue
+
+
+@click.command("serve")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on (loopback by default).")
+@click.option("--port", default=8420, show_default=True, help="Port to listen on.")
+@tools_option
+@policy_option
+@db_option
+@click.option("--session-hours", default=8.0, show_default=True, help="How long a login lasts.")
+def serve_command(
+    *, host: str, port: int, tools_spec: str, policy_file: Path | None, db: str | None, session_hours: float
+) -> None:
+    """Serve the dashboard and the JSON API (OpenAPI docs at /docs).
+
+    Chat notifications: set PLANGATE_SLACK_WEBHOOK (an incoming-webhook URL),
+    PLANGATE_SLACK_SIGNING_SECRET (to accept the approve/reject buttons at /slack/actions)
+    and PLANGATE_BASE_URL (for links to plan pages).
+    """
+    import os
+
+    import uvicorn
+
+    from plangate.notify import SlackNotifier
+    from plangate.server import create_app
+
+    catalogue = Catalogue.from_module(tools_spec)
+    policy = Policy.load(policy_file) if policy_file else None
+    loopback = host in ("127.0.0.1", "localhost", "::1")
+    webhook = os.environ.get("PLANGATE_SLACK_WEBHOOK")
+    base = os.environ.get("PLANGATE_BASE_URL") or f"http://{host}:{port}"
+    notify = SlackNotifier(webhook_url=webhook, base_url=base) if webhook else None
+    app = create_app(
+        catalogue,
+        policy,
+        db=db,
+        session_hours=session_hours,
+        secure_cookies=not loopback,
+        notify=notify,
+        slack_signing_secret=os.environ.get("PLANGATE_SLACK_SIGNING_SECRET"),
+    )
+    click.echo(f"plangate serving on http://{host}:{port} (API docs at /docs)")
+    uvicorn.run(app, host=host, port=port, log_level="warning")
+
+
+@click.group("users")
+def users_group() -> None:
+    """Accounts for the dashboard and the API."""
+
+
+@users_group.command("add")
+@click.argument("name")
+@click.option("--role", required=True, type=click.Choice(["requester", "approver", "governance", "auditor"]))
+@click.option(
+    "--category",
+    "categories",
+    multiple=True,
+    metavar="PATTERN",
+    help="Plan categories an approver may decide on (repeat; '*' for all).",
+)
+@click.option("--password-stdin", is_flag=True, help="Read the password from standard input.")
+@db_option
+def users_add_command(
+    *, name: str, role: str, categories: tuple[str, ...], password_stdin: bool, db: str | None
+) -> None:
+    """Add (or update) user NAME with a role; asks for a password at a terminal."""
+    from plangate.accounts import Accounts
+
+    if password_stdin:
+        password: str | None = sys.stdin.readline().rstrip("\n")
+    elif sys.stdin.isatty():
+        password = click.prompt("password", hide_input=True, confirmation_prompt=True)
+    else:
+        password = None
+    runtime = open_runtime(db)
+    user = Accounts(runtime.store).add(
+        name, role, password=password, categories=categories, at=iso(runtime.clock.now())
+    )
+    scope = f", may decide on {', '.join(categories)}" if categories else ""
+    click.echo(f"user {user.name}: {user.role}{scope}" + ("" if password else " (no password: API tokens only)"))
+
+
+@users_group.command("token")
+@click.argument("name")
+@click.option("--label", default="api", show_default=True, help="What the token is for.")
+@db_option
+def users_token_command(*, name: str, label: str, db: str | None) -> None:
+    """Issue an API token for NAME (shown once; only its digest is kept)."""
+    from plangate.accounts import Accounts
+
+    runtime = open_runtime(db)
+    click.echo(Accounts(runtime.store).issue_token(name, label, at=iso(runtime.clock.now())))
+
+
+@click.group("register")
+def register_group() -> None:
+    """The auto-approval register: which categories governance has cleared for automatic approval."""
+
+
+@register_group.command("set")
+@click.argument("category")
+@click.argument("state", type=click.Choice(["on", "off"]))
+@click.option("--as", "user", required=True, metavar="USER", help="A governance account.")
+@click.option("--reason", required=True, help="Why (recorded).")
+@db_option
+def register_set_command(*, category: str, state: str, user: str, reason: str, db: str | None) -> None:
+    """Turn automatic approval of CATEGORY on or off (never beyond what the policy allows)."""
+    from plangate.register import Register
+
+    runtime = open_runtime(db)
+    entry = Register(runtime.store, runtime.clock).set(category, state == "on", by=user, reason=reason)
+    click.echo(
+        f"{entry.category}: automatic approval {'on' if entry.auto else 'off'} (by {entry.changed_by}: {entry.reason})"
+    )
+
+
+@register_group.command("list")
+@db_option
+def register_list_command(*, db: str | None) -> None:
+    """Show the register."""
+    from plangate.register import Register
+
+    entries = Register(open_runtime(db).store).all()
+    for e in entries:
+        click.echo(f"{e.category:<16} {'on ' if e.auto else 'off'}  {e.changed_at[:16]}  {e.changed_by}: {e.reason}")
+    if not entries:
+        click.echo("the register is empty: every category follows the policy")
+
+
+@click.group("approvals")
+def approvals_group() -> None:
+    """Evidence about approvals."""
+
+
+@approvals_group.command("report")
+@click.option("--days", default=90, show_default=True, help="The window to look at.")
+@click.option("--min-plans", default=5, show_default=True, help="Decisions needed before a category is a candidate.")
+@db_option
+def approvals_report_command(*, days: int, min_plans: int, db: str | None) -> None:
+    """Per category: plans, approval rate, edit rate, time to decision, and the candidates for auto-approval."""
+    from plangate.register import report
+
+    rows = report(open_runtime(db).store, days=days, min_plans=min_plans)
+    click.echo(
+        f"{'CATEGORY':<16} {'PLANS':>5} {'APPROVED':>8} {'REJECTED':>8} {'APPROVAL':>8} {'EDITED':>6} "
+        f"{'MEDIAN MIN':>10}  CANDIDATE"
+    )
+    for r in rows:
+        rate = f"{r.approval_rate:.0%}" if r.approval_rate is not None else "-"
+        median = f"{r.median_minutes:.1f}" if r.median_minutes is not None else "-"
+        click.echo(
+            f"{r.category:<16} {r.plans:>5} {r.approved:>8} {r.rejected:>8} {rate:>8} {r.edited:>6} "
+            f"{median:>10}  {'yes' if r.candidate else 'no'}"
+        )
+    if not rows:
+        click.echo(f"no plans in the last {days} days")
+    click.echo(f"a candidate has at least {min_plans} decisions, all approvals, and no edits")
+
+
+COMMANDS = (serve_command, users_group, register_group, approvals_group)

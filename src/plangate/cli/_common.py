@@ -1,0 +1,165 @@
+"""What the commands share: their options, opening the runtime, reading a plan, printing results."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import click
+
+from plangate.check import CheckResult
+from plangate.errors import PlanError, UsageError
+from plangate.plan import Plan
+from plangate.policy import Policy
+from plangate.tools import Catalogue
+
+# -- options ---------------------------------------------------------------------------------
+
+tools_option = click.option(
+    "--tools",
+    "tools_spec",
+    required=True,
+    envvar="PLANGATE_TOOLS",
+    metavar="MODULE",
+    help="Tools module: an import path (pkg.tools) or a .py file. Env: PLANGATE_TOOLS.",
+)
+json_option = click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+policy_option = click.option(
+    "--policy",
+    "policy_file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    envvar="PLANGATE_POLICY",
+    help="Policy YAML file to hold plans against. Env: PLANGATE_POLICY.",
+)
+
+db_option = click.option(
+    "--db",
+    "db",
+    envvar="PLANGATE_DB",
+    metavar="URL",
+    help="Store URL (sqlite:///PATH). Default: ./.plangate/plangate.db. Env: PLANGATE_DB.",
+)
+as_option = click.option("--as", "user", required=True, metavar="USER", help="Who you are (recorded in the audit).")
+
+recorded_tools_option = click.option(
+    "--tools",
+    "tools_spec",
+    envvar="PLANGATE_TOOLS",
+    metavar="MODULE",
+    help="Tools module (default: the one recorded when the plan was submitted).",
+)
+
+model_option = click.option(
+    "--model",
+    "model_spec",
+    envvar="PLANGATE_MODEL",
+    metavar="PROVIDER:NAME",
+    help="anthropic:MODEL, openai:MODEL, openai-compatible:MODEL (with --base-url) or llamacpp:PATH.gguf. "
+    "Without it only the plan library is used. Env: PLANGATE_MODEL.",
+)
+base_url_option = click.option("--base-url", metavar="URL", help="Server URL for openai-compatible models.")
+prices_option = click.option(
+    "--prices",
+    "prices_file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    envvar="PLANGATE_PRICES",
+    help="Price table YAML (default: the bundled one).",
+)
+
+
+# -- the runtime and the files it is given -------------------------------------------------
+
+
+def open_runtime(db: str | None, tools_spec: str | None = None, policy_file: Path | None = None) -> Any:
+    """The runtime on the store at ``db`` (the default store when None), with these tools and this policy."""
+    from plangate.runtime import Runtime
+
+    catalogue = Catalogue.from_module(tools_spec) if tools_spec else None
+    policy = Policy.load(policy_file) if policy_file else None
+    return Runtime(catalogue, policy, db=db, tools=absolute(tools_spec))
+
+
+def absolute(spec: str | None) -> str | None:
+    """A tools file is recorded by absolute path, so `execute` finds it from anywhere."""
+    try:
+        if spec and (spec.endswith(".py") or "/" in spec) and Path(spec).exists():
+            return str(Path(spec).resolve())
+    except OSError:
+        pass  # a path that cannot even be looked at: loading the catalogue says why, plainly
+    return spec
+
+
+def with_tools(runtime: Any, plan_id: str, tools_spec: str | None, *, required: bool = True) -> Any:
+    """The plan's record, with the runtime given the plan's tools (--tools, or the module on record).
+
+    The module on record is read from the audit log before anything is imported, so a
+    changed row cannot make plangate import another file.
+    """
+    record = runtime.get(plan_id)
+    spec = absolute(tools_spec) or runtime.recorded_tools(record.id)
+    if spec is None and required:
+        raise UsageError("give --tools: the plan was submitted without a tools module on record")
+    runtime.catalogue, runtime.tools = (Catalogue.from_module(spec), spec) if spec else (None, None)
+    return record
+
+
+def read_plan(path: Path) -> Plan:
+    """The plan in the file at ``path``; a file that cannot be read or parsed is a PlanError naming it."""
+    try:
+        text = path.read_bytes()
+    except OSError as exc:
+        raise PlanError(f"cannot read {str(path)!r}: {exc.strerror or exc}") from None
+    try:
+        return Plan.parse(text)
+    except PlanError as exc:
+        raise PlanError(f"{path}: {exc.summary}", list(exc.problems)) from None
+
+
+# -- output ----------------------------------------------------------------------------------
+
+
+def summary(plan: Plan, result: CheckResult) -> str:
+    """The one-line verdict."""
+    steps = f"{len(plan.steps)} step{'s' if len(plan.steps) != 1 else ''}"
+    if not result.ok:
+        count = len(result.violations)
+        return f"rejected: {count} violation{'s' if count != 1 else ''} in plan {plan.hash} ({steps})"
+    decision = result.decision
+    if decision is None:
+        return f"ok: plan {plan.hash} ({steps}) passes the check (no policy given)"
+    who = "may be approved automatically" if decision.approval == "auto" else "needs approval by a person"
+    named = f" and by {', '.join(decision.required_approvals)}" if decision.required_approvals else ""
+    return (
+        f"ok: plan {plan.hash} ({steps}) passes the check and policy {decision.policy!r}; "
+        f"{who}{named}: {'; '.join(decision.reasons)}"
+    )
+
+
+def print_progress(event: Any) -> None:
+    """One line for each step of a run as it happens."""
+    if event.kind == "started":
+        click.echo(f"  [{event.done}/{event.total}] step {event.step_id} {event.tool}: started")
+    elif event.kind == "succeeded":
+        click.echo(f"  [{event.done}/{event.total}] step {event.step_id} {event.tool}: succeeded in {event.ms:.1f} ms")
+    elif event.kind in ("failed", "outcome_unknown", "skipped"):
+        click.echo(f"  [{event.done}/{event.total}] step {event.step_id} {event.tool}: {event.kind}: {event.detail}")
+    elif event.kind == "reused":
+        click.echo(f"  [{event.done}/{event.total}] step {event.step_id} {event.tool}: already {event.detail}, kept")
+
+
+def show_record(record: Any) -> None:
+    """A plan (or a paused ReAct action) as a reviewer reads it before deciding."""
+    what = "ReAct run" if record.kind == "react" else "plan"
+    click.echo(f"{what} {record.id} v{record.version} ({record.status}), requested by {record.requested_by}")
+    click.echo(f"  task: {record.task} [{record.category}]  hash: {record.hash}")
+    if record.action is not None:
+        action = record.action
+        click.echo(f"  pending action {action['number']}: {action['tool']}({json.dumps(action['arguments'])})")
+        click.echo(f"     why: {action['thought']}")
+    for step in record.plan.steps if record.plan is not None else ():
+        when = f" if {step.condition}" if step.condition else ""
+        click.echo(f"  {step.id}. {step.tool}({json.dumps(step.params, ensure_ascii=False)}){when}")
+        click.echo(f"     why: {step.rationale}")
+    if record.needs:
+        click.echo(f"  needs approval by {' and by '.join(record.needs)}")

@@ -1,0 +1,54 @@
+"""How a command ends: its exit code, and plangate's own errors as one plain line.
+
+    0  done
+    1  the plan has violations or was rejected (or the audit log does not verify)
+    2  the input could not be read or used: a missing file, text that is not JSON, a plan
+       of the wrong shape, a bad policy or tools module, an unknown id (any PlangateError
+       that is not a refusal)
+    3  the run halted
+    4  refused by a governance rule (a GovernanceError: self-approval, a stale hash,
+       executing an unapproved plan...)
+
+Commands exit with 1 and 3 themselves, from the result they got. Codes 2 and 4 come from
+one place, :class:`PlainErrors`, the class of the top group: a plangate error raised by
+any command below it ends the command with ``plangate: ...`` on standard error, never a
+traceback. Any other exception is a bug (plangate's or a tool's) and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import click
+
+from plangate.errors import GovernanceError, PlangateError
+
+EXIT_VIOLATIONS = 1
+EXIT_BAD_INPUT = 2
+EXIT_HALTED = 3
+EXIT_REFUSED = 4
+
+
+def exit_code(exc: PlangateError) -> int:
+    """The exit code for one of plangate's errors: 4 for a refusal, 2 for the rest."""
+    return EXIT_REFUSED if isinstance(exc, GovernanceError) else EXIT_BAD_INPUT
+
+
+def message(exc: PlangateError) -> str:
+    """The one line shown for one of plangate's errors."""
+    return f"plangate: refused: {exc}" if isinstance(exc, GovernanceError) else f"plangate: {exc}"
+
+
+class PlainErrors(click.Group):
+    """A group whose commands, and its subgroups' commands, end a plangate error plainly.
+
+    The catch sits around the whole invocation, so a command cannot be added without it.
+    """
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except PlangateError as exc:
+            click.echo(message(exc), err=True)
+            sys.exit(exit_code(exc))

@@ -1,0 +1,234 @@
+"""Plans and their tools: check, schema, tools, rules, submit, approve, reject, list, show, trace."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from plangate.check import RULES, check
+from plangate.cli._common import (
+    as_option,
+    db_option,
+    json_option,
+    open_runtime,
+    policy_option,
+    read_plan,
+    show_record,
+    summary,
+    tools_option,
+)
+from plangate.cli._errors import EXIT_VIOLATIONS
+from plangate.errors import UsageError
+from plangate.lifecycle import TRANSITIONS
+from plangate.plan import plan_json_schema
+from plangate.policy import POLICY_RULES, Policy
+from plangate.tools import Catalogue
+
+
+@click.command("check")
+@click.argument("plan_file", metavar="PLAN.json", type=click.Path(dir_okay=False, path_type=Path))
+@tools_option
+@policy_option
+@click.option("--as", "user", metavar="USER", help="Who is asking (the policy may map users to roles).")
+@click.option("--role", metavar="ROLE", help="The requester's role (overrides the policy's user mapping).")
+@json_option
+def check_command(
+    *, plan_file: Path, tools_spec: str, policy_file: Path | None, user: str | None, role: str | None, as_json: bool
+) -> None:
+    """Check PLAN.json against the tools (and a policy): every violation, one per line.
+
+    Exit 0 when clean, 1 with violations, 2 when an input cannot be read.
+
+    \b
+    Example:
+      plangate check examples/plans/refund.json --tools examples/business.py \\
+          --policy examples/policy.yaml --as alice
+    """
+    plan = read_plan(plan_file)
+    catalogue = Catalogue.from_module(tools_spec)
+    policy = Policy.load(policy_file) if policy_file else None
+    result = check(plan, catalogue, policy, user=user, role=role)
+    if as_json:
+        click.echo(json.dumps({**result.to_dict(), "summary": summary(plan, result)}, indent=2))
+    else:
+        for violation in result.violations:
+            click.echo(str(violation))
+        click.echo(summary(plan, result), err=not result.ok)
+    sys.exit(0 if result.ok else EXIT_VIOLATIONS)
+
+
+@click.command("schema")
+@click.option("--indent", default=2, show_default=True, help="Indentation of the JSON output.")
+def schema_command(indent: int) -> None:
+    """Print the plan's JSON Schema: the one a planning model is given."""
+    click.echo(json.dumps(plan_json_schema(), indent=indent or None))
+
+
+@click.command("tools")
+@tools_option
+@json_option
+def tools_command(tools_spec: str, as_json: bool) -> None:
+    """List the tools in a module with their effects, scopes and parameters."""
+    catalogue = Catalogue.from_module(tools_spec)
+    if as_json:
+        click.echo(json.dumps(catalogue.describe(), indent=2))
+        return
+    rows = [("TOOL", "EFFECT", "IDEMPOTENT", "EXTERNAL", "SCOPES", "PARAMS")]
+    for t in catalogue:
+        flags = ("yes" if t.idempotent else "no", "yes" if t.external else "no")
+        rows.append((t.name, t.effect, *flags, ",".join(t.scopes) or "-", ", ".join(t.param_names) or "-"))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
+    for row in rows:
+        click.echo("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=False)) + "  " + row[-1])
+
+
+@click.command("rules")
+def rules_command() -> None:
+    """List every rule name a violation can carry, and what it means."""
+    width = max(len(name) for name in (*RULES, *POLICY_RULES))
+    for title, rules in (("checker", RULES), ("policy", POLICY_RULES)):
+        click.echo(f"{title}:")
+        for name, meaning in rules.items():
+            click.echo(f"  {name.ljust(width)}  {meaning}")
+
+
+@click.command("submit")
+@click.argument("plan_file", metavar="PLAN.json", type=click.Path(dir_okay=False, path_type=Path))
+@tools_option
+@policy_option
+@as_option
+@click.option("--role", metavar="ROLE", help="The role you act in: only one the policy gives you (a claim is refused).")
+@db_option
+@json_option
+def submit_command(
+    *,
+    plan_file: Path,
+    tools_spec: str,
+    policy_file: Path | None,
+    user: str,
+    role: str | None,
+    db: str | None,
+    as_json: bool,
+) -> None:
+    """Submit PLAN.json: check it, hold it against the policy, record it; print its id and status.
+
+    Exit 0 when it is waiting for approval or approved automatically, 1 when rejected.
+    """
+    plan = read_plan(plan_file)
+    runtime = open_runtime(db, tools_spec, policy_file)
+    record = runtime.submit(plan, requested_by=user, role=role)
+    if as_json:
+        click.echo(json.dumps(record.to_dict(), indent=2))
+    else:
+        click.echo(str(record))
+        for violation in record.violations:
+            click.echo(f"  {violation}")
+        if record.status == "pending_approval":
+            click.echo(f"  approve with: plangate approve {record.id[:8]} --as APPROVER --hash {record.hash}")
+    sys.exit(EXIT_VIOLATIONS if record.status == "rejected" else 0)
+
+
+@click.command("approve")
+@click.argument("plan_id", metavar="ID")
+@as_option
+@click.option(
+    "--hash",
+    "plan_hash",
+    metavar="HASH",
+    help="The hash of the version you reviewed (required unless you confirm at a terminal).",
+)
+@click.option("--comment", help="Why you approve (recorded).")
+@click.option("--role", metavar="ROLE", help="The role you approve in, when the policy does not map you to one.")
+@db_option
+def approve_command(
+    *, plan_id: str, user: str, plan_hash: str | None, comment: str | None, role: str | None, db: str | None
+) -> None:
+    """Approve plan ID. Your approval is bound to the exact version (its hash) you reviewed."""
+    runtime = open_runtime(db)
+    record = runtime.get(plan_id)
+    if plan_hash is None:
+        if not sys.stdin.isatty():
+            raise UsageError(f"give --hash with the hash you reviewed (current: {record.hash})")
+        show_record(record)
+        click.confirm(f"approve plan {record.id} v{record.version} ({record.hash[:12]})?", abort=True)
+        plan_hash = record.hash
+    record = runtime.approve(record.id, user, plan_hash, comment=comment, role=role)
+    click.echo(str(record))
+
+
+@click.command("reject")
+@click.argument("plan_id", metavar="ID")
+@as_option
+@click.option("--comment", required=True, help="Why you reject it (required, recorded).")
+@click.option("--hash", "plan_hash", metavar="HASH", help="The hash of the version you reviewed.")
+@db_option
+def reject_command(*, plan_id: str, user: str, comment: str, plan_hash: str | None, db: str | None) -> None:
+    """Reject plan ID, with a comment saying why."""
+    runtime = open_runtime(db)
+    click.echo(str(runtime.reject(plan_id, user, comment, plan_hash=plan_hash)))
+
+
+@click.command("list")
+@click.option(
+    "--status",
+    type=click.Choice(sorted(TRANSITIONS)),
+    help="Only plans in this state.",
+)
+@db_option
+@json_option
+def list_command(*, status: str | None, db: str | None, as_json: bool) -> None:
+    """List plans, oldest first."""
+    rows = open_runtime(db).list_plans(status)
+    if as_json:
+        click.echo(json.dumps([row.__dict__ for row in rows], indent=2))
+        return
+    for row in rows:
+        click.echo(
+            f"{row.id[:8]}  v{row.version}  {row.status:<16} {row.category:<12} {row.requested_by:<10} {row.task}"
+        )
+    if not rows:
+        click.echo("no plans" + (f" with status {status}" if status else ""))
+
+
+@click.command("show")
+@click.argument("plan_id", metavar="ID")
+@db_option
+def show_command(*, plan_id: str, db: str | None) -> None:
+    """Show plan ID: its steps, why each is there, its status and what it still needs."""
+    show_record(open_runtime(db).get(plan_id))
+
+
+@click.command("trace")
+@click.argument("plan_id", metavar="ID")
+@db_option
+@json_option
+def trace_command(*, plan_id: str, db: str | None, as_json: bool) -> None:
+    """Print plan ID's whole story from the audit log: check, policy, approvals, every step."""
+    from plangate.story import tell
+
+    runtime = open_runtime(db)
+    events = runtime.trace(plan_id)
+    if as_json:
+        click.echo(json.dumps([e.to_dict() for e in events], indent=2, ensure_ascii=False))
+        return
+    record = runtime.get(plan_id)
+    click.echo(f"plan {record.id}: {record.task!r} ({record.category}), now {record.status}")
+    for line in tell(events):
+        click.echo(line)
+
+
+COMMANDS = (
+    check_command,
+    schema_command,
+    tools_command,
+    rules_command,
+    submit_command,
+    approve_command,
+    reject_command,
+    list_command,
+    show_command,
+    trace_command,
+)

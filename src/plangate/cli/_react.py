@@ -1,0 +1,158 @@
+"""ReAct, and plan mode against ReAct on the same tasks: react, compare."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from plangate.cli._common import (
+    base_url_option,
+    db_option,
+    model_option,
+    open_runtime,
+    policy_option,
+    prices_option,
+    tools_option,
+)
+from plangate.cli._errors import EXIT_HALTED
+from plangate.errors import UsageError
+
+
+@click.command("react")
+@click.argument("question", required=False)
+@tools_option
+@model_option
+@base_url_option
+@policy_option
+@click.option("--as", "user", default="react", show_default=True, metavar="USER", help="Who asks (recorded).")
+@click.option("--role", metavar="ROLE", help="The asker's role, for the policy.")
+@click.option(
+    "--mode",
+    type=click.Choice(["text", "native"]),
+    default="text",
+    show_default=True,
+    help="text: Thought/Action/Observation; native: the provider's tool calling.",
+)
+@click.option("--max-steps", default=10, show_default=True, help="Stop after this many turns.")
+@click.option("--max-tokens", default=1024, show_default=True, help="The most tokens per model turn.")
+@click.option("--resume", "resume_id", metavar="ID", help="Carry on a run paused for an approval.")
+@prices_option
+@db_option
+def react_command(
+    *,
+    question: str | None,
+    tools_spec: str,
+    model_spec: str | None,
+    base_url: str | None,
+    policy_file: Path | None,
+    user: str,
+    role: str | None,
+    mode: str,
+    max_steps: int,
+    max_tokens: int,
+    resume_id: str | None,
+    prices_file: Path | None,
+    db: str | None,
+) -> None:
+    """Answer QUESTION with a ReAct loop, printing each step as it happens and the answer last.
+
+    Write actions pause for an approval (plangate approve RUN_ID ...), then --resume RUN_ID.
+    Exit 0 when answered (or paused), 3 when stopped (max steps, a loop, unparseable output).
+    """
+    from plangate.costs import PriceTable
+    from plangate.models import from_spec
+    from plangate.react import ReActAgent
+
+    if not model_spec:
+        raise UsageError("ReAct needs a model: --model PROVIDER:NAME")
+    if (question is None) == (resume_id is None):
+        raise UsageError("give a QUESTION, or --resume RUN_ID")
+    runtime = open_runtime(db, tools_spec, policy_file)
+    agent = ReActAgent(
+        from_spec(model_spec, base_url=base_url),
+        runtime.catalogue,
+        runtime.store,
+        policy=runtime.policy,
+        clock=runtime.clock,
+        prices=PriceTable.load(prices_file),
+        mode="native" if mode == "native" else "text",
+        max_steps=max_steps,
+        max_tokens=max_tokens,
+        user=user,
+        role=role,
+        on_step=_print_step,
+    )
+    result = agent.resume(runtime.resolve_id(resume_id)) if resume_id else agent.run(question or "")
+    click.echo(
+        f"run {result.run_id}: {result.model_calls} model calls, {result.usage.input} input and "
+        f"{result.usage.output} output tokens, {result.tool_calls} tool calls"
+    )
+    if result.status == "answered":
+        click.echo(f"Final answer: {result.answer}")
+    elif result.status == "paused":
+        click.echo(
+            f"{result.reason}\n  approve with: plangate approve {result.run_id[:8]} --as APPROVER --hash "
+            f"{result.pending_hash}\n  then: plangate react --resume {result.run_id[:8]} --tools ... --model ..."
+        )
+    else:
+        click.echo(f"stopped: {result.reason}")
+    sys.exit(EXIT_HALTED if result.status == "stopped" else 0)
+
+
+def _print_step(step: Any) -> None:
+    if step.thought:
+        click.echo(f"[{step.number}] Thought: {step.thought}")
+    if step.tool:
+        click.echo(f"[{step.number}] Action: {step.tool} {json.dumps(step.arguments, ensure_ascii=False)}")
+    if step.kind in ("action", "refused", "unparsed"):
+        text = step.observation if len(step.observation) <= 300 else step.observation[:297] + "..."
+        click.echo(f"[{step.number}] Observation: {text}")
+
+
+@click.command("compare")
+@click.argument("tasks_file", metavar="TASKS.yaml", type=click.Path(dir_okay=False, path_type=Path))
+@tools_option
+@model_option
+@base_url_option
+@policy_option
+@click.option("--max-tokens", default=2048, show_default=True, help="The most tokens per model call.")
+@prices_option
+@db_option
+def compare_command(
+    *,
+    tasks_file: Path,
+    tools_spec: str,
+    model_spec: str | None,
+    base_url: str | None,
+    policy_file: Path | None,
+    max_tokens: int,
+    prices_file: Path | None,
+    db: str | None,
+) -> None:
+    """Run each task in plan mode and in ReAct mode with the same model and tools; print a table."""
+    from plangate.compare import Comparison, load_tasks, table
+    from plangate.costs import PriceTable
+    from plangate.models import from_spec
+
+    if not model_spec:
+        raise UsageError("the comparison needs a model: --model PROVIDER:NAME")
+    tasks = load_tasks(tasks_file)
+    runtime = open_runtime(db, tools_spec, policy_file)
+    comparison = Comparison(
+        model=from_spec(model_spec, base_url=base_url),
+        catalogue=runtime.catalogue,
+        store=runtime.store,
+        policy=runtime.policy,
+        clock=runtime.clock,
+        prices=PriceTable.load(prices_file),
+        max_tokens=max_tokens,
+    )
+    for line in table(comparison.run(tasks)):
+        click.echo(line)
+
+
+COMMANDS = (react_command, compare_command)

@@ -1,0 +1,192 @@
+"""Running approved plans and putting halted ones right: execute, resume, settle, compensate, worker."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from plangate.cli._common import (
+    absolute,
+    as_option,
+    db_option,
+    open_runtime,
+    policy_option,
+    print_progress,
+    recorded_tools_option,
+    with_tools,
+)
+from plangate.cli._errors import EXIT_HALTED
+from plangate.errors import UsageError
+from plangate.policy import Policy
+from plangate.tools import Catalogue
+
+
+def _run_command(
+    method: str, plan_id: str, *, tools_spec: str | None, policy_file: Path | None, db: str | None, user: str | None
+) -> None:
+    runtime = open_runtime(db, policy_file=policy_file)
+    record = with_tools(runtime, plan_id, tools_spec)
+    click.echo(f"{method} plan {record.id} v{record.version}: {record.task}")
+    result = getattr(runtime, method)(record.id, actor=user or "engine", progress=print_progress)
+    click.echo(str(result))
+    sys.exit(0 if result.ok else EXIT_HALTED)
+
+
+@click.command("execute")
+@click.argument("plan_id", metavar="ID")
+@recorded_tools_option
+@policy_option
+@click.option("--as", "user", metavar="USER", help="Who starts the run (recorded; default 'engine').")
+@db_option
+def execute_command(
+    *, plan_id: str, tools_spec: str | None, policy_file: Path | None, user: str | None, db: str | None
+) -> None:
+    """Execute approved plan ID. Exit 0 when it succeeds, 3 when it halts, 4 when it may not run.
+
+    A finished plan is not run again: its recorded result is shown. The exact text that was
+    approved runs, or nothing: a plan whose stored text, rows or approvals disagree with the
+    audit log is refused. When the tools' contracts or the policy (--policy) changed since
+    the plan was checked, it is checked again, and sent back for approval if it must be.
+    """
+    _run_command("execute", plan_id, tools_spec=tools_spec, policy_file=policy_file, db=db, user=user)
+
+
+@click.command("resume")
+@click.argument("plan_id", metavar="ID")
+@recorded_tools_option
+@policy_option
+@click.option("--as", "user", metavar="USER", help="Who resumes the run (recorded; default 'engine').")
+@db_option
+def resume_command(
+    *, plan_id: str, tools_spec: str | None, policy_file: Path | None, user: str | None, db: str | None
+) -> None:
+    """Resume plan ID after a halt or a crash: finished steps are kept, never run again.
+
+    A step that started but has no recorded outcome is run again only if its tool is
+    idempotent (with the same idempotency key); otherwise the run halts for a person.
+    """
+    _run_command("resume", plan_id, tools_spec=tools_spec, policy_file=policy_file, db=db, user=user)
+
+
+@click.command("settle")
+@click.argument("plan_id", metavar="ID")
+@click.argument("step", type=int)
+@click.option("--done/--not-done", required=True, help="Whether the step's effect happened.")
+@click.option("--output", "output_json", metavar="JSON", help="With --done: the output you observed, as JSON.")
+@click.option("--note", help="What you checked (recorded).")
+@as_option
+@recorded_tools_option
+@db_option
+def settle_command(
+    *,
+    plan_id: str,
+    step: int,
+    done: bool,
+    output_json: str | None,
+    note: str | None,
+    user: str,
+    tools_spec: str | None,
+    db: str | None,
+) -> None:
+    """Settle a step whose outcome is unknown: it happened (--done) or it did not (--not-done, safe to run again).
+
+    Then `plangate resume ID` carries on.
+    """
+    runtime = open_runtime(db)
+    record = with_tools(runtime, plan_id, tools_spec, required=False)
+    try:
+        output = json.loads(output_json) if output_json else None
+    except json.JSONDecodeError as exc:
+        raise UsageError(f"--output is not JSON: {exc}") from None
+    record = runtime.settle(record.id, step, done=done, actor=user, output=output, note=note)
+    click.echo(f"step {step} settled as {'done' if done else 'not done'}; now: plangate resume {record.id[:8]}")
+
+
+@click.command("compensate")
+@click.argument("plan_id", metavar="ID")
+@as_option
+@click.option("--reason", required=True, help="Why the plan is rolled back (recorded).")
+@recorded_tools_option
+@db_option
+def compensate_command(*, plan_id: str, user: str, reason: str, tools_spec: str | None, db: str | None) -> None:
+    """Roll back halted plan ID: completed steps with a compensating tool are undone, last first."""
+    runtime = open_runtime(db)
+    record = with_tools(runtime, plan_id, tools_spec)
+    result = runtime.compensate(record.id, actor=user, reason=reason)
+    click.echo(str(result))
+    sys.exit(0 if result.status == "compensated" else EXIT_HALTED)
+
+
+@click.command("worker")
+@recorded_tools_option
+@policy_option
+@db_option
+@click.option(
+    "--lease",
+    "lease_seconds",
+    default=30.0,
+    show_default=True,
+    help="Seconds a claimed plan stays this worker's without renewal.",
+)
+@click.option("--drain", is_flag=True, help="Exit when no plan is left to run.")
+@click.option("--name", help="This worker's name (default: host and process).")
+@click.option(
+    "--temporal",
+    "temporal_address",
+    metavar="HOST:PORT",
+    help="Run plans as Temporal workflows (each step an activity) on this Temporal server.",
+)
+def worker_command(
+    *,
+    tools_spec: str | None,
+    policy_file: Path | None,
+    db: str | None,
+    lease_seconds: float,
+    drain: bool,
+    name: str | None,
+    temporal_address: str | None,
+) -> None:
+    """Claim approved plans and run them; several workers (on several machines) share the work.
+
+    Use a PostgreSQL store (--db postgresql://...) to share it across machines. A killed
+    worker's plan is taken over by another once its lease expires.
+    """
+
+    from plangate import lifecycle
+    from plangate.worker import Worker
+
+    if tools_spec is None:
+        raise UsageError("a worker needs --tools (or PLANGATE_TOOLS)")
+    if temporal_address:
+        import asyncio
+
+        from plangate.store import default_url
+        from plangate.temporal import serve
+
+        ran = asyncio.run(
+            serve(
+                temporal_address,
+                db or default_url(),
+                absolute(tools_spec) or tools_spec,
+                drain=drain,
+                name=lifecycle.runner(name or "temporal-worker"),
+            )
+        )
+        click.echo(f"temporal worker: {ran} plans run", err=True)
+        return
+    worker = Worker(
+        Catalogue.from_module(tools_spec),
+        db=db,
+        policy=Policy.load(policy_file) if policy_file else None,
+        lease_seconds=lease_seconds,
+        name=lifecycle.runner(name or "worker"),
+    )
+    click.echo(f"worker {worker.name} on {worker.db or 'the default store'}", err=True)
+    ran = worker.serve(drain=drain, on_result=lambda r: click.echo(f"{r.plan_id}: {r.status}"))
+    click.echo(f"worker {worker.name}: {ran} plans run", err=True)
+
+
+COMMANDS = (execute_command, resume_command, settle_command, compensate_command, worker_command)
