@@ -92,7 +92,11 @@ python3 -c "import sys; sys.path.insert(0, 'examples'); import business; print(b
 if [ -n "${SERVE:-}" ]; then
   say "The dashboard, with the demo's plans in it (Ctrl-C to stop)"
   set -f  # the '*' below is a category pattern, not a file name
-  for who in "dave approver refunds" "carol approver *" "alice requester" "gina governance *" "audrey auditor"; do
+  # The first account needs nothing; after it, accounts change only with a governance account's token.
+  printf 'demo-password\n' | plangate users add gina --role governance --category '*' --password-stdin
+  PLANGATE_TOKEN=$(printf 'demo-password\n' | plangate login gina --password-stdin --print --expires 12h)
+  export PLANGATE_TOKEN
+  for who in "dave approver refunds" "carol approver *" "alice requester" "audrey auditor"; do
     set -- $who
     printf 'demo-password\n' | plangate users add "$1" --role "$2" ${3:+--category "$3"} --password-stdin
   done

@@ -72,6 +72,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]
         "PLANGATE_EXAMPLE_DB": str(folder / "business.db"),
     }
     for name, role, categories in (
+        ("gina", "governance", ["*"]),
         ("alice", "requester", []),
         ("dave", "approver", ["refunds"]),
         ("carol", "approver", ["*"]),
@@ -87,6 +88,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]
             env=env,
             stdin=PASSWORD + "\n",
         )
+        if name == "gina":  # after the first account, accounts change only with a governance token
+            env["PLANGATE_TOKEN"] = plangate("login", "gina", "--password-stdin", "--print", env=env, stdin=PASSWORD)
     token = plangate("users", "token", "alice", env=env).strip()
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

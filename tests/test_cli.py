@@ -148,8 +148,9 @@ COMMANDS = [(), *commands(main)]
 
 
 def test_the_walk_finds_every_group_and_its_subcommands() -> None:
-    assert len(COMMANDS) == 37
+    assert len(COMMANDS) == 43
     assert {("audit", "verify"), ("library", "remove"), ("users", "token"), ("approvals", "report")} <= set(COMMANDS)
+    assert {("users", "revoke"), ("users", "disable"), ("login",), ("logout",)} <= set(COMMANDS)
 
 
 @pytest.mark.parametrize("command", COMMANDS, ids=lambda words: " ".join(words) or "plangate")

@@ -83,9 +83,12 @@ def test_the_register_and_report_on_the_command_line(
     monkeypatch.setenv("PLANGATE_DB", f"sqlite:///{tmp_path}/r.db")
     runner = CliRunner()
     assert runner.invoke(main, ["register", "list"]).stdout.startswith("the register is empty")
-    denied = runner.invoke(main, ["register", "set", "lookups", "off", "--as", "dave", "--reason", "x"])
-    assert denied.exit_code == 4 and "only governance" in denied.stderr
-    done = runner.invoke(main, ["register", "set", "lookups", "off", "--as", "gina", "--reason", "audit"])
+    tokens = {name: Accounts(runtime.store).issue_token(name) for name in ("dave", "gina")}
+    unsigned = runner.invoke(main, ["register", "set", "lookups", "off", "--as", "gina", "--reason", "x"])
+    assert unsigned.exit_code == 4 and "sign in" in unsigned.stderr, "a name typed with --as proves nothing"
+    denied = runner.invoke(main, ["register", "set", "lookups", "off", "--token", tokens["dave"], "--reason", "x"])
+    assert denied.exit_code == 4 and "governance does that" in denied.stderr
+    done = runner.invoke(main, ["register", "set", "lookups", "off", "--token", tokens["gina"], "--reason", "audit"])
     assert done.exit_code == 0 and "automatic approval off (by gina: audit)" in done.stdout
     assert "lookups" in runner.invoke(main, ["register", "list"]).stdout
     out = runner.invoke(main, ["approvals", "report"]).stdout

@@ -309,9 +309,11 @@ class Accounts:
         return token
 
     def revoke(self, name: str, token_id: str | None = None, *, by: User | None = None, at: str = "") -> list[Token]:
-        """Revoke one token, or every live token of ``name`` and end their sessions; the tokens revoked."""
+        """Revoke one token, or every live token of ``name`` and end their sessions; the tokens revoked.
+
+        Governance revokes anyone's; everyone may revoke their own."""
         with self.store.transaction():
-            account = self._known(self._changing(by), name)
+            account = self._known(self._changing(by, for_self=name), name)
             now = self.clock.now()
             live = [t for _, t in account.tokens.values() if t.revoked_at is None]
             if token_id is not None:
@@ -334,7 +336,7 @@ class Accounts:
 
         ``by`` is the account a request came from (the command line's token, the server's
         session): only an active governance account changes accounts, though anyone may get
-        a token for themselves. ``None`` is the local operator, who holds the store and the
+        (or revoke) a token for themselves. ``None`` is the local operator, who holds the store and the
         audit key and so is trusted (recorded as ``local operator``).
         """
         self.store.lock_log()

@@ -15,7 +15,7 @@ from __future__ import annotations
 import click
 
 from plangate import __version__
-from plangate.cli import _admin, _audit, _planning, _plans, _react, _run
+from plangate.cli import _admin, _audit, _planning, _plans, _react, _run, _users
 from plangate.cli._errors import PlainErrors
 
 __all__ = ["main"]
@@ -24,9 +24,16 @@ __all__ = ["main"]
 @click.group(cls=PlainErrors, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.version_option(__version__, prog_name="plangate")
 def main() -> None:
-    """plangate: a governed agent runtime. Plans are typed, checked, approved, then run."""
+    """plangate: a governed agent runtime. Plans are typed, checked, approved, then run.
+
+    \b
+    Who you are: a store with no accounts is in local mode (one operator; the name given
+    with --as is recorded). Once it has accounts (plangate users add), every command that
+    records a decision or starts work needs your API token: plangate login NAME, or
+    --token / PLANGATE_TOKEN. See docs/security.md.
+    """
 
 
-for _module in (_plans, _run, _audit, _planning, _react, _admin):
+for _module in (_plans, _run, _audit, _planning, _react, _admin, _users):
     for _command in _module.COMMANDS:
         main.add_command(_command)

@@ -1,14 +1,12 @@
-"""The server and who may use it: serve, users, the auto-approval register, the approvals report."""
+"""The server and governance: serve, the auto-approval register, the approvals report."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import click
 
-from plangate._clock import iso
-from plangate.cli._common import db_option, open_runtime, policy_option, tools_option
+from plangate.cli._common import acting, db_option, identity_options, open_runtime, policy_option, tools_option
 from plangate.policy import Policy
 from plangate.tools import Catalogue
 
@@ -55,55 +53,6 @@ def serve_command(
     uvicorn.run(app, host=host, port=port, log_level="warning")
 
 
-@click.group("users")
-def users_group() -> None:
-    """Accounts for the dashboard and the API."""
-
-
-@users_group.command("add")
-@click.argument("name")
-@click.option("--role", required=True, type=click.Choice(["requester", "approver", "governance", "auditor"]))
-@click.option(
-    "--category",
-    "categories",
-    multiple=True,
-    metavar="PATTERN",
-    help="Plan categories an approver may decide on (repeat; '*' for all).",
-)
-@click.option("--password-stdin", is_flag=True, help="Read the password from standard input.")
-@db_option
-def users_add_command(
-    *, name: str, role: str, categories: tuple[str, ...], password_stdin: bool, db: str | None
-) -> None:
-    """Add (or update) user NAME with a role; asks for a password at a terminal."""
-    from plangate.accounts import Accounts
-
-    if password_stdin:
-        password: str | None = sys.stdin.readline().rstrip("\n")
-    elif sys.stdin.isatty():
-        password = click.prompt("password", hide_input=True, confirmation_prompt=True)
-    else:
-        password = None
-    runtime = open_runtime(db)
-    user = Accounts(runtime.store).add(
-        name, role, password=password, categories=categories, at=iso(runtime.clock.now())
-    )
-    scope = f", may decide on {', '.join(categories)}" if categories else ""
-    click.echo(f"user {user.name}: {user.role}{scope}" + ("" if password else " (no password: API tokens only)"))
-
-
-@users_group.command("token")
-@click.argument("name")
-@click.option("--label", default="api", show_default=True, help="What the token is for.")
-@db_option
-def users_token_command(*, name: str, label: str, db: str | None) -> None:
-    """Issue an API token for NAME (shown once; only its digest is kept)."""
-    from plangate.accounts import Accounts
-
-    runtime = open_runtime(db)
-    click.echo(Accounts(runtime.store).issue_token(name, label, at=iso(runtime.clock.now())))
-
-
 @click.group("register")
 def register_group() -> None:
     """The auto-approval register: which categories governance has cleared for automatic approval."""
@@ -112,15 +61,18 @@ def register_group() -> None:
 @register_group.command("set")
 @click.argument("category")
 @click.argument("state", type=click.Choice(["on", "off"]))
-@click.option("--as", "user", required=True, metavar="USER", help="A governance account.")
+@identity_options
 @click.option("--reason", required=True, help="Why (recorded).")
 @db_option
-def register_set_command(*, category: str, state: str, user: str, reason: str, db: str | None) -> None:
-    """Turn automatic approval of CATEGORY on or off (never beyond what the policy allows)."""
+def register_set_command(
+    *, category: str, state: str, user: str | None, token: str | None, reason: str, db: str | None
+) -> None:
+    """Turn automatic approval of CATEGORY on or off (never beyond what the policy allows); governance only."""
     from plangate.register import Register
 
     runtime = open_runtime(db)
-    entry = Register(runtime.store, runtime.clock).set(category, state == "on", by=user, reason=reason)
+    person = acting(runtime, user, token, "register")
+    entry = Register(runtime.store, runtime.clock).set(category, state == "on", by=person, reason=reason)
     click.echo(
         f"{entry.category}: automatic approval {'on' if entry.auto else 'off'} (by {entry.changed_by}: {entry.reason})"
     )
@@ -169,4 +121,4 @@ def approvals_report_command(*, days: int, min_plans: int, db: str | None) -> No
     click.echo(f"a candidate has at least {min_plans} decisions, all approvals, and no edits")
 
 
-COMMANDS = (serve_command, users_group, register_group, approvals_group)
+COMMANDS = (serve_command, register_group, approvals_group)

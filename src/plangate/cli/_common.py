@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -13,6 +13,9 @@ from plangate.errors import PlanError, UsageError
 from plangate.plan import Plan
 from plangate.policy import Policy
 from plangate.tools import Catalogue
+
+if TYPE_CHECKING:
+    from plangate.identity import Doing
 
 # -- options ---------------------------------------------------------------------------------
 
@@ -40,7 +43,24 @@ db_option = click.option(
     metavar="URL",
     help="Store URL (sqlite:///PATH). Default: ./.plangate/plangate.db. Env: PLANGATE_DB.",
 )
-as_option = click.option("--as", "user", required=True, metavar="USER", help="Who you are (recorded in the audit).")
+as_option = click.option(
+    "--as",
+    "user",
+    metavar="USER",
+    help="Who you are. Local mode: the name recorded. With accounts: optional, and it must be your token's account.",
+)
+token_option = click.option(
+    "--token",
+    metavar="TOKEN",
+    help="Your API token (needed once the store has accounts). Env: PLANGATE_TOKEN; "
+    "default: the one `plangate login` kept.",
+)
+
+
+def identity_options(fn: Any) -> Any:
+    """``--as`` and ``--token``: who acts, and the proof of it once the store has accounts."""
+    return as_option(token_option(fn))
+
 
 recorded_tools_option = click.option(
     "--tools",
@@ -114,6 +134,27 @@ def read_plan(path: Path) -> Plan:
         return Plan.parse(text)
     except PlanError as exc:
         raise PlanError(f"{path}: {exc.summary}", list(exc.problems)) from None
+
+
+def acting(
+    runtime: Any,
+    user: str | None,
+    token: str | None,
+    doing: Doing,
+    *,
+    category: str | None = None,
+    default: str | None = None,
+) -> str:
+    """The name to record for this command, once it is shown that its account may do ``doing``.
+
+    Local mode (no accounts): the name given with ``--as`` (or ``default``). Token mode: the
+    token's account; a command without a live token is refused (exit 4).
+    """
+    from plangate import identity
+
+    who = identity.actor(runtime.store, token=identity.find_token(token), claimed=user, default=default)
+    identity.permit(who.user, doing, category)
+    return who.name
 
 
 # -- output ----------------------------------------------------------------------------------

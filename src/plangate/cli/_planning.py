@@ -13,9 +13,10 @@ import click
 from plangate._clock import iso
 from plangate.check import check
 from plangate.cli._common import (
-    as_option,
+    acting,
     base_url_option,
     db_option,
+    identity_options,
     json_option,
     model_option,
     open_runtime,
@@ -24,10 +25,11 @@ from plangate.cli._common import (
     print_progress,
     show_record,
     summary,
+    token_option,
     tools_option,
 )
 from plangate.cli._errors import EXIT_HALTED, EXIT_VIOLATIONS
-from plangate.errors import UsageError
+from plangate.errors import NotPermittedError, UsageError
 
 max_tokens_option = click.option(
     "--max-tokens", default=8192, show_default=True, help="The most tokens the model may write for the plan."
@@ -130,7 +132,7 @@ def plan_command(
 @base_url_option
 @prices_option
 @max_tokens_option
-@as_option
+@identity_options
 @click.option("--approver", metavar="USER", help="Approve at this terminal as USER (you are shown the plan first).")
 @click.option(
     "--wait",
@@ -149,7 +151,8 @@ def run_command(
     base_url: str | None,
     prices_file: Path | None,
     max_tokens: int,
-    user: str,
+    user: str | None,
+    token: str | None,
     approver: str | None,
     wait: int,
     db: str | None,
@@ -161,16 +164,22 @@ def run_command(
     """
     import time
 
+    from plangate.accounts import Accounts
     from plangate.planner import PlanningError
     from plangate.story import tell
 
     runtime = open_runtime(db, tools_spec, policy_file)
+    requester = acting(runtime, user, token, "submit")
+    if approver and Accounts(runtime.store).any():  # each approver proves who they are with their own token
+        raise NotPermittedError(
+            "--approver is for local mode: with accounts, approvers sign in and run plangate approve"
+        )
     try:
         result = _planner(runtime, model_spec, base_url, prices_file, max_tokens).plan(task)
     except PlanningError as exc:
         raise UsageError(str(exc)) from None
     click.echo(_planning_summary(result))
-    record = runtime.submit(result, requested_by=user)
+    record = runtime.submit(result, requested_by=requester)
     click.echo(str(record))
     for violation in record.violations:
         click.echo(f"  {violation}")
@@ -193,7 +202,7 @@ def run_command(
             f"plangate approve {record.id[:8]} --as APPROVER --hash {record.hash}, then plangate execute"
         )
         sys.exit(0 if record.status == "pending_approval" else EXIT_VIOLATIONS)
-    outcome = runtime.execute(record.id, actor=user, progress=print_progress)
+    outcome = runtime.execute(record.id, actor=requester, progress=print_progress)
     click.echo(str(outcome))
     for line in tell(e for e in runtime.trace(record.id) if e.kind.startswith(("run.", "plan.approv"))):
         click.echo(line)
@@ -244,14 +253,21 @@ def library_group() -> None:
 @library_group.command("add")
 @click.argument("plan_id", metavar="ID")
 @click.option("--name", help="The template's name (default: derived from the task).")
-@click.option("--as", "user", default="library", metavar="USER", help="Who adds it (recorded).")
+@click.option(
+    "--as",
+    "user",
+    metavar="USER",
+    help="Who adds it (local mode: recorded, default 'library'; with accounts: your token's account).",
+)
+@token_option
 @db_option
-def library_add_command(*, plan_id: str, name: str | None, user: str, db: str | None) -> None:
+def library_add_command(*, plan_id: str, name: str | None, user: str | None, token: str | None, db: str | None) -> None:
     """Keep approved plan ID as a template; its task's values become typed slots."""
     from plangate.library import template_from
 
     runtime = open_runtime(db)
     record = runtime.get(plan_id)
+    user = acting(runtime, user, token, "library", category=record.category, default="library")
     if record.status not in ("approved", "running", "succeeded"):
         raise UsageError(f"plan {record.id} is {record.status}: only an approved plan can become a template")
     chosen = name or re.sub(r"[^a-z0-9]+", "-", record.task.lower()).strip("-")[:60]
@@ -287,10 +303,14 @@ def library_list_command(*, db: str | None) -> None:
 
 @library_group.command("remove")
 @click.argument("name")
+@identity_options
 @db_option
-def library_remove_command(*, name: str, db: str | None) -> None:
-    """Remove template NAME."""
+def library_remove_command(*, name: str, user: str | None, token: str | None, db: str | None) -> None:
+    """Remove template NAME (with accounts: an approver of the category of the plan it came from)."""
     runtime = open_runtime(db)
+    source = {t.name: t.source_plan for t in runtime.store.templates()}.get(name)
+    category = runtime.get(source).category if source else None
+    acting(runtime, user, token, "library", category=category, default="library")
     with runtime.store.transaction():
         removed = runtime.store.delete_template(name)
     if not removed:

@@ -10,8 +10,9 @@ import click
 
 from plangate.check import RULES, check
 from plangate.cli._common import (
-    as_option,
+    acting,
     db_option,
+    identity_options,
     json_option,
     open_runtime,
     policy_option,
@@ -99,7 +100,7 @@ def rules_command() -> None:
 @click.argument("plan_file", metavar="PLAN.json", type=click.Path(dir_okay=False, path_type=Path))
 @tools_option
 @policy_option
-@as_option
+@identity_options
 @click.option("--role", metavar="ROLE", help="The role you act in: only one the policy gives you (a claim is refused).")
 @db_option
 @json_option
@@ -108,7 +109,8 @@ def submit_command(
     plan_file: Path,
     tools_spec: str,
     policy_file: Path | None,
-    user: str,
+    user: str | None,
+    token: str | None,
     role: str | None,
     db: str | None,
     as_json: bool,
@@ -119,7 +121,8 @@ def submit_command(
     """
     plan = read_plan(plan_file)
     runtime = open_runtime(db, tools_spec, policy_file)
-    record = runtime.submit(plan, requested_by=user, role=role)
+    requester = acting(runtime, user, token, "submit")
+    record = runtime.submit(plan, requested_by=requester, role=role)
     if as_json:
         click.echo(json.dumps(record.to_dict(), indent=2))
     else:
@@ -133,7 +136,7 @@ def submit_command(
 
 @click.command("approve")
 @click.argument("plan_id", metavar="ID")
-@as_option
+@identity_options
 @click.option(
     "--hash",
     "plan_hash",
@@ -144,31 +147,43 @@ def submit_command(
 @click.option("--role", metavar="ROLE", help="The role you approve in, when the policy does not map you to one.")
 @db_option
 def approve_command(
-    *, plan_id: str, user: str, plan_hash: str | None, comment: str | None, role: str | None, db: str | None
+    *,
+    plan_id: str,
+    user: str | None,
+    token: str | None,
+    plan_hash: str | None,
+    comment: str | None,
+    role: str | None,
+    db: str | None,
 ) -> None:
     """Approve plan ID. Your approval is bound to the exact version (its hash) you reviewed."""
     runtime = open_runtime(db)
     record = runtime.get(plan_id)
+    approver = acting(runtime, user, token, "decide", category=record.category)
     if plan_hash is None:
         if not sys.stdin.isatty():
             raise UsageError(f"give --hash with the hash you reviewed (current: {record.hash})")
         show_record(record)
         click.confirm(f"approve plan {record.id} v{record.version} ({record.hash[:12]})?", abort=True)
         plan_hash = record.hash
-    record = runtime.approve(record.id, user, plan_hash, comment=comment, role=role)
+    record = runtime.approve(record.id, approver, plan_hash, comment=comment, role=role)
     click.echo(str(record))
 
 
 @click.command("reject")
 @click.argument("plan_id", metavar="ID")
-@as_option
+@identity_options
 @click.option("--comment", required=True, help="Why you reject it (required, recorded).")
 @click.option("--hash", "plan_hash", metavar="HASH", help="The hash of the version you reviewed.")
 @db_option
-def reject_command(*, plan_id: str, user: str, comment: str, plan_hash: str | None, db: str | None) -> None:
+def reject_command(
+    *, plan_id: str, user: str | None, token: str | None, comment: str, plan_hash: str | None, db: str | None
+) -> None:
     """Reject plan ID, with a comment saying why."""
     runtime = open_runtime(db)
-    click.echo(str(runtime.reject(plan_id, user, comment, plan_hash=plan_hash)))
+    record = runtime.get(plan_id)
+    person = acting(runtime, user, token, "decide", category=record.category)
+    click.echo(str(runtime.reject(record.id, person, comment, plan_hash=plan_hash)))
 
 
 @click.command("list")

@@ -10,12 +10,14 @@ from typing import Any
 import click
 
 from plangate.cli._common import (
+    acting,
     base_url_option,
     db_option,
     model_option,
     open_runtime,
     policy_option,
     prices_option,
+    token_option,
     tools_option,
 )
 from plangate.cli._errors import EXIT_HALTED
@@ -28,7 +30,13 @@ from plangate.errors import UsageError
 @model_option
 @base_url_option
 @policy_option
-@click.option("--as", "user", default="react", show_default=True, metavar="USER", help="Who asks (recorded).")
+@click.option(
+    "--as",
+    "user",
+    metavar="USER",
+    help="Who asks (local mode: recorded, default 'react'; with accounts: your token's account).",
+)
+@token_option
 @click.option("--role", metavar="ROLE", help="The asker's role, for the policy.")
 @click.option(
     "--mode",
@@ -49,7 +57,8 @@ def react_command(
     model_spec: str | None,
     base_url: str | None,
     policy_file: Path | None,
-    user: str,
+    user: str | None,
+    token: str | None,
     role: str | None,
     mode: str,
     max_steps: int,
@@ -72,6 +81,7 @@ def react_command(
     if (question is None) == (resume_id is None):
         raise UsageError("give a QUESTION, or --resume RUN_ID")
     runtime = open_runtime(db, tools_spec, policy_file)
+    user = acting(runtime, user, token, "submit", default="react")
     agent = ReActAgent(
         from_spec(model_spec, base_url=base_url),
         runtime.catalogue,

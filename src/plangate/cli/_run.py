@@ -10,12 +10,14 @@ import click
 
 from plangate.cli._common import (
     absolute,
-    as_option,
+    acting,
     db_option,
+    identity_options,
     open_runtime,
     policy_option,
     print_progress,
     recorded_tools_option,
+    token_option,
     with_tools,
 )
 from plangate.cli._errors import EXIT_HALTED
@@ -25,12 +27,20 @@ from plangate.tools import Catalogue
 
 
 def _run_command(
-    method: str, plan_id: str, *, tools_spec: str | None, policy_file: Path | None, db: str | None, user: str | None
+    method: str,
+    plan_id: str,
+    *,
+    tools_spec: str | None,
+    policy_file: Path | None,
+    db: str | None,
+    user: str | None,
+    token: str | None,
 ) -> None:
     runtime = open_runtime(db, policy_file=policy_file)
     record = with_tools(runtime, plan_id, tools_spec)
+    runner = acting(runtime, user, token, "execute", default="engine")
     click.echo(f"{method} plan {record.id} v{record.version}: {record.task}")
-    result = getattr(runtime, method)(record.id, actor=user or "engine", progress=print_progress)
+    result = getattr(runtime, method)(record.id, actor=runner, progress=print_progress)
     click.echo(str(result))
     sys.exit(0 if result.ok else EXIT_HALTED)
 
@@ -39,10 +49,22 @@ def _run_command(
 @click.argument("plan_id", metavar="ID")
 @recorded_tools_option
 @policy_option
-@click.option("--as", "user", metavar="USER", help="Who starts the run (recorded; default 'engine').")
+@click.option(
+    "--as",
+    "user",
+    metavar="USER",
+    help="Who starts the run (local mode: recorded, default 'engine'; with accounts: your token's).",
+)
+@token_option
 @db_option
 def execute_command(
-    *, plan_id: str, tools_spec: str | None, policy_file: Path | None, user: str | None, db: str | None
+    *,
+    plan_id: str,
+    tools_spec: str | None,
+    policy_file: Path | None,
+    user: str | None,
+    token: str | None,
+    db: str | None,
 ) -> None:
     """Execute approved plan ID. Exit 0 when it succeeds, 3 when it halts, 4 when it may not run.
 
@@ -51,24 +73,36 @@ def execute_command(
     audit log is refused. When the tools' contracts or the policy (--policy) changed since
     the plan was checked, it is checked again, and sent back for approval if it must be.
     """
-    _run_command("execute", plan_id, tools_spec=tools_spec, policy_file=policy_file, db=db, user=user)
+    _run_command("execute", plan_id, tools_spec=tools_spec, policy_file=policy_file, db=db, user=user, token=token)
 
 
 @click.command("resume")
 @click.argument("plan_id", metavar="ID")
 @recorded_tools_option
 @policy_option
-@click.option("--as", "user", metavar="USER", help="Who resumes the run (recorded; default 'engine').")
+@click.option(
+    "--as",
+    "user",
+    metavar="USER",
+    help="Who resumes the run (local mode: recorded, default 'engine'; with accounts: your token's).",
+)
+@token_option
 @db_option
 def resume_command(
-    *, plan_id: str, tools_spec: str | None, policy_file: Path | None, user: str | None, db: str | None
+    *,
+    plan_id: str,
+    tools_spec: str | None,
+    policy_file: Path | None,
+    user: str | None,
+    token: str | None,
+    db: str | None,
 ) -> None:
     """Resume plan ID after a halt or a crash: finished steps are kept, never run again.
 
     A step that started but has no recorded outcome is run again only if its tool is
     idempotent (with the same idempotency key); otherwise the run halts for a person.
     """
-    _run_command("resume", plan_id, tools_spec=tools_spec, policy_file=policy_file, db=db, user=user)
+    _run_command("resume", plan_id, tools_spec=tools_spec, policy_file=policy_file, db=db, user=user, token=token)
 
 
 @click.command("settle")
@@ -77,7 +111,7 @@ def resume_command(
 @click.option("--done/--not-done", required=True, help="Whether the step's effect happened.")
 @click.option("--output", "output_json", metavar="JSON", help="With --done: the output you observed, as JSON.")
 @click.option("--note", help="What you checked (recorded).")
-@as_option
+@identity_options
 @recorded_tools_option
 @db_option
 def settle_command(
@@ -87,7 +121,8 @@ def settle_command(
     done: bool,
     output_json: str | None,
     note: str | None,
-    user: str,
+    user: str | None,
+    token: str | None,
     tools_spec: str | None,
     db: str | None,
 ) -> None:
@@ -101,21 +136,25 @@ def settle_command(
         output = json.loads(output_json) if output_json else None
     except json.JSONDecodeError as exc:
         raise UsageError(f"--output is not JSON: {exc}") from None
-    record = runtime.settle(record.id, step, done=done, actor=user, output=output, note=note)
+    person = acting(runtime, user, token, "decide", category=record.category)
+    record = runtime.settle(record.id, step, done=done, actor=person, output=output, note=note)
     click.echo(f"step {step} settled as {'done' if done else 'not done'}; now: plangate resume {record.id[:8]}")
 
 
 @click.command("compensate")
 @click.argument("plan_id", metavar="ID")
-@as_option
+@identity_options
 @click.option("--reason", required=True, help="Why the plan is rolled back (recorded).")
 @recorded_tools_option
 @db_option
-def compensate_command(*, plan_id: str, user: str, reason: str, tools_spec: str | None, db: str | None) -> None:
+def compensate_command(
+    *, plan_id: str, user: str | None, token: str | None, reason: str, tools_spec: str | None, db: str | None
+) -> None:
     """Roll back halted plan ID: completed steps with a compensating tool are undone, last first."""
     runtime = open_runtime(db)
     record = with_tools(runtime, plan_id, tools_spec)
-    result = runtime.compensate(record.id, actor=user, reason=reason)
+    person = acting(runtime, user, token, "decide", category=record.category)
+    result = runtime.compensate(record.id, actor=person, reason=reason)
     click.echo(str(result))
     sys.exit(0 if result.status == "compensated" else EXIT_HALTED)
 
