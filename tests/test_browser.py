@@ -111,7 +111,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]
         deadline = time.monotonic() + 30
         while True:
             try:
-                urllib.request.urlopen(f"{url}/openapi.json", timeout=1).read()
+                urllib.request.urlopen(f"{url}/login", timeout=1).read()
                 break
             except OSError:
                 assert process.poll() is None and time.monotonic() < deadline, (folder / "server.log").read_text()
