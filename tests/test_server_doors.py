@@ -12,6 +12,7 @@ import re
 import time
 import urllib.parse
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -370,11 +371,60 @@ def test_api_docs_are_off_unless_asked_and_then_behind_the_login(
 
 
 # -- logging in ------------------------------------------------------------------------------------
+class Clock:
+    def __init__(self) -> None:
+        self.at = datetime(2026, 11, 29, 9, 0, tzinfo=UTC)
+
+    def now(self) -> datetime:
+        return self.at
+
+    def new_id(self) -> str:  # pragma: no cover - the throttle only reads the time
+        raise NotImplementedError
+
+
 def login(client: TestClient, name: str, password: str, **headers: str) -> Any:
     token = csrf_in(client.get("/login").text)
     return client.post(
         "/login", data={"name": name, "password": password, "csrf": token}, headers=headers, follow_redirects=False
     )
+
+
+def test_forty_wrong_passwords_then_the_right_one_does_not_log_in(
+    tmp_path: Path, catalogue: Catalogue, policy: Policy
+) -> None:
+    clock = Clock()
+    setup = serverkit.setup(tmp_path, catalogue, policy, clock=clock)
+    client = TestClient(setup["app"])
+    statuses = [login(client, "dave", f"guess {n}").status_code for n in range(40)]
+    assert statuses == [401] * 5 + [429] * 35
+    right = login(client, "dave", PASSWORD)
+    assert right.status_code == 429 and "try again in 15 minute" in right.text
+    assert int(right.headers["retry-after"]) == 900 and "session" not in right.headers.get("set-cookie", "")
+    assert client.get("/api/plans").status_code == 401
+    elsewhere = TestClient(setup["app"], client=("192.0.2.7", 4000))
+    assert login(elsewhere, "dave", PASSWORD).status_code == 429, "the name is throttled from any address"
+    assert login(client, "carol", PASSWORD).status_code == 429, "so is the address, for any name"
+    assert login(elsewhere, "carol", PASSWORD).status_code == 303
+    clock.at += timedelta(minutes=14, seconds=59)
+    assert login(client, "dave", PASSWORD).status_code == 429
+    clock.at += timedelta(seconds=2)
+    assert login(client, "dave", PASSWORD).status_code == 303
+
+
+def test_the_throttle_forgets_failures_older_than_the_window() -> None:
+    from plangate.server._throttle import LoginThrottle
+
+    clock = Clock()
+    throttle = LoginThrottle(clock=clock, max_keys=10)
+    for n in range(4):
+        throttle.failed("dave", f"10.0.0.{n}")
+    assert throttle.wait("Dave", "10.0.0.9") == 0
+    throttle.failed("DAVE ", "10.0.0.9")
+    assert throttle.wait("dave", "10.0.0.10") == 900
+    clock.at += timedelta(hours=1)
+    for n in range(20):
+        throttle.failed(f"name{n}", "10.1.1.1")
+    assert len(throttle._failures) <= 10
 
 
 def test_logout_needs_the_session_csrf_token(setup: dict[str, Any]) -> None:

@@ -2,7 +2,8 @@
 
 The login form carries a double-submit token (a cookie and a field that must match);
 browsers' cross-site POSTs are refused before that (:class:`plangate.server._security.SameOrigin`),
-so nobody can log a victim into their own account.
+so nobody can log a victim into their own account. Failed logins are throttled per user
+name and per client address (:mod:`plangate.server._throttle`).
 """
 
 from __future__ import annotations
@@ -48,8 +49,17 @@ def login(request: Request, config: Config, rt: Rt, form: Annotated[LoginForm, D
     expected = request.cookies.get(config.login_cookie, "")
     if not expected or not same(form.csrf, expected):
         raise HTTPException(403, "the login form has no valid CSRF token: reload the page")
+    address = request.client.host if request.client else ""
+    wait = config.throttle.wait(form.name, address)
+    if wait:
+        minutes = -(-wait // 60)
+        error = f"Too many failed logins for this user or from this address: try again in {minutes} minute(s)."
+        response = render(request, "login.html", None, login_csrf=expected, error=error)
+        response.status_code, response.headers["Retry-After"] = 429, str(wait)
+        return response
     user = Accounts(rt.store).login(form.name, form.password)
     if user is None:
+        config.throttle.failed(form.name, address)
         response = render(request, "login.html", None, login_csrf=expected, error="Wrong user or password.")
         response.status_code = 401
         return response

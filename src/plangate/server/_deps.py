@@ -32,6 +32,7 @@ from plangate.policy import Policy
 from plangate.record import PlanRecord
 from plangate.runtime import Runtime
 from plangate.server._bodies import read_form, read_json, validated
+from plangate.server._throttle import LoginThrottle
 from plangate.tools import Catalogue
 
 T = TypeVar("T")
@@ -50,6 +51,7 @@ class Settings:
     max_age: int
     secure_cookies: bool
     templates: Jinja2Templates
+    throttle: LoginThrottle
 
     @property
     def sessions(self) -> URLSafeTimedSerializer:

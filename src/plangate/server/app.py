@@ -24,12 +24,14 @@ from importlib import resources
 from fastapi import FastAPI
 from fastapi.templating import Jinja2Templates
 
+from plangate._clock import Clock
 from plangate.accounts import Accounts
 from plangate.policy import Policy
 from plangate.record import PlanRecord
 from plangate.server import _api, _auth, _docs, _errors, _pages, _slack
 from plangate.server._deps import Settings
 from plangate.server._security import MAX_BODY, BodyLimit, SameOrigin, SecurityHeaders
+from plangate.server._throttle import LoginThrottle
 from plangate.store import open_store
 from plangate.tools import Catalogue
 
@@ -47,12 +49,13 @@ def create_app(
     slack_signing_secret: str | None = None,
     api_docs: bool = False,
     origins: Iterable[str] = (),
+    clock: Clock | None = None,
 ) -> FastAPI:
     """The server's ASGI app. ``db`` is a store URL; each request opens its own connection and closes it.
 
     ``api_docs`` serves ``/docs``, ``/redoc`` and ``/openapi.json`` to logged-in callers.
     ``origins`` are more origins (``https://gov.example.com``) whose forms are accepted,
-    for a proxy that changes the ``Host`` header.
+    for a proxy that changes the ``Host`` header. ``clock`` is the login throttle's time.
     """
     app = FastAPI(
         title="plangate",
@@ -77,6 +80,7 @@ def create_app(
         max_age=int(session_hours * 3600),
         secure_cookies=secure_cookies,
         templates=Jinja2Templates(directory=str(resources.files("plangate").joinpath("server", "templates"))),
+        throttle=LoginThrottle(clock=clock),
     )
     for router in (_auth.router, _pages.router, _api.router, _slack.router):
         app.include_router(router)
