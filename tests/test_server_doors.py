@@ -177,6 +177,10 @@ def test_json_at_the_depth_limit_is_read() -> None:
         ("reject", {"comment": "no", "hash": ["a"]}, "hash"),
         ("edit", {"plan": [1]}, "plan"),
         ("edit", {"plan": "{}"}, "plan"),
+        ("settle", {"step": "1", "done": True}, "step"),
+        ("settle", {"step": 1, "done": "yes"}, "done"),
+        ("settle", {"step": 1.0, "done": True}, "step"),
+        ("compensate", {"reason": ["why"]}, "reason"),
     ],
 )
 def test_body_fields_of_the_wrong_type_are_named(
@@ -193,6 +197,10 @@ def test_body_fields_of_the_wrong_type_are_named(
 
 def test_register_and_form_fields_of_the_wrong_type(setup: dict[str, Any]) -> None:
     before = state(setup)
+    gina = api(setup, "gina")
+    for body in ({"category": "x", "state": "maybe", "reason": "r"}, {"category": 1, "state": "on", "reason": "r"}):
+        reply = gina.post("/api/register", json=body)
+        assert reply.status_code == 422, reply.text
     client, csrf = browser(setup, "gina")
     wrong_state = client.post("/register", data={"category": "x", "state": "maybe", "reason": "r", "csrf": csrf})
     assert wrong_state.status_code == 422 and "state" in wrong_state.text
@@ -206,6 +214,7 @@ def test_register_and_form_fields_of_the_wrong_type(setup: dict[str, Any]) -> No
     assert twice.status_code == 400 and "twice" in twice.text
     for days in ("99999999999", "-5", "0", "many"):
         assert client.get(f"/register?days={days}").status_code == 422
+        assert gina.get(f"/api/register?days={days}").status_code == 422
     assert state(setup) == before
 
 

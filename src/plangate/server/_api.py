@@ -1,4 +1,4 @@
-"""The JSON API, with the dashboard's rules.
+"""The JSON API: every command that records a decision or starts work, with the dashboard's rules.
 
 Bodies are read only after the caller's credentials hold (``json_of``), through the one
 JSON reader, into strict request models: a field of the wrong type is a 422 that names it.
@@ -6,9 +6,10 @@ JSON reader, into strict request models: a field of the wrong type is a 422 that
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from dataclasses import asdict
+from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Query
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 from plangate.server import _actions, views
@@ -34,6 +35,23 @@ class Reject(_Body):
 
 class Edit(_Body):
     plan: dict[str, JSON]
+
+
+class Settle(_Body):
+    step: int
+    done: bool = Field(description="whether the step happened")
+    output: JSON = Field(None, description="the output seen, when it happened")
+    note: str | None = Field(None, description="what was checked")
+
+
+class Compensate(_Body):
+    reason: str
+
+
+class RegisterChange(_Body):
+    category: str
+    state: Literal["on", "off"]
+    reason: str
 
 
 PlanBody = dict[str, JSON]
@@ -81,6 +99,28 @@ def execute(plan_id: str, rt: Rt, caller: Writer) -> dict[str, Any]:
     return _actions.run_result(rt.execute(plan_id, actor=caller.user.name))
 
 
+@router.post("/plans/{plan_id}/resume")
+def resume(plan_id: str, rt: Rt, caller: Writer) -> dict[str, Any]:
+    """Carry on with a halted plan (what succeeded is kept) and wait for the result."""
+    record = _actions.halted(rt, plan_id)
+    return _actions.run_result(rt.resume(record.id, actor=caller.user.name))
+
+
+@router.post("/plans/{plan_id}/settle", openapi_extra=_documented(Settle))
+def settle(plan_id: str, rt: Rt, caller: Writer, body: Annotated[Settle, json_of(Settle)]) -> dict[str, Any]:
+    """Say whether a step whose outcome is unknown happened (a decision: approvers of the category)."""
+    record = _actions.settle(rt, caller.user, plan_id, body.step, done=body.done, output=body.output, note=body.note)
+    return record.to_dict()
+
+
+@router.post("/plans/{plan_id}/compensate", openapi_extra=_documented(Compensate))
+def compensate(
+    plan_id: str, rt: Rt, caller: Writer, body: Annotated[Compensate, json_of(Compensate)]
+) -> dict[str, Any]:
+    """Roll back a halted plan's completed steps, last first (a decision: approvers of the category)."""
+    return _actions.compensation_result(_actions.compensate(rt, caller.user, plan_id, body.reason))
+
+
 @router.get("/plans/{plan_id}/trace")
 def trace(plan_id: str, rt: Rt, _: Reader) -> list[dict[str, Any]]:
     return [e.to_dict() for e in rt.trace(plan_id)]
@@ -89,3 +129,34 @@ def trace(plan_id: str, rt: Rt, _: Reader) -> list[dict[str, Any]]:
 @router.get("/plans/{plan_id}/progress")
 def progress(plan_id: str, rt: Rt, _: Reader) -> dict[str, Any]:
     return views.progress(rt, rt.get(plan_id))
+
+
+@router.get("/register")
+def register(rt: Rt, _: Reader, days: Annotated[int, Query(ge=1, le=36_500)] = 90) -> dict[str, Any]:
+    """The auto-approval register, and the evidence per category over the last ``days``."""
+    from plangate.register import Register, report
+
+    rows = report(rt.store, days=days)
+    return {
+        "entries": [asdict(entry) for entry in Register(rt.store).all()],
+        "report": [{**asdict(r), "approval_rate": r.approval_rate, "edit_rate": r.edit_rate} for r in rows],
+    }
+
+
+@router.post("/register", openapi_extra=_documented(RegisterChange))
+def change_register(rt: Rt, caller: Writer, body: Annotated[RegisterChange, json_of(RegisterChange)]) -> dict[str, Any]:
+    """Turn automatic approval of a category on or off, saying why (governance only)."""
+    from plangate.register import Register
+
+    entry = Register(rt.store).set(body.category, body.state == "on", by=caller.user.name, reason=body.reason)
+    return asdict(entry)
+
+
+@router.get("/audit/verify")
+def verify_audit(rt: Rt, caller: Reader) -> dict[str, Any]:
+    """Walk the audit log and its seals (auditors and governance)."""
+    from plangate import ledger
+
+    _actions.may_audit(caller.user)
+    report = ledger.verify(rt.store)
+    return {**asdict(report), "summary": str(report)}
