@@ -140,6 +140,7 @@ def plan_text(value: str) -> bytes:
         (b'{"task": "\xff"}', "not JSON"),
         (b'{"task": "' + b'\\"' * 200_000, "not JSON"),
         (b"", "a JSON object"),
+        (json.dumps({**load_plan("refund"), "task": "a\u0000b"}).encode(), "NUL"),
     ],
 )
 def test_json_that_would_break_something_later_is_refused_first(
@@ -161,6 +162,37 @@ def test_json_at_the_depth_limit_is_read() -> None:
         read_json(b"[" * 65 + b"]" * 65)
     in_text = rb'["' + b"[" * 100 + rb'", "\\", "\"[{"]'
     assert read_json(in_text) == ["[" * 100, "\\", '"[{']
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (lambda text: text.replace('"${1.total}"', "1e999"), "out of range"),
+        (lambda text: text.replace('"${1.total}"', "NaN"), "NaN is not a JSON number"),
+        (lambda text: text.replace('{"task"', '{"task": "x", "task"'), "appears twice"),
+        (lambda text: "[" * 200_000, "nested deeper than 64"),
+    ],
+)
+def test_the_edit_form_reads_the_plan_with_the_same_limits(setup: dict[str, Any], change: Any, message: str) -> None:
+    plan = setup["plan"]
+    before = state(setup)
+    client, csrf = browser(setup, "dave")
+    text = change(json.dumps(load_plan("refund")))
+    for action in ("preview", "save"):
+        page = client.post(f"/plans/{plan['id']}/edit", data={"plan": text, "action": action, "csrf": csrf})
+        assert page.status_code == 200 and 'id="plan-json"' in page.text and message in page.text, page.text[-500:]
+    assert state(setup) == before
+
+
+def test_a_form_field_with_nul_is_refused(setup: dict[str, Any]) -> None:
+    plan = setup["plan"]
+    before = state(setup)
+    client, csrf = browser(setup, "dave")
+    reply = client.post(
+        f"/plans/{plan['id']}/reject", data={"plan_hash": plan["hash"], "comment": "a\x00b", "csrf": csrf}
+    )
+    assert reply.status_code == 400 and "NUL" in reply.text
+    assert state(setup) == before
 
 
 @pytest.mark.parametrize(

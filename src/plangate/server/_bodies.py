@@ -2,8 +2,9 @@
 
 :func:`read_json` is the only place a body becomes JSON. It refuses, with 400 and before
 any recursion, JSON nested deeper than :data:`MAX_DEPTH`; then numbers that are not
-finite (``NaN``, ``Infinity``, ``1e999``), duplicate keys, text that is not UTF-8 and
-lone surrogates, none of which a plan or a decision can carry on into canonical JSON.
+finite (``NaN``, ``Infinity``, ``1e999``), duplicate keys, text that is not UTF-8, lone
+surrogates and the character NUL, none of which a plan or a decision can carry on into
+canonical JSON or a PostgreSQL text column.
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ T = TypeVar("T")
 
 # A JSON string, or the rest of an unterminated one: always matches at its first quote, so never backtracks.
 _STRING = re.compile(rb'"(?:[^"\\]|\\.)*"?', re.DOTALL)
+# \u0000 after an even number of backslashes (a raw NUL byte is not JSON at all).
+_NUL = re.compile(rb"(?<!\\)(?:\\\\)*\\u0000")
 _NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
 _STEP = [0] * 256
 _STEP[ord("[")] = _STEP[ord("{")] = 1
@@ -38,6 +41,8 @@ def read_json(raw: bytes, what: str = "the body") -> Any:
     brackets = _STRING.sub(b"", raw).translate(None, delete=_NOT_BRACKETS)
     if max(accumulate(map(_STEP.__getitem__, brackets)), default=0) > MAX_DEPTH:
         raise HTTPException(400, f"{what}'s JSON is nested deeper than {MAX_DEPTH} levels")
+    if _NUL.search(raw):
+        raise HTTPException(400, f"{what} holds the character NUL (\\u0000), which no text here may")
     try:
         data = json.loads(
             raw.decode("utf-8") or "null",
@@ -80,6 +85,8 @@ async def read_form(request: Request) -> dict[str, str]:
     fields = {name: value for name, value in items if not isinstance(value, UploadFile)}
     if len(fields) != len(items):
         raise HTTPException(400, "a form field is given twice, or is a file")
+    if any("\x00" in value for value in fields.values()):
+        raise HTTPException(400, "a form field holds the character NUL, which no text here may")
     return fields
 
 

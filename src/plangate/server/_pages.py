@@ -221,9 +221,10 @@ def edit_form(
 ) -> Response:
     record = rt.get(plan_id)
     try:
-        new = Plan.parse(form.plan)
-    except PlanError as exc:
-        return render(request, "edit.html", caller, record=record, text=form.plan, diff=[], error=str(exc), check=None)
+        new = Plan.parse(read_json(form.plan.encode(), what="the plan"))
+    except (HTTPException, PlanError) as exc:
+        error = exc.detail if isinstance(exc, HTTPException) else str(exc)
+        return render(request, "edit.html", caller, record=record, text=form.plan, diff=[], error=error, check=None)
     if form.action == "save":
         saved = rt.edit(record.id, new, editor=caller.user.name)
         return back(request, f"/plans/{saved.id}", flash=f"Saved version {saved.version}")
