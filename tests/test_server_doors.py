@@ -212,6 +212,7 @@ def test_a_form_field_with_nul_is_refused(setup: dict[str, Any]) -> None:
         ("settle", {"step": "1", "done": True}, "step"),
         ("settle", {"step": 1, "done": "yes"}, "done"),
         ("settle", {"step": 1.0, "done": True}, "step"),
+        ("settle", {"step": 10**30, "done": False}, "step"),
         ("compensate", {"reason": ["why"]}, "reason"),
     ],
 )

@@ -37,8 +37,11 @@ class Edit(_Body):
     plan: dict[str, JSON]
 
 
+StepId = Annotated[int, Field(ge=-999_999, le=999_999)]  # a plan's step ids, and their undo steps
+
+
 class Settle(_Body):
-    step: int
+    step: StepId
     done: bool = Field(description="whether the step happened")
     output: JSON = Field(None, description="the output seen, when it happened")
     note: str | None = Field(None, description="what was checked")

@@ -13,7 +13,7 @@ from urllib.parse import urlencode
 
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException
 
 from plangate.check import check
@@ -175,7 +175,7 @@ class EditForm(_Form):
 
 
 class SettleForm(_Form):
-    step: int
+    step: Annotated[int, Field(ge=-999_999, le=999_999)]
     done: Literal["yes", "no", ""] = ""
     output: str = ""
     note: str = ""
