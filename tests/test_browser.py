@@ -8,15 +8,19 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 from collections.abc import Iterator
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import pytest
 from playwright.sync_api import Browser, Page, expect, sync_playwright
 
+from plangate.server._security import HEADERS
 from tests.conftest import EXAMPLES
 
 CHROMIUM = "/usr/bin/chromium"
@@ -114,7 +118,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]
         deadline = time.monotonic() + 30
         while True:
             try:
-                urllib.request.urlopen(f"{url}/openapi.json", timeout=1).read()
+                urllib.request.urlopen(f"{url}/login", timeout=1).read()
                 break
             except OSError:
                 assert process.poll() is None and time.monotonic() < deadline, (folder / "server.log").read_text()
@@ -217,4 +221,64 @@ def test_self_approval_and_forms_without_csrf_are_refused(server: dict[str, Any]
     dave.click("#approve")
     expect(dave.locator("body")).to_contain_text("no valid CSRF token")
     dave.goto(f"{server['url']}/plans/{plan['id']}")
+    expect(dave.locator("body")).to_contain_text("pending approval")
+
+
+@contextmanager
+def another_site(html: str) -> Iterator[str]:
+    """A page served from another loopback origin (another port: same site, so Lax cookies still go along)."""
+    body = html.encode()
+
+    class Page(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    with ThreadingHTTPServer(("127.0.0.1", 0), Page) as site:
+        threading.Thread(target=site.serve_forever, daemon=True).start()
+        try:
+            yield f"http://127.0.0.1:{site.server_address[1]}/"
+        finally:
+            site.shutdown()
+
+
+def test_pages_carry_the_security_headers_and_run_under_their_csp(server: dict[str, Any], browser: Browser) -> None:
+    plan = submit(server)
+    dave = log_in(browser, server, "dave")
+    refused: list[str] = []
+    dave.on(
+        "console", lambda message: refused.append(message.text) if "Content Security Policy" in message.text else None
+    )
+    for path in ("/", f"/plans/{plan['id']}", f"/plans/{plan['id']}/edit", f"/plans/{plan['id']}/run"):
+        reply = dave.goto(f"{server['url']}{path}")
+        assert reply is not None and reply.status == 200
+        for name, value in HEADERS:
+            assert reply.headers[name.lower()] == value, (path, name)
+    styled = dave.evaluate("getComputedStyle(document.querySelector('header')).backgroundColor")
+    assert styled == "rgb(255, 255, 255)", "the stylesheet loads under the CSP"
+    expect(dave.locator("#run-status")).to_have_attribute("data-progress", f"/api/plans/{plan['id']}/progress")
+    assert refused == []
+
+
+def test_the_plan_page_refuses_to_render_in_another_sites_frame(server: dict[str, Any], browser: Browser) -> None:
+    plan = submit(server)
+    dave = log_in(browser, server, "dave")
+    page = f"{server['url']}/plans/{plan['id']}"
+    dave.goto(page)
+    expect(dave.locator("#approve")).to_have_count(1)  # outside a frame, the Approve form is there
+    with another_site(f'<!doctype html><iframe id="victim" src="{page}" width="900" height="600"></iframe>') as site:
+        dave.goto(site)
+        dave.wait_for_load_state("load")
+        dave.wait_for_timeout(500)
+        frames = [f for f in dave.frames if f is not dave.main_frame]
+        assert len(frames) == 1
+        assert frames[0].url != page, "Chromium blocked the framed page (an error page in its place)"
+        assert frames[0].locator("#approve").count() == 0
+    dave.goto(page)
     expect(dave.locator("body")).to_contain_text("pending approval")

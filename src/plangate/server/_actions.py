@@ -1,0 +1,103 @@
+"""What the dashboard's forms, the JSON API and the chat buttons all do, written once."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import asdict
+from typing import Any
+
+from starlette.exceptions import HTTPException
+
+from plangate.accounts import User
+from plangate.compensation import CompensationResult
+from plangate.engine import RunResult
+from plangate.errors import GovernanceError
+from plangate.policy import Policy
+from plangate.record import PlanRecord
+from plangate.runtime import Runtime
+from plangate.server._errors import log
+from plangate.tools import Catalogue
+
+
+def may_decide(user: User, record: PlanRecord) -> None:
+    """Approving, rejecting, settling and rolling back are decisions: only for approvers of the plan's category."""
+    if not user.may_approve(record.category):
+        raise HTTPException(403, f"{user.name} ({user.role}) may not decide on plans of category {record.category!r}")
+
+
+def may_audit(user: User) -> None:
+    if user.role not in ("auditor", "governance"):
+        raise HTTPException(403, "the audit log is for auditors and governance")
+
+
+def decide(
+    rt: Runtime, user: User, plan_id: str, plan_hash: str | None, comment: str | None, *, approve: bool
+) -> PlanRecord:
+    record = rt.get(plan_id)
+    may_decide(user, record)
+    if approve:
+        return rt.approve(record.id, user.name, plan_hash or "", comment=comment)
+    return rt.reject(record.id, user.name, comment or "", plan_hash=plan_hash or None)
+
+
+def settle(
+    rt: Runtime, user: User, plan_id: str, step: int, *, done: bool, output: Any, note: str | None
+) -> PlanRecord:
+    may_decide(user, rt.get(plan_id))
+    return rt.settle(plan_id, step, done=done, actor=user.name, output=output, note=note or None)
+
+
+def compensate(rt: Runtime, user: User, plan_id: str, reason: str) -> CompensationResult:
+    may_decide(user, rt.get(plan_id))
+    return rt.compensate(plan_id, actor=user.name, reason=reason)
+
+
+def halted(rt: Runtime, plan_id: str) -> PlanRecord:
+    """The plan, if it is halted: only a halted plan is resumed by a person here."""
+    record = rt.get(plan_id)
+    if record.status != "halted":
+        raise GovernanceError(f"plan {record.id} is {record.status}; only a halted plan resumes here")
+    return record
+
+
+def start(rt: Runtime, record: PlanRecord, user: User) -> PlanRecord:
+    """Claim the run now (so a second click is refused, not run twice), then run it in a thread of its own.
+
+    The thread has its own store connection; the run page follows it.
+    """
+    if record.status not in ("approved", "halted"):
+        raise GovernanceError(f"plan {record.id} is {record.status}, not approved")
+    claim = rt.start(record.id, actor=user.name)
+    _background(lambda worker: worker.drive(claim), rt.catalogue, rt.policy, rt.store.url)
+    return record
+
+
+def _background(
+    job: Callable[[Runtime], Any], catalogue: Catalogue | None, policy: Policy | None, db: str | None
+) -> None:
+    """Run ``job`` in a thread with a runtime (and store connection) of its own."""
+
+    def run() -> None:
+        worker = Runtime(catalogue, policy, db=db)
+        try:
+            job(worker)
+        except Exception:  # noqa: BLE001 - nobody waits on this thread: the log is where its failure goes
+            log.exception("a run started from the dashboard failed outside the engine")
+        finally:
+            worker.close()
+
+    threading.Thread(target=run, name="plangate-run", daemon=True).start()
+
+
+def run_result(result: RunResult) -> dict[str, Any]:
+    return {
+        "status": result.status,
+        "outputs": {str(k): v for k, v in result.outputs.items()},
+        "failed_step": result.failed_step,
+        "error": result.error,
+    }
+
+
+def compensation_result(result: CompensationResult) -> dict[str, Any]:
+    return {**asdict(result), "summary": str(result)}

@@ -1,0 +1,165 @@
+"""The JSON API: every command that records a decision or starts work, with the dashboard's rules.
+
+Bodies are read only after the caller's credentials hold (``json_of``), through the one
+JSON reader, into strict request models: a field of the wrong type is a 422 that names it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Query
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+
+from plangate.server import _actions, views
+from plangate.server._deps import Reader, Rt, Writer, json_of
+
+router = APIRouter(prefix="/api")
+JSON = Any
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
+
+
+class Approve(_Body):
+    hash: str = Field(description="the hash of the version approved: the one reviewed")
+    comment: str | None = None
+
+
+class Reject(_Body):
+    comment: str = Field(description="why")
+    hash: str | None = Field(None, description="the version rejected (any version when left out)")
+
+
+class Edit(_Body):
+    plan: dict[str, JSON]
+
+
+StepId = Annotated[int, Field(ge=-999_999, le=999_999)]  # a plan's step ids, and their undo steps
+
+
+class Settle(_Body):
+    step: StepId
+    done: bool = Field(description="whether the step happened")
+    output: JSON = Field(None, description="the output seen, when it happened")
+    note: str | None = Field(None, description="what was checked")
+
+
+class Compensate(_Body):
+    reason: str
+
+
+class RegisterChange(_Body):
+    category: str
+    state: Literal["on", "off"]
+    reason: str
+
+
+PlanBody = dict[str, JSON]
+
+
+def _documented(kind: Any) -> dict[str, Any]:
+    """The OpenAPI entry of a body the handler reads itself (after checking credentials)."""
+    schema = TypeAdapter(kind).json_schema()
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": schema}}}}
+
+
+@router.post("/plans", status_code=201, openapi_extra=_documented(PlanBody))
+def submit(rt: Rt, caller: Writer, plan: Annotated[PlanBody, json_of(PlanBody)]) -> dict[str, Any]:
+    return rt.submit(plan, requested_by=caller.user.name).to_dict()
+
+
+@router.get("/plans")
+def list_plans(rt: Rt, _: Reader, status: str | None = None) -> list[dict[str, Any]]:
+    return [dict(row.__dict__) for row in rt.list_plans(status)]
+
+
+@router.get("/plans/{plan_id}")
+def get(plan_id: str, rt: Rt, _: Reader) -> dict[str, Any]:
+    return rt.get(plan_id).to_dict()
+
+
+@router.post("/plans/{plan_id}/approve", openapi_extra=_documented(Approve))
+def approve(plan_id: str, rt: Rt, caller: Writer, body: Annotated[Approve, json_of(Approve)]) -> dict[str, Any]:
+    return _actions.decide(rt, caller.user, plan_id, body.hash, body.comment, approve=True).to_dict()
+
+
+@router.post("/plans/{plan_id}/reject", openapi_extra=_documented(Reject))
+def reject(plan_id: str, rt: Rt, caller: Writer, body: Annotated[Reject, json_of(Reject)]) -> dict[str, Any]:
+    return _actions.decide(rt, caller.user, plan_id, body.hash, body.comment, approve=False).to_dict()
+
+
+@router.post("/plans/{plan_id}/edit", openapi_extra=_documented(Edit))
+def edit(plan_id: str, rt: Rt, caller: Writer, body: Annotated[Edit, json_of(Edit)]) -> dict[str, Any]:
+    return rt.edit(plan_id, body.plan, editor=caller.user.name).to_dict()
+
+
+@router.post("/plans/{plan_id}/execute")
+def execute(plan_id: str, rt: Rt, caller: Writer) -> dict[str, Any]:
+    """Run an approved plan and wait for the result."""
+    return _actions.run_result(rt.execute(plan_id, actor=caller.user.name))
+
+
+@router.post("/plans/{plan_id}/resume")
+def resume(plan_id: str, rt: Rt, caller: Writer) -> dict[str, Any]:
+    """Carry on with a halted plan (what succeeded is kept) and wait for the result."""
+    record = _actions.halted(rt, plan_id)
+    return _actions.run_result(rt.resume(record.id, actor=caller.user.name))
+
+
+@router.post("/plans/{plan_id}/settle", openapi_extra=_documented(Settle))
+def settle(plan_id: str, rt: Rt, caller: Writer, body: Annotated[Settle, json_of(Settle)]) -> dict[str, Any]:
+    """Say whether a step whose outcome is unknown happened (a decision: approvers of the category)."""
+    record = _actions.settle(rt, caller.user, plan_id, body.step, done=body.done, output=body.output, note=body.note)
+    return record.to_dict()
+
+
+@router.post("/plans/{plan_id}/compensate", openapi_extra=_documented(Compensate))
+def compensate(
+    plan_id: str, rt: Rt, caller: Writer, body: Annotated[Compensate, json_of(Compensate)]
+) -> dict[str, Any]:
+    """Roll back a halted plan's completed steps, last first (a decision: approvers of the category)."""
+    return _actions.compensation_result(_actions.compensate(rt, caller.user, plan_id, body.reason))
+
+
+@router.get("/plans/{plan_id}/trace")
+def trace(plan_id: str, rt: Rt, _: Reader) -> list[dict[str, Any]]:
+    return [e.to_dict() for e in rt.trace(plan_id)]
+
+
+@router.get("/plans/{plan_id}/progress")
+def progress(plan_id: str, rt: Rt, _: Reader) -> dict[str, Any]:
+    return views.progress(rt, rt.get(plan_id))
+
+
+@router.get("/register")
+def register(rt: Rt, _: Reader, days: Annotated[int, Query(ge=1, le=36_500)] = 90) -> dict[str, Any]:
+    """The auto-approval register, and the evidence per category over the last ``days``."""
+    from plangate.register import Register, report
+
+    rows = report(rt.store, days=days)
+    return {
+        "entries": [asdict(entry) for entry in Register(rt.store).all()],
+        "report": [{**asdict(r), "approval_rate": r.approval_rate, "edit_rate": r.edit_rate} for r in rows],
+    }
+
+
+@router.post("/register", openapi_extra=_documented(RegisterChange))
+def change_register(rt: Rt, caller: Writer, body: Annotated[RegisterChange, json_of(RegisterChange)]) -> dict[str, Any]:
+    """Turn automatic approval of a category on or off, saying why (governance only)."""
+    from plangate.register import Register
+
+    entry = Register(rt.store).set(body.category, body.state == "on", by=caller.user.name, reason=body.reason)
+    return asdict(entry)
+
+
+@router.get("/audit/verify")
+def verify_audit(rt: Rt, caller: Reader) -> dict[str, Any]:
+    """Walk the audit log and its seals (auditors and governance)."""
+    from plangate import ledger
+
+    _actions.may_audit(caller.user)
+    report = ledger.verify(rt.store)
+    return {**asdict(report), "summary": str(report)}

@@ -1,0 +1,84 @@
+"""Logging in and out of the dashboard.
+
+The login form carries a double-submit token (a cookie and a field that must match);
+browsers' cross-site POSTs are refused before that (:class:`plangate.server._security.SameOrigin`),
+so nobody can log a victim into their own account. Failed logins are throttled per user
+name and per client address (:mod:`plangate.server._throttle`).
+"""
+
+from __future__ import annotations
+
+import secrets
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import HTMLResponse, RedirectResponse, Response
+from pydantic import BaseModel, ConfigDict
+from starlette.exceptions import HTTPException
+
+from plangate.accounts import Accounts
+from plangate.server._bodies import read_form, validated
+from plangate.server._deps import Config, FormSession, Rt, same
+from plangate.server._errors import root
+from plangate.server._pages import render
+
+router = APIRouter(include_in_schema=False)
+
+
+class LoginForm(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True)
+    name: str = ""
+    password: str = ""
+    csrf: str = ""
+
+
+async def login_form(request: Request) -> LoginForm:
+    return validated(LoginForm, await read_form(request), strict=False)
+
+
+@router.get("/login", response_class=HTMLResponse)
+def login_page(request: Request, config: Config) -> HTMLResponse:
+    token = secrets.token_urlsafe(16)
+    response = render(request, "login.html", None, login_csrf=token)
+    response.set_cookie(config.login_cookie, token, httponly=True, samesite="lax", secure=config.secure_cookies)
+    return response
+
+
+@router.post("/login")
+def login(request: Request, config: Config, rt: Rt, form: Annotated[LoginForm, Depends(login_form)]) -> Response:
+    expected = request.cookies.get(config.login_cookie, "")
+    if not expected or not same(form.csrf, expected):
+        raise HTTPException(403, "the login form has no valid CSRF token: reload the page")
+    address = request.client.host if request.client else ""
+    wait = config.throttle.wait(form.name, address)
+    if wait:
+        minutes = -(-wait // 60)
+        error = f"Too many failed logins for this user or from this address: try again in {minutes} minute(s)."
+        response = render(request, "login.html", None, login_csrf=expected, error=error)
+        response.status_code, response.headers["Retry-After"] = 429, str(wait)
+        return response
+    user = Accounts(rt.store).login(form.name, form.password)
+    if user is None:
+        config.throttle.failed(form.name, address)
+        response = render(request, "login.html", None, login_csrf=expected, error="Wrong user or password.")
+        response.status_code = 401
+        return response
+    cookie = config.sessions.dumps({"user": user.name, "sid": secrets.token_urlsafe(16)})
+    redirect = RedirectResponse(f"{root(request.scope)}/", status_code=303)
+    redirect.set_cookie(
+        config.session_cookie,
+        cookie,
+        max_age=config.max_age,
+        httponly=True,
+        samesite="lax",
+        secure=config.secure_cookies,
+    )
+    redirect.delete_cookie(config.login_cookie, httponly=True, samesite="lax", secure=config.secure_cookies)
+    return redirect
+
+
+@router.post("/logout")
+def logout(request: Request, config: Config, _: FormSession) -> Response:
+    response = RedirectResponse(f"{root(request.scope)}/login", status_code=303)
+    response.delete_cookie(config.session_cookie, httponly=True, samesite="lax", secure=config.secure_cookies)
+    return response

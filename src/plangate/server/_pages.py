@@ -1,0 +1,273 @@
+"""The dashboard: pages rendered on the server, and the forms that decide, edit, run and recover plans.
+
+Every link and redirect carries the prefix the app is mounted under; the only script
+and style are static files (:data:`STATIC`), so the CSP needs nothing inline.
+"""
+
+from __future__ import annotations
+
+import difflib
+from importlib import resources
+from typing import Annotated, Any, Literal
+from urllib.parse import urlencode
+
+from fastapi import APIRouter, Query, Request
+from fastapi.responses import HTMLResponse, RedirectResponse, Response
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.exceptions import HTTPException
+
+from plangate.check import check
+from plangate.errors import PlanError
+from plangate.plan import Plan
+from plangate.runtime import Runtime
+from plangate.server import _actions, views
+from plangate.server._bodies import read_json
+from plangate.server._deps import Caller, Config, FormWriter, Reader, Rt, form_of
+from plangate.server._errors import root
+
+router = APIRouter(include_in_schema=False)
+STATIC = {"plangate.css": "text/css", "run.js": "text/javascript"}
+Days = Annotated[int, Query(ge=1, le=36_500)]
+
+
+def render(request: Request, name: str, caller: Caller | None, **context: Any) -> HTMLResponse:
+    templates = request.app.state.plangate.templates
+    user, csrf = (caller.user, caller.csrf) if caller else (None, "")
+    response: HTMLResponse = templates.TemplateResponse(
+        request, name, {"user": user, "csrf": csrf, "root": root(request.scope), **context}
+    )
+    return response
+
+
+def back(request: Request, path: str, **query: str) -> RedirectResponse:
+    """A redirect to ``path`` inside this app (after a form), with an optional message."""
+    suffix = f"?{urlencode(query)}" if query else ""
+    return RedirectResponse(f"{root(request.scope)}{path}{suffix}", status_code=303)
+
+
+@router.get("/static/{name}")
+def static(name: str) -> Response:
+    if name not in STATIC:
+        raise HTTPException(404, f"no static file {name[:80]!r}")
+    text = resources.files("plangate").joinpath("server", "static", name).read_bytes()
+    return Response(text, media_type=STATIC[name])
+
+
+# -- pages -----------------------------------------------------------------------------------
+def _listing(request: Request, rt: Runtime, caller: Caller, status: str | None, **context: str) -> HTMLResponse:
+    config = request.app.state.plangate
+    rows = views.queue(rt, config.catalogue, status, context["category"], context["risk"])
+    return render(request, "queue.html", caller, plans=rows, **context)
+
+
+@router.get("/", response_class=HTMLResponse)
+def queue(request: Request, rt: Rt, caller: Reader, category: str = "", risk: str = "") -> HTMLResponse:
+    return _listing(
+        request,
+        rt,
+        caller,
+        "pending_approval",
+        category=category,
+        risk=risk,
+        heading="Waiting for approval",
+        subtitle="Oldest first. Open a plan to review it.",
+    )
+
+
+@router.get("/plans", response_class=HTMLResponse)
+def all_plans(request: Request, rt: Rt, caller: Reader, category: str = "", risk: str = "") -> HTMLResponse:
+    return _listing(
+        request,
+        rt,
+        caller,
+        None,
+        category=category,
+        risk=risk,
+        heading="All plans",
+        subtitle="Every plan, oldest first.",
+    )
+
+
+@router.get("/plans/{plan_id}", response_class=HTMLResponse)
+def plan_page(
+    request: Request, plan_id: str, *, rt: Rt, caller: Reader, config: Config, flash: str = ""
+) -> HTMLResponse:
+    record, user = rt.get(plan_id), caller.user
+    return render(
+        request,
+        "plan.html",
+        caller,
+        record=record,
+        flash=flash,
+        steps=views.steps(record, config.catalogue),
+        touch=views.touch(record, config.catalogue),
+        graph=views.graph_svg(record),
+        can_decide=user.may_approve(record.category) and user.name != record.requested_by,
+        can_edit=not user.read_only,
+        can_execute=not user.read_only,
+    )
+
+
+@router.get("/plans/{plan_id}/edit", response_class=HTMLResponse)
+def edit_page(request: Request, plan_id: str, rt: Rt, caller: Reader) -> HTMLResponse:
+    record = rt.get(plan_id)
+    return render(request, "edit.html", caller, record=record, text=views.pretty(record), diff=None)
+
+
+@router.get("/plans/{plan_id}/run", response_class=HTMLResponse)
+def run_page(request: Request, plan_id: str, rt: Rt, caller: Reader) -> HTMLResponse:
+    record = rt.get(plan_id)
+    progress = views.progress(rt, record)
+    steps = (
+        [{"id": s.id, "tool": s.tool, **progress["steps"][str(s.id)]} for s in record.plan.steps] if record.plan else []
+    )
+    return render(request, "run.html", caller, record=record, steps=steps)
+
+
+@router.get("/plans/{plan_id}/trace", response_class=HTMLResponse)
+def trace_page(request: Request, plan_id: str, rt: Rt, caller: Reader) -> HTMLResponse:
+    from plangate.story import tell
+
+    record = rt.get(plan_id)
+    return render(
+        request,
+        "lines.html",
+        caller,
+        heading=f"Trace: {record.task}",
+        subtitle=f"Every event recorded under {record.id}, in order.",
+        lines=tell(rt.trace(record.id)),
+    )
+
+
+@router.get("/audit", response_class=HTMLResponse)
+def audit_page(request: Request, rt: Rt, caller: Reader) -> HTMLResponse:
+    from plangate import ledger
+    from plangate.story import tell
+
+    _actions.may_audit(caller.user)
+    report = ledger.verify(rt.store)
+    events = list(rt.store.events())[-200:]
+    lines = [f"{e.plan_id[:8] if e.plan_id else '-':8}  {line}" for e, line in zip(events, tell(events), strict=True)]
+    return render(request, "lines.html", caller, heading="Audit log", subtitle=str(report), lines=lines)
+
+
+@router.get("/register", response_class=HTMLResponse)
+def register_page(request: Request, rt: Rt, caller: Reader, days: Days = 90) -> HTMLResponse:
+    from plangate.register import Register, report
+
+    entries, rows = Register(rt.store).all(), report(rt.store, days=days)
+    return render(request, "register.html", caller, entries=entries, days=days, report=rows)
+
+
+# -- forms -----------------------------------------------------------------------------------
+class _Form(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+
+class DecisionForm(_Form):
+    plan_hash: str = ""
+    comment: str = ""
+
+
+class EditForm(_Form):
+    plan: str = ""
+    action: Literal["preview", "save"] = "preview"
+
+
+class SettleForm(_Form):
+    step: Annotated[int, Field(ge=-999_999, le=999_999)]
+    done: Literal["yes", "no", ""] = ""
+    output: str = ""
+    note: str = ""
+
+
+class CompensateForm(_Form):
+    reason: str = ""
+
+
+class RegisterForm(_Form):
+    category: str = ""
+    state: Literal["on", "off"] = "off"
+    reason: str = ""
+
+
+@router.post("/plans/{plan_id}/approve")
+def approve_form(
+    request: Request, plan_id: str, rt: Rt, caller: FormWriter, form: Annotated[DecisionForm, form_of(DecisionForm)]
+) -> Response:
+    user = caller.user
+    record = _actions.decide(rt, user, plan_id, form.plan_hash, form.comment or None, approve=True)
+    return back(request, f"/plans/{record.id}", flash=f"Approved by {user.name}")
+
+
+@router.post("/plans/{plan_id}/reject")
+def reject_form(
+    request: Request, plan_id: str, rt: Rt, caller: FormWriter, form: Annotated[DecisionForm, form_of(DecisionForm)]
+) -> Response:
+    user = caller.user
+    record = _actions.decide(rt, user, plan_id, form.plan_hash, form.comment, approve=False)
+    return back(request, f"/plans/{record.id}", flash=f"Rejected by {user.name}")
+
+
+@router.post("/plans/{plan_id}/edit", response_class=HTMLResponse)
+def edit_form(
+    request: Request,
+    plan_id: str,
+    *,
+    rt: Rt,
+    caller: FormWriter,
+    config: Config,
+    form: Annotated[EditForm, form_of(EditForm)],
+) -> Response:
+    record = rt.get(plan_id)
+    try:
+        new = Plan.parse(read_json(form.plan.encode(), what="the plan"))
+    except (HTTPException, PlanError) as exc:
+        error = exc.detail if isinstance(exc, HTTPException) else str(exc)
+        return render(request, "edit.html", caller, record=record, text=form.plan, diff=[], error=error, check=None)
+    if form.action == "save":
+        saved = rt.edit(record.id, new, editor=caller.user.name)
+        return back(request, f"/plans/{saved.id}", flash=f"Saved version {saved.version}")
+    old, edited = views.pretty(record).splitlines(), views.pretty_plan(new).splitlines()
+    diff = list(difflib.unified_diff(old, edited, f"version {record.version}", "edited", lineterm="", n=2))
+    result = check(new, config.catalogue, config.policy, user=record.requested_by, role=record.role)
+    return render(request, "edit.html", caller, record=record, text="\n".join(edited), diff=diff, check=result)
+
+
+@router.post("/plans/{plan_id}/execute")
+def execute_form(request: Request, plan_id: str, rt: Rt, caller: FormWriter) -> Response:
+    record = _actions.start(rt, rt.get(plan_id), caller.user)
+    return back(request, f"/plans/{record.id}/run")
+
+
+@router.post("/plans/{plan_id}/settle")
+def settle_form(
+    request: Request, plan_id: str, rt: Rt, caller: FormWriter, form: Annotated[SettleForm, form_of(SettleForm)]
+) -> Response:
+    observed = read_json(form.output.encode(), what="the output") if form.output.strip() else None
+    _actions.settle(rt, caller.user, plan_id, form.step, done=form.done == "yes", output=observed, note=form.note)
+    return back(request, f"/plans/{plan_id}/run")
+
+
+@router.post("/plans/{plan_id}/compensate")
+def compensate_form(
+    request: Request, plan_id: str, rt: Rt, caller: FormWriter, form: Annotated[CompensateForm, form_of(CompensateForm)]
+) -> Response:
+    result = _actions.compensate(rt, caller.user, plan_id, form.reason)
+    return back(request, f"/plans/{plan_id}", flash=str(result).splitlines()[0])
+
+
+@router.post("/plans/{plan_id}/resume")
+def resume_form(request: Request, plan_id: str, rt: Rt, caller: FormWriter) -> Response:
+    record = _actions.start(rt, _actions.halted(rt, plan_id), caller.user)
+    return back(request, f"/plans/{record.id}/run")
+
+
+@router.post("/register")
+def register_form(
+    request: Request, rt: Rt, caller: FormWriter, form: Annotated[RegisterForm, form_of(RegisterForm)]
+) -> Response:
+    from plangate.register import Register
+
+    Register(rt.store).set(form.category, form.state == "on", by=caller.user.name, reason=form.reason)
+    return back(request, "/register")

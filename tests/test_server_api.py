@@ -1,0 +1,153 @@
+"""The JSON API covers every command that records a decision or starts work, with the dashboard's rules."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from plangate import Catalogue, Policy
+from plangate.store import open_store
+from tests import serverkit
+from tests.helpers import died_during
+from tests.serverkit import api, browser, state
+
+MAIL = {
+    "task": "Tell the customer",
+    "category": "refunds",
+    "steps": [
+        {
+            "id": 1,
+            "tool": "send_email",
+            "params": {"to": "ada@example.com", "subject": "s", "body": "b"},
+            "rationale": "r",
+        }
+    ],
+}
+
+
+@pytest.fixture
+def setup(tmp_path: Path, catalogue: Catalogue, policy: Policy) -> dict[str, Any]:
+    return serverkit.setup(tmp_path, catalogue, policy)
+
+
+def halted(setup: dict[str, Any]) -> dict[str, Any]:
+    """A plan halted with step 1's outcome unknown: its process died during the email, which is not idempotent."""
+    plan: dict[str, Any] = api(setup, "alice").post("/api/plans", json=MAIL).json()
+    assert api(setup, "dave").post(f"/api/plans/{plan['id']}/approve", json={"hash": plan["hash"]}).status_code == 200
+    store = open_store(setup["db"])
+    died_during(store, plan["id"], 1)
+    store.close()
+    assert api(setup, "alice").post(f"/api/plans/{plan['id']}/execute").json()["status"] == "halted"
+    return plan
+
+
+def step_status(setup: dict[str, Any], plan_id: str, step: int) -> str:
+    store = open_store(setup["db"])
+    try:
+        return store.steps(plan_id)[step].status
+    finally:
+        store.close()
+
+
+def test_settle_then_resume(setup: dict[str, Any]) -> None:
+    plan = halted(setup)
+    url = f"/api/plans/{plan['id']}"
+    not_done = {"step": 1, "done": False, "note": "no email in the outbox"}
+    before = state(setup)
+    refusals = {
+        "alice": (403, "may not decide"),  # a requester
+        "erin": (403, "category 'refunds'"),  # an approver of another category
+        "audrey": (403, "auditor"),
+    }
+    for who, (status, message) in refusals.items():
+        reply = api(setup, who).post(f"{url}/settle", json=not_done)
+        assert reply.status_code == status and message in reply.json()["error"], (who, reply.text)
+    assert serverkit.TestClient(setup["app"]).post(f"{url}/settle", json=not_done).status_code == 401
+    unknown_step = api(setup, "dave").post(f"{url}/settle", json={**not_done, "step": 9})
+    assert unknown_step.status_code in (404, 409, 422) and "9" in unknown_step.json()["error"]
+    running_too_soon = api(setup, "audrey").post(f"{url}/resume")
+    assert running_too_soon.status_code == 403
+    assert state(setup) == before
+
+    settled = api(setup, "dave").post(f"{url}/settle", json=not_done)
+    assert settled.status_code == 200 and settled.json()["status"] == "halted"
+    assert step_status(setup, plan["id"], 1) == "failed"
+    resumed = api(setup, "alice").post(f"{url}/resume")
+    assert resumed.status_code == 200 and resumed.json()["status"] == "succeeded", resumed.text
+    again = api(setup, "alice").post(f"{url}/resume")
+    assert again.status_code == 409 and "only a halted plan resumes" in again.json()["error"]
+    kinds = [e["kind"] for e in api(setup, "audrey").get(f"{url}/trace").json()]
+    assert "step.settled" in kinds and kinds[-1] == "run.succeeded"
+
+
+def test_settle_as_done_with_the_output_seen(setup: dict[str, Any]) -> None:
+    plan = halted(setup)
+    url = f"/api/plans/{plan['id']}/settle"
+    done = api(setup, "carol").post(url, json={"step": 1, "done": True, "output": "sent", "note": "in the outbox"})
+    assert done.status_code == 200, done.text
+    assert step_status(setup, plan["id"], 1) == "succeeded"
+
+
+def test_compensate(setup: dict[str, Any]) -> None:
+    plan = halted(setup)
+    url = f"/api/plans/{plan['id']}/compensate"
+    before = state(setup)
+    assert api(setup, "alice").post(url, json={"reason": "cancelled"}).status_code == 403
+    assert api(setup, "audrey").post(url, json={"reason": "cancelled"}).status_code == 403
+    no_reason = api(setup, "dave").post(url, json={"reason": " "})
+    assert no_reason.status_code == 422 and "say why" in no_reason.json()["error"]
+    assert api(setup, "dave").post(url, json={}).status_code == 422
+    assert state(setup) == before
+    api(setup, "dave").post(f"/api/plans/{plan['id']}/settle", json={"step": 1, "done": False})
+    done = api(setup, "dave").post(url, json={"reason": "cancelled"})
+    assert done.status_code == 200 and done.json()["status"] == "compensated", done.text
+    assert done.json()["summary"].startswith("compensated")
+    again = api(setup, "dave").post(url, json={"reason": "twice"})
+    assert again.status_code == 409
+
+
+def test_a_plan_that_is_not_halted_is_neither_settled_resumed_nor_rolled_back(setup: dict[str, Any]) -> None:
+    plan = api(setup, "alice").post("/api/plans", json=MAIL).json()
+    before = state(setup)
+    url = f"/api/plans/{plan['id']}"
+    for action, body in (("settle", {"step": 1, "done": False}), ("compensate", {"reason": "r"}), ("resume", None)):
+        reply = api(setup, "carol").post(f"{url}/{action}", json=body)
+        assert reply.status_code == 409, (action, reply.text)
+    assert api(setup, "carol").post("/api/plans/no-such-plan/resume").status_code == 404
+    assert state(setup) == before
+
+
+def test_the_register(setup: dict[str, Any]) -> None:
+    change = {"category": "lookups", "state": "on", "reason": "6 months, no edits"}
+    before = state(setup)
+    assert api(setup, "dave").get("/api/register").json() == {"entries": [], "report": []}
+    refused = api(setup, "dave").post("/api/register", json=change)
+    assert refused.status_code == 409 and "only governance" in refused.json()["error"]
+    assert api(setup, "audrey").post("/api/register", json=change).status_code == 403
+    assert serverkit.TestClient(setup["app"]).post("/api/register", json=change).status_code == 401
+    session, _ = browser(setup, "gina")
+    assert session.post("/api/register", json=change).status_code == 403, "a session's JSON call needs its CSRF header"
+    assert state(setup) == before
+    done = api(setup, "gina").post("/api/register", json=change)
+    assert done.status_code == 200 and done.json()["auto"] is True and done.json()["changed_by"] == "gina"
+    entries = api(setup, "audrey").get("/api/register").json()["entries"]
+    assert [(e["category"], e["auto"], e["reason"]) for e in entries] == [("lookups", True, "6 months, no edits")]
+
+
+def test_the_register_report(setup: dict[str, Any]) -> None:
+    plan = api(setup, "alice").post("/api/plans", json=MAIL).json()
+    api(setup, "dave").post(f"/api/plans/{plan['id']}/approve", json={"hash": plan["hash"]})
+    report = api(setup, "alice").get("/api/register?days=30").json()["report"]
+    assert [(r["category"], r["plans"], r["approved"], r["approval_rate"]) for r in report] == [("refunds", 1, 1, 1.0)]
+
+
+def test_audit_verify_is_for_auditors_and_governance(setup: dict[str, Any]) -> None:
+    api(setup, "alice").post("/api/plans", json=MAIL)
+    for who in ("alice", "dave"):
+        reply = api(setup, who).get("/api/audit/verify")
+        assert reply.status_code == 403 and "auditors and governance" in reply.json()["error"]
+    for who in ("audrey", "gina"):
+        report = api(setup, who).get("/api/audit/verify").json()
+        assert report["ok"] is True and report["events"] >= 1 and report["summary"].startswith("audit log intact")
