@@ -84,10 +84,11 @@ def test_signatures() -> None:
     assert verify(SECRET, "soon", body, good, now=now) is not None
 
 
-def click(app: Any, record: Any, user: str, action: str, *, secret: str = SECRET) -> Any:
+def click(app: Any, record: Any, user: str, action: str, *, secret: str = SECRET, name: str = "") -> Any:
+    """A click on a button by the chat user with id ``user`` (whose changeable user name is ``name``)."""
     payload = {
         "type": "block_actions",
-        "user": {"id": "U1", "username": user, "name": user},
+        "user": {"id": user, "username": name or user, "name": name or user},
         "actions": [{"action_id": action, "value": f"{record.id}:{record.hash}", "type": "button"}],
     }
     body = urllib.parse.urlencode({"payload": json.dumps(payload)}).encode()
@@ -103,17 +104,24 @@ def click(app: Any, record: Any, user: str, action: str, *, secret: str = SECRET
 def test_the_buttons_approve_through_a_signed_callback(tmp_path: Path, catalogue: Catalogue, policy: Policy) -> None:
     db = f"sqlite:///{tmp_path}/cb.db"
     accounts = Accounts(open_store(db))
-    accounts.add("dave", "approver", categories=("refunds",))
-    accounts.add("alice", "requester")
+    accounts.add("dave", "approver", categories=("refunds",), slack_id="U0DAVE")
+    accounts.add("alice", "requester", slack_id="U0ALICE")
     app = create_app(catalogue, policy, db=db, secure_cookies=False, slack_signing_secret=SECRET)
     runtime = Runtime(catalogue, policy, db=db)
     record = runtime.submit(load_plan("refund"), "alice")
+    waiting = ("a person", "privacy-officer")
 
-    forged = click(app, record, "dave", "plangate_approve", secret="not the secret")
-    assert forged.status_code == 401 and runtime.get(record.id).needs == ("a person", "privacy-officer")
-    own = click(app, record, "alice", "plangate_approve")
+    forged = click(app, record, "U0DAVE", "plangate_approve", secret="not the secret")
+    assert forged.status_code == 401 and runtime.get(record.id).needs == waiting
+    renamed = click(app, record, "U0MALLORY", "plangate_approve", name="dave")  # a chat user who renamed themselves
+    assert renamed.status_code == 200 and "linked to no account" in renamed.json()["text"]
+    unknown = click(app, record, "U0DAVE", "plangate_approve_all")
+    assert unknown.status_code == 400 and "unknown action" in unknown.json()["error"]
+    assert click(app, record, "U0DAVE", "plangate_open").json() == {}, "the Review link decides nothing"
+    assert runtime.get(record.id).needs == waiting and runtime.get(record.id).status == "pending_approval"
+    own = click(app, record, "U0ALICE", "plangate_approve", name="dave")
     assert own.status_code == 200 and own.json()["text"].startswith("Refused")
-    done = click(app, record, "dave", "plangate_approve")
+    done = click(app, record, "U0DAVE", "plangate_approve", name="someone-else")
     assert done.status_code == 200 and "pending_approval" in done.json()["text"]
     assert runtime.get(record.id).needs == ("privacy-officer",)
     approval = runtime.store.approvals(record.id)[0]

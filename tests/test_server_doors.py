@@ -284,7 +284,10 @@ def test_a_signed_chat_payload_of_the_wrong_shape_is_a_400(setup: dict[str, Any]
 
 def test_a_chat_click_on_a_link_button_decides_nothing(setup: dict[str, Any]) -> None:
     before = state(setup)
-    payload = {"user": {"name": "dave"}, "actions": [{"action_id": "plangate_open", "url": "https://x"}]}
+    payload = {
+        "user": {"id": "U0DAVE", "name": "dave"},
+        "actions": [{"action_id": "plangate_open", "url": "https://x"}],
+    }
     body = urllib.parse.urlencode({"payload": json.dumps(payload)}).encode()
     reply = TestClient(setup["app"]).post("/slack/actions", content=body, headers=signed(body))
     assert reply.status_code == 200 and state(setup) == before

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from plangate.errors import InputError
 from plangate.plan import Plan
 from plangate.policy import Policy
 from plangate.store import PlanRow, PlanStatus, VersionRow
@@ -67,11 +68,41 @@ class PlanRecord:
             "task": self.task,
             "category": self.category,
             "requested_by": self.requested_by,
+            "role": self.role,
+            "kind": self.kind,
             "needs": list(self.needs),
             "violations": [v.to_dict() for v in self.violations],
             "policy": self.decision,
             "plan": json.loads(self.plan.canonical_json()) if self.plan else None,
+            "action": self.action,
         }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> PlanRecord:
+        """The record as :meth:`to_dict` gave it (the JSON API's reply), for a client to show as a local one.
+
+        The plan's hash is computed again here: a reply whose plan is not the one its hash
+        names is refused, so what a remote reviewer reads is what the hash they approve covers.
+        """
+        plan = Plan.parse(data["plan"]) if data.get("plan") else None
+        if plan is not None and plan.hash != data["hash"]:
+            raise InputError(f"the reply's plan {data['id']} does not match its hash {str(data['hash'])[:12]}…")
+        return cls(
+            id=data["id"],
+            version=data["version"],
+            hash=data["hash"],
+            status=data["status"],
+            task=data["task"],
+            category=data["category"],
+            requested_by=data["requested_by"],
+            role=data.get("role"),
+            plan=plan,
+            violations=tuple(Violation(**v) for v in data.get("violations", ())),
+            decision=data.get("policy"),
+            needs=tuple(data.get("needs", ())),
+            kind=data.get("kind", "plan"),
+            action=data.get("action"),
+        )
 
     def __str__(self) -> str:
         what = "ReAct run" if self.kind == "react" else "plan"

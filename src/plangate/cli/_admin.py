@@ -18,10 +18,21 @@ from plangate.tools import Catalogue
 @policy_option
 @db_option
 @click.option("--session-hours", default=8.0, show_default=True, help="How long a login lasts.")
+@click.option("--api-docs", is_flag=True, help="Serve the API's docs at /docs and /openapi.json (to logged-in users).")
 def serve_command(
-    *, host: str, port: int, tools_spec: str, policy_file: Path | None, db: str | None, session_hours: float
+    *,
+    host: str,
+    port: int,
+    tools_spec: str,
+    policy_file: Path | None,
+    db: str | None,
+    session_hours: float,
+    api_docs: bool,
 ) -> None:
-    """Serve the dashboard and the JSON API (OpenAPI docs at /docs).
+    """Serve the dashboard and the JSON API.
+
+    The session-signing secret comes from PLANGATE_SECRET_KEY or its key file
+    (~/.config/plangate/secret.key, made on first start, mode 0600), never the database.
 
     Chat notifications: set PLANGATE_SLACK_WEBHOOK (an incoming-webhook URL),
     PLANGATE_SLACK_SIGNING_SECRET (to accept the approve/reject buttons at /slack/actions)
@@ -38,7 +49,8 @@ def serve_command(
     policy = Policy.load(policy_file) if policy_file else None
     loopback = host in ("127.0.0.1", "localhost", "::1")
     webhook = os.environ.get("PLANGATE_SLACK_WEBHOOK")
-    base = os.environ.get("PLANGATE_BASE_URL") or f"http://{host}:{port}"
+    public = os.environ.get("PLANGATE_BASE_URL")
+    base = public or f"http://{host}:{port}"
     notify = SlackNotifier(webhook_url=webhook, base_url=base) if webhook else None
     app = create_app(
         catalogue,
@@ -48,9 +60,19 @@ def serve_command(
         secure_cookies=not loopback,
         notify=notify,
         slack_signing_secret=os.environ.get("PLANGATE_SLACK_SIGNING_SECRET"),
+        api_docs=api_docs,
+        origins=(_origin(public),) if public else (),
     )
-    click.echo(f"plangate serving on http://{host}:{port} (API docs at /docs)")
+    click.echo(f"plangate serving on http://{host}:{port}" + (" (API docs at /docs)" if api_docs else ""))
     uvicorn.run(app, host=host, port=port, log_level="warning")
+
+
+def _origin(url: str) -> str:
+    """The origin (scheme://host[:port]) of a public address that may carry a path."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    return f"{parts.scheme}://{parts.netloc}"
 
 
 @click.group("register")

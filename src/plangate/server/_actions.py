@@ -12,7 +12,8 @@ from starlette.exceptions import HTTPException
 from plangate.accounts import User
 from plangate.compensation import CompensationResult
 from plangate.engine import RunResult
-from plangate.errors import GovernanceError
+from plangate.errors import GovernanceError, NotPermittedError
+from plangate.identity import permit
 from plangate.policy import Policy
 from plangate.record import PlanRecord
 from plangate.runtime import Runtime
@@ -22,8 +23,18 @@ from plangate.tools import Catalogue
 
 def may_decide(user: User, record: PlanRecord) -> None:
     """Approving, rejecting, settling and rolling back are decisions: only for approvers of the plan's category."""
-    if not user.may_approve(record.category):
-        raise HTTPException(403, f"{user.name} ({user.role}) may not decide on plans of category {record.category!r}")
+    permit(user, "decide", record.category)
+
+
+def visible(rt: Runtime, user: User, plan_id: str) -> PlanRecord:
+    """The plan, if ``user`` may see it: requesters their own, approvers the categories they decide,
+    auditors and governance all. Its steps' outputs and its trace are shown only to them."""
+    record = rt.get(plan_id)
+    if not user.may_read(category=record.category, requested_by=record.requested_by):
+        raise NotPermittedError(
+            f"{user.name} ({user.role}) may not see plan {record.id} of category {record.category!r}"
+        )
+    return record
 
 
 def may_audit(user: User) -> None:
@@ -34,7 +45,7 @@ def may_audit(user: User) -> None:
 def decide(
     rt: Runtime, user: User, plan_id: str, plan_hash: str | None, comment: str | None, *, approve: bool
 ) -> PlanRecord:
-    record = rt.get(plan_id)
+    record = visible(rt, user, plan_id)
     may_decide(user, record)
     if approve:
         return rt.approve(record.id, user.name, plan_hash or "", comment=comment)
@@ -44,18 +55,18 @@ def decide(
 def settle(
     rt: Runtime, user: User, plan_id: str, step: int, *, done: bool, output: Any, note: str | None
 ) -> PlanRecord:
-    may_decide(user, rt.get(plan_id))
+    may_decide(user, visible(rt, user, plan_id))
     return rt.settle(plan_id, step, done=done, actor=user.name, output=output, note=note or None)
 
 
 def compensate(rt: Runtime, user: User, plan_id: str, reason: str) -> CompensationResult:
-    may_decide(user, rt.get(plan_id))
+    may_decide(user, visible(rt, user, plan_id))
     return rt.compensate(plan_id, actor=user.name, reason=reason)
 
 
-def halted(rt: Runtime, plan_id: str) -> PlanRecord:
+def halted(rt: Runtime, user: User, plan_id: str) -> PlanRecord:
     """The plan, if it is halted: only a halted plan is resumed by a person here."""
-    record = rt.get(plan_id)
+    record = visible(rt, user, plan_id)
     if record.status != "halted":
         raise GovernanceError(f"plan {record.id} is {record.status}; only a halted plan resumes here")
     return record
@@ -96,6 +107,8 @@ def run_result(result: RunResult) -> dict[str, Any]:
         "outputs": {str(k): v for k, v in result.outputs.items()},
         "failed_step": result.failed_step,
         "error": result.error,
+        "ok": result.ok,
+        "summary": str(result),
     }
 
 

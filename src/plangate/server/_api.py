@@ -72,13 +72,16 @@ def submit(rt: Rt, caller: Writer, plan: Annotated[PlanBody, json_of(PlanBody)])
 
 
 @router.get("/plans")
-def list_plans(rt: Rt, _: Reader, status: str | None = None) -> list[dict[str, Any]]:
-    return [dict(row.__dict__) for row in rt.list_plans(status)]
+def list_plans(rt: Rt, caller: Reader, status: str | None = None) -> list[dict[str, Any]]:
+    """The plans the caller may see, oldest first."""
+    user = caller.user
+    rows = rt.list_plans(status)
+    return [dict(r.__dict__) for r in rows if user.may_read(category=r.category, requested_by=r.requested_by)]
 
 
 @router.get("/plans/{plan_id}")
-def get(plan_id: str, rt: Rt, _: Reader) -> dict[str, Any]:
-    return rt.get(plan_id).to_dict()
+def get(plan_id: str, rt: Rt, caller: Reader) -> dict[str, Any]:
+    return _actions.visible(rt, caller.user, plan_id).to_dict()
 
 
 @router.post("/plans/{plan_id}/approve", openapi_extra=_documented(Approve))
@@ -93,19 +96,21 @@ def reject(plan_id: str, rt: Rt, caller: Writer, body: Annotated[Reject, json_of
 
 @router.post("/plans/{plan_id}/edit", openapi_extra=_documented(Edit))
 def edit(plan_id: str, rt: Rt, caller: Writer, body: Annotated[Edit, json_of(Edit)]) -> dict[str, Any]:
-    return rt.edit(plan_id, body.plan, editor=caller.user.name).to_dict()
+    record = _actions.visible(rt, caller.user, plan_id)
+    return rt.edit(record.id, body.plan, editor=caller.user.name).to_dict()
 
 
 @router.post("/plans/{plan_id}/execute")
 def execute(plan_id: str, rt: Rt, caller: Writer) -> dict[str, Any]:
     """Run an approved plan and wait for the result."""
-    return _actions.run_result(rt.execute(plan_id, actor=caller.user.name))
+    record = _actions.visible(rt, caller.user, plan_id)
+    return _actions.run_result(rt.execute(record.id, actor=caller.user.name))
 
 
 @router.post("/plans/{plan_id}/resume")
 def resume(plan_id: str, rt: Rt, caller: Writer) -> dict[str, Any]:
     """Carry on with a halted plan (what succeeded is kept) and wait for the result."""
-    record = _actions.halted(rt, plan_id)
+    record = _actions.halted(rt, caller.user, plan_id)
     return _actions.run_result(rt.resume(record.id, actor=caller.user.name))
 
 
@@ -125,13 +130,13 @@ def compensate(
 
 
 @router.get("/plans/{plan_id}/trace")
-def trace(plan_id: str, rt: Rt, _: Reader) -> list[dict[str, Any]]:
-    return [e.to_dict() for e in rt.trace(plan_id)]
+def trace(plan_id: str, rt: Rt, caller: Reader) -> list[dict[str, Any]]:
+    return [e.to_dict() for e in rt.trace(_actions.visible(rt, caller.user, plan_id).id)]
 
 
 @router.get("/plans/{plan_id}/progress")
-def progress(plan_id: str, rt: Rt, _: Reader) -> dict[str, Any]:
-    return views.progress(rt, rt.get(plan_id))
+def progress(plan_id: str, rt: Rt, caller: Reader) -> dict[str, Any]:
+    return views.progress(rt, _actions.visible(rt, caller.user, plan_id))
 
 
 @router.get("/register")

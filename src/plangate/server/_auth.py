@@ -57,13 +57,14 @@ def login(request: Request, config: Config, rt: Rt, form: Annotated[LoginForm, D
         response = render(request, "login.html", None, login_csrf=expected, error=error)
         response.status_code, response.headers["Retry-After"] = 429, str(wait)
         return response
-    user = Accounts(rt.store).login(form.name, form.password)
+    accounts = Accounts(rt.store, config.clock)
+    user = accounts.login(form.name, form.password)
     if user is None:
         config.throttle.failed(form.name, address)
         response = render(request, "login.html", None, login_csrf=expected, error="Wrong user or password.")
         response.status_code = 401
         return response
-    cookie = config.sessions.dumps({"user": user.name, "sid": secrets.token_urlsafe(16)})
+    cookie = config.sessions.dumps({"sid": accounts.open_session(user, hours=config.max_age / 3600)})
     redirect = RedirectResponse(f"{root(request.scope)}/", status_code=303)
     redirect.set_cookie(
         config.session_cookie,
@@ -78,7 +79,10 @@ def login(request: Request, config: Config, rt: Rt, form: Annotated[LoginForm, D
 
 
 @router.post("/logout")
-def logout(request: Request, config: Config, _: FormSession) -> Response:
+def logout(request: Request, config: Config, rt: Rt, caller: FormSession) -> Response:
+    """End the session on the server (a copy of the cookie is worth nothing after this), then forget it."""
+    if caller.session:
+        Accounts(rt.store, config.clock).end_session(caller.session)
     response = RedirectResponse(f"{root(request.scope)}/login", status_code=303)
     response.delete_cookie(config.session_cookie, httponly=True, samesite="lax", secure=config.secure_cookies)
     return response

@@ -27,6 +27,7 @@ from fastapi.templating import Jinja2Templates
 from itsdangerous import BadSignature, SignatureExpired, URLSafeTimedSerializer
 from starlette.exceptions import HTTPException
 
+from plangate._clock import Clock
 from plangate.accounts import Accounts, User
 from plangate.policy import Policy
 from plangate.record import PlanRecord
@@ -52,6 +53,7 @@ class Settings:
     secure_cookies: bool
     templates: Jinja2Templates
     throttle: LoginThrottle
+    clock: Clock
 
     @property
     def sessions(self) -> URLSafeTimedSerializer:
@@ -72,10 +74,11 @@ class Settings:
 
 @dataclass(frozen=True, kw_only=True)
 class Caller:
-    """Who is calling: the account, and the session's CSRF token ('' when they sent an API token)."""
+    """Who is calling: the account, the session's CSRF token and id ('' when they sent an API token)."""
 
     user: User
     csrf: str
+    session: str = ""
 
 
 def settings(request: Request) -> Settings:
@@ -100,8 +103,15 @@ Rt = Annotated[Runtime, Depends(runtime)]
 
 def identity(request: Request, rt: Rt, config: Config) -> Caller | None:
     header = request.headers.get("authorization", "")
+    """The caller: a live API token's account, or a live session's (signed cookie, record in the store).
+
+    A session is a record in the store, ended at logout, when its account is disabled or
+    its tokens revoked, and when it expires; the cookie only names it, signed with the
+    server's secret (outside the database), so a row written in the database names no one.
+    """
+    accounts = Accounts(rt.store, config.clock)
     if header[:7].lower() == "bearer ":
-        user = Accounts(rt.store).by_token(header[7:].strip())
+        user = accounts.by_token(header[7:].strip())
         return Caller(user=user, csrf="") if user else None
     cookie = request.cookies.get(config.session_cookie)
     if not cookie:
@@ -110,8 +120,9 @@ def identity(request: Request, rt: Rt, config: Config) -> Caller | None:
         data = config.sessions.loads(cookie, max_age=config.max_age)
     except (SignatureExpired, BadSignature):
         return None
-    user = Accounts(rt.store).get(data["user"])
-    return Caller(user=user, csrf=config.csrf_for(data["sid"])) if user else None
+    session = data.get("sid") if isinstance(data, dict) else None
+    user = accounts.session_user(session) if isinstance(session, str) else None
+    return Caller(user=user, csrf=config.csrf_for(session), session=session) if user and session else None
 
 
 def reader(caller: Annotated[Caller | None, Depends(identity)]) -> Caller:

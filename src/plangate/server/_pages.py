@@ -18,6 +18,7 @@ from starlette.exceptions import HTTPException
 
 from plangate.check import check
 from plangate.errors import PlanError
+from plangate.names import same_person
 from plangate.plan import Plan
 from plangate.runtime import Runtime
 from plangate.server import _actions, views
@@ -56,7 +57,7 @@ def static(name: str) -> Response:
 # -- pages -----------------------------------------------------------------------------------
 def _listing(request: Request, rt: Runtime, caller: Caller, status: str | None, **context: str) -> HTMLResponse:
     config = request.app.state.plangate
-    rows = views.queue(rt, config.catalogue, status, context["category"], context["risk"])
+    rows = views.queue(rt, config.catalogue, status, context["category"], context["risk"], reader=caller.user)
     return render(request, "queue.html", caller, plans=rows, **context)
 
 
@@ -92,7 +93,7 @@ def all_plans(request: Request, rt: Rt, caller: Reader, category: str = "", risk
 def plan_page(
     request: Request, plan_id: str, *, rt: Rt, caller: Reader, config: Config, flash: str = ""
 ) -> HTMLResponse:
-    record, user = rt.get(plan_id), caller.user
+    record, user = _actions.visible(rt, caller.user, plan_id), caller.user
     return render(
         request,
         "plan.html",
@@ -102,7 +103,7 @@ def plan_page(
         steps=views.steps(record, config.catalogue),
         touch=views.touch(record, config.catalogue),
         graph=views.graph_svg(record),
-        can_decide=user.may_approve(record.category) and user.name != record.requested_by,
+        can_decide=user.may_approve(record.category) and not same_person(user.name, record.requested_by),
         can_edit=not user.read_only,
         can_execute=not user.read_only,
     )
@@ -110,13 +111,13 @@ def plan_page(
 
 @router.get("/plans/{plan_id}/edit", response_class=HTMLResponse)
 def edit_page(request: Request, plan_id: str, rt: Rt, caller: Reader) -> HTMLResponse:
-    record = rt.get(plan_id)
+    record = _actions.visible(rt, caller.user, plan_id)
     return render(request, "edit.html", caller, record=record, text=views.pretty(record), diff=None)
 
 
 @router.get("/plans/{plan_id}/run", response_class=HTMLResponse)
 def run_page(request: Request, plan_id: str, rt: Rt, caller: Reader) -> HTMLResponse:
-    record = rt.get(plan_id)
+    record = _actions.visible(rt, caller.user, plan_id)
     progress = views.progress(rt, record)
     steps = (
         [{"id": s.id, "tool": s.tool, **progress["steps"][str(s.id)]} for s in record.plan.steps] if record.plan else []
@@ -128,7 +129,7 @@ def run_page(request: Request, plan_id: str, rt: Rt, caller: Reader) -> HTMLResp
 def trace_page(request: Request, plan_id: str, rt: Rt, caller: Reader) -> HTMLResponse:
     from plangate.story import tell
 
-    record = rt.get(plan_id)
+    record = _actions.visible(rt, caller.user, plan_id)
     return render(
         request,
         "lines.html",
@@ -219,7 +220,7 @@ def edit_form(
     config: Config,
     form: Annotated[EditForm, form_of(EditForm)],
 ) -> Response:
-    record = rt.get(plan_id)
+    record = _actions.visible(rt, caller.user, plan_id)
     try:
         new = Plan.parse(read_json(form.plan.encode(), what="the plan"))
     except (HTTPException, PlanError) as exc:
@@ -236,7 +237,7 @@ def edit_form(
 
 @router.post("/plans/{plan_id}/execute")
 def execute_form(request: Request, plan_id: str, rt: Rt, caller: FormWriter) -> Response:
-    record = _actions.start(rt, rt.get(plan_id), caller.user)
+    record = _actions.start(rt, _actions.visible(rt, caller.user, plan_id), caller.user)
     return back(request, f"/plans/{record.id}/run")
 
 
@@ -259,7 +260,7 @@ def compensate_form(
 
 @router.post("/plans/{plan_id}/resume")
 def resume_form(request: Request, plan_id: str, rt: Rt, caller: FormWriter) -> Response:
-    record = _actions.start(rt, _actions.halted(rt, plan_id), caller.user)
+    record = _actions.start(rt, _actions.halted(rt, caller.user, plan_id), caller.user)
     return back(request, f"/plans/{record.id}/run")
 
 

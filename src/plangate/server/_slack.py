@@ -3,6 +3,10 @@
 The signature covers the body, so the body is read first; :class:`BodyLimit` is what keeps
 an unsigned one small. The payload is then held to the shape of an interaction, and a
 payload of another shape is a 400, whoever signed it.
+
+The person is found by the chat user's immutable id (``user.id``), linked to an account
+with ``plangate users add NAME --slack-id U…``; the changeable display and user names
+are never used. A button plangate did not send (an unknown action id) is refused.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from plangate.server._deps import Config, Rt
 
 router = APIRouter(include_in_schema=False)
 _DECISIONS = ("plangate_approve", "plangate_reject")
+_LINKS = ("plangate_open",)  # the Review button opens the plan's page: nothing to decide
 
 
 class _Lax(BaseModel):
@@ -29,7 +34,8 @@ class _Lax(BaseModel):
 
 
 class SlackUser(_Lax):
-    name: str = Field(min_length=1)
+    id: str = Field(min_length=1, max_length=32)
+    name: str | None = None
     username: str | None = None
 
 
@@ -63,15 +69,17 @@ async def signed(request: Request, config: Config) -> Interaction:
 @router.post("/slack/actions")
 def slack_actions(interaction: Annotated[Interaction, Depends(signed)], rt: Rt) -> dict[str, Any]:
     action, person = interaction.actions[0], interaction.user
-    name = person.username or person.name
-    if action.action_id not in _DECISIONS:  # the Review button opens a link: nothing to decide
+    if action.action_id in _LINKS:
         return {}
+    if action.action_id not in _DECISIONS:
+        raise HTTPException(400, f"unknown action {action.action_id[:40]!r}: only plangate's own buttons decide")
     if action.value is None:
         raise HTTPException(400, "not an interaction payload: the button carries no plan_id:hash")
     plan_id, plan_hash = action.value.split(":", 1)
-    user = Accounts(rt.store).get(name)
+    user = Accounts(rt.store).by_slack_id(person.id)
     if user is None or user.read_only:
-        return {"response_type": "ephemeral", "text": f"{name} may not decide on plans here."}
+        text = f"chat user {person.id} is linked to no account that may decide (users add NAME --slack-id ID)"
+        return {"response_type": "ephemeral", "text": text}
     approve = action.action_id == "plangate_approve"
     try:
         record = _actions.decide(

@@ -24,15 +24,14 @@ from importlib import resources
 from fastapi import FastAPI
 from fastapi.templating import Jinja2Templates
 
-from plangate._clock import Clock
-from plangate.accounts import Accounts
+from plangate._clock import Clock, SystemClock
+from plangate._keys import SECRET_KEY
 from plangate.policy import Policy
 from plangate.record import PlanRecord
 from plangate.server import _api, _auth, _docs, _errors, _pages, _slack
 from plangate.server._deps import Settings
 from plangate.server._security import MAX_BODY, BodyLimit, SameOrigin, SecurityHeaders
 from plangate.server._throttle import LoginThrottle
-from plangate.store import open_store
 from plangate.tools import Catalogue
 
 __all__ = ["MAX_BODY", "create_app"]
@@ -55,7 +54,8 @@ def create_app(
 
     ``api_docs`` serves ``/docs``, ``/redoc`` and ``/openapi.json`` to logged-in callers.
     ``origins`` are more origins (``https://gov.example.com``) whose forms are accepted,
-    for a proxy that changes the ``Host`` header. ``clock`` is the login throttle's time.
+    for a proxy that changes the ``Host`` header. ``clock`` is the time of the login
+    throttle, sessions and token expiry.
     """
     app = FastAPI(
         title="plangate",
@@ -65,11 +65,7 @@ def create_app(
         redoc_url=None,
         openapi_url=None,
     )
-    first = open_store(db)
-    try:
-        secret = Accounts(first).secret()
-    finally:
-        first.close()
+    secret = SECRET_KEY.get()  # from PLANGATE_SECRET_KEY or its key file: never from the database
     app.state.plangate = Settings(
         catalogue=catalogue,
         policy=policy,
@@ -81,6 +77,7 @@ def create_app(
         secure_cookies=secure_cookies,
         templates=Jinja2Templates(directory=str(resources.files("plangate").joinpath("server", "templates"))),
         throttle=LoginThrottle(clock=clock),
+        clock=clock or SystemClock(),
     )
     for router in (_auth.router, _pages.router, _api.router, _slack.router):
         app.include_router(router)

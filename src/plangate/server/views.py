@@ -7,6 +7,7 @@ from collections import Counter
 from html import escape
 from typing import Any
 
+from plangate.accounts import User
 from plangate.graph import PlanGraph
 from plangate.plan import Plan
 from plangate.record import PlanRecord
@@ -21,10 +22,15 @@ def risk(plan: Plan | None, catalogue: Catalogue) -> str:
     return max(effects, key=lambda e: _RISK[e], default="read")
 
 
-def queue(rt: Runtime, catalogue: Catalogue, status: str | None, category: str, level: str) -> list[dict[str, Any]]:
+def queue(
+    rt: Runtime, catalogue: Catalogue, status: str | None, category: str, level: str, *, reader: User
+) -> list[dict[str, Any]]:
+    """The plans ``reader`` may see, with their risk, filtered by category and risk level."""
     rows = []
     for row in rt.list_plans(status, limit=500):
         if row.kind != "plan" or (category and row.category != category):
+            continue
+        if not reader.may_read(category=row.category, requested_by=row.requested_by):
             continue
         record = rt.get(row.id)
         rating = risk(record.plan, catalogue)
