@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -63,3 +71,30 @@ def state(setup: dict[str, Any]) -> tuple[Any, ...]:
         return (plans, approvals, len(list(store.events())), store.query("SELECT * FROM register"))
     finally:
         store.close()
+
+
+@contextlib.contextmanager
+def serving(folder: Path, env: dict[str, str], *options: str) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """A real ``plangate serve`` on a free loopback port, started with ``options``: its URL and its process."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    command = [sys.executable, "-m", "plangate", "serve", "--port", str(port), *options]
+    with (
+        (folder / "server.log").open("wb") as log,
+        subprocess.Popen(command, env={**os.environ, **env}, stdout=log, stderr=subprocess.STDOUT) as process,
+    ):
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                urllib.request.urlopen(f"{url}/login", timeout=1).read()
+                break
+            except OSError:
+                assert process.poll() is None and time.monotonic() < deadline, (folder / "server.log").read_text()
+                time.sleep(0.2)
+        try:
+            yield url, process
+        finally:
+            process.terminate()
+            process.wait(10)

@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
 import threading
-import time
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -22,6 +20,7 @@ from playwright.sync_api import Browser, Page, expect, sync_playwright
 
 from plangate.server._security import HEADERS
 from tests.conftest import EXAMPLES
+from tests.serverkit import serving
 
 CHROMIUM = "/usr/bin/chromium"
 FLAGS = [
@@ -95,37 +94,9 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]
         if name == "gina":  # after the first account, accounts change only with a governance token
             env["PLANGATE_TOKEN"] = plangate("login", "gina", "--password-stdin", "--print", env=env, stdin=PASSWORD)
     token = plangate("users", "token", "alice", env=env).strip()
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    command = [
-        sys.executable,
-        "-m",
-        "plangate",
-        "serve",
-        "--port",
-        str(port),
-        "--tools",
-        str(EXAMPLES / "business.py"),
-        "--policy",
-        str(EXAMPLES / "policy.yaml"),
-    ]
-    with (
-        (folder / "server.log").open("wb") as log,
-        subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT) as process,
-    ):
-        url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                urllib.request.urlopen(f"{url}/login", timeout=1).read()
-                break
-            except OSError:
-                assert process.poll() is None and time.monotonic() < deadline, (folder / "server.log").read_text()
-                time.sleep(0.2)
+    options = ("--tools", str(EXAMPLES / "business.py"), "--policy", str(EXAMPLES / "policy.yaml"))
+    with serving(folder, env, *options) as (url, _):
         yield {"url": url, "token": token}
-        process.terminate()
-        process.wait(10)
 
 
 @pytest.fixture(scope="module")

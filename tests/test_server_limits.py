@@ -4,11 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import http.client
-import os
-import socket
-import subprocess
-import sys
-import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,6 +13,7 @@ import pytest
 from plangate.accounts import Accounts
 from plangate.store import open_store
 from tests.conftest import EXAMPLES
+from tests.serverkit import serving
 
 MIB = 1 << 20
 CHUNK = b"[" * (64 * 1024)
@@ -35,26 +31,9 @@ def server(tmp_path: Path) -> Iterator[dict[str, object]]:
     accounts = Accounts(open_store(db))
     accounts.add("alice", "requester")
     token = accounts.issue_token("alice")
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    env = {**os.environ, "PLANGATE_DB": db, "PLANGATE_SLACK_SIGNING_SECRET": "a chat signing secret"}
-    command = [sys.executable, "-m", "plangate", "serve", "--port", str(port), "--tools", str(EXAMPLES / "business.py")]
-    with (
-        (tmp_path / "server.log").open("wb") as log,
-        subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT) as process,
-    ):
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{port}/login", timeout=1).read()
-                break
-            except OSError:
-                assert process.poll() is None and time.monotonic() < deadline, (tmp_path / "server.log").read_text()
-                time.sleep(0.2)
-        yield {"port": port, "pid": process.pid, "token": token}
-        process.terminate()
-        process.wait(10)
+    env = {"PLANGATE_DB": db, "PLANGATE_SLACK_SIGNING_SECRET": "a chat signing secret"}
+    with serving(tmp_path, env, "--tools", str(EXAMPLES / "business.py")) as (url, process):
+        yield {"port": int(url.rsplit(":", 1)[1]), "pid": process.pid, "token": token}
 
 
 def post_chunked(port: int, path: str, megabytes: int, headers: dict[str, str]) -> int | None:

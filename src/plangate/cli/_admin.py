@@ -6,7 +6,17 @@ from pathlib import Path
 
 import click
 
-from plangate.cli._common import acting, db_option, identity_options, open_runtime, policy_option, tools_option
+from plangate.cli import _remote
+from plangate.cli._common import (
+    acting,
+    db_option,
+    identity_options,
+    open_runtime,
+    policy_option,
+    token_option,
+    tools_option,
+)
+from plangate.cli._remote import server_option
 from plangate.policy import Policy
 from plangate.tools import Catalogue
 
@@ -86,15 +96,27 @@ def register_group() -> None:
 @identity_options
 @click.option("--reason", required=True, help="Why (recorded).")
 @db_option
+@server_option
 def register_set_command(
-    *, category: str, state: str, user: str | None, token: str | None, reason: str, db: str | None
+    *,
+    category: str,
+    state: str,
+    user: str | None,
+    token: str | None,
+    reason: str,
+    db: str | None,
+    server: str | None,
 ) -> None:
     """Turn automatic approval of CATEGORY on or off (never beyond what the policy allows); governance only."""
-    from plangate.register import Register
+    from plangate.register import Entry, Register
 
-    runtime = open_runtime(db)
-    person = acting(runtime, user, token, "register")
-    entry = Register(runtime.store, runtime.clock).set(category, state == "on", by=person, reason=reason)
+    if server:
+        body = {"category": category, "state": state, "reason": reason}
+        entry = Entry(**_remote.client(server, token).call("POST", "/register", body))
+    else:
+        runtime = open_runtime(db)
+        person = acting(runtime, user, token, "register")
+        entry = Register(runtime.store, runtime.clock).set(category, state == "on", by=person, reason=reason)
     click.echo(
         f"{entry.category}: automatic approval {'on' if entry.auto else 'off'} (by {entry.changed_by}: {entry.reason})"
     )
@@ -102,11 +124,16 @@ def register_set_command(
 
 @register_group.command("list")
 @db_option
-def register_list_command(*, db: str | None) -> None:
+@server_option
+@token_option
+def register_list_command(*, db: str | None, server: str | None, token: str | None) -> None:
     """Show the register."""
-    from plangate.register import Register
+    from plangate.register import Entry, Register
 
-    entries = Register(open_runtime(db).store).all()
+    if server:
+        entries = [Entry(**e) for e in _remote.client(server, token).call("GET", "/register")["entries"]]
+    else:
+        entries = Register(open_runtime(db).store).all()
     for e in entries:
         click.echo(f"{e.category:<16} {'on ' if e.auto else 'off'}  {e.changed_at[:16]}  {e.changed_by}: {e.reason}")
     if not entries:

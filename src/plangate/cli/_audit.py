@@ -8,8 +8,11 @@ import sys
 
 import click
 
-from plangate.cli._common import db_option, json_option, open_runtime
+from plangate.cli import _remote
+from plangate.cli._common import db_option, json_option, open_runtime, token_option
 from plangate.cli._errors import EXIT_VIOLATIONS
+from plangate.cli._remote import server_option
+from plangate.errors import UsageError
 
 
 @click.group("audit")
@@ -41,7 +44,11 @@ def _anchor(_ctx: click.Context, _param: click.Parameter, value: str | None) -> 
     "hold that event with that hash.",
 )
 @db_option
-def audit_verify_command(*, anchor: tuple[int, str] | None, db: str | None) -> None:
+@server_option
+@token_option
+def audit_verify_command(
+    *, anchor: tuple[int, str] | None, db: str | None, server: str | None, token: str | None
+) -> None:
     """Check the whole audit log and the tables against it: exit 0 if intact, 1 naming what does not fit.
 
     The chain first (the first event that does not fit), then every stored plan, version,
@@ -50,6 +57,12 @@ def audit_verify_command(*, anchor: tuple[int, str] | None, db: str | None) -> N
     """
     from plangate import ledger
 
+    if server:
+        if anchor is not None:
+            raise UsageError("--head is checked where the log is: run audit verify --head on the server's machine")
+        reply = _remote.client(server, token).call("GET", "/audit/verify")
+        click.echo(reply["summary"])
+        sys.exit(0 if reply["ok"] else EXIT_VIOLATIONS)
     runtime = open_runtime(db)
     try:
         report = ledger.verify(runtime.store, anchor)

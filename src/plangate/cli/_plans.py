@@ -5,10 +5,12 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import click
 
 from plangate.check import RULES, check
+from plangate.cli import _remote
 from plangate.cli._common import (
     acting,
     db_option,
@@ -19,9 +21,11 @@ from plangate.cli._common import (
     read_plan,
     show_record,
     summary,
+    token_option,
     tools_option,
 )
 from plangate.cli._errors import EXIT_VIOLATIONS
+from plangate.cli._remote import server_option
 from plangate.errors import UsageError
 from plangate.lifecycle import TRANSITIONS
 from plangate.plan import plan_json_schema
@@ -98,17 +102,25 @@ def rules_command() -> None:
 
 @click.command("submit")
 @click.argument("plan_file", metavar="PLAN.json", type=click.Path(dir_okay=False, path_type=Path))
-@tools_option
+@click.option(
+    "--tools",
+    "tools_spec",
+    envvar="PLANGATE_TOOLS",
+    metavar="MODULE",
+    help="Tools module: an import path (pkg.tools) or a .py file (not with --server). Env: PLANGATE_TOOLS.",
+)
 @policy_option
 @identity_options
 @click.option("--role", metavar="ROLE", help="The role you act in: only one the policy gives you (a claim is refused).")
 @db_option
+@server_option
 @json_option
 def submit_command(
     *,
     plan_file: Path,
-    tools_spec: str,
+    tools_spec: str | None,
     policy_file: Path | None,
+    server: str | None,
     user: str | None,
     token: str | None,
     role: str | None,
@@ -120,9 +132,14 @@ def submit_command(
     Exit 0 when it is waiting for approval or approved automatically, 1 when rejected.
     """
     plan = read_plan(plan_file)
-    runtime = open_runtime(db, tools_spec, policy_file)
-    requester = acting(runtime, user, token, "submit")
-    record = runtime.submit(plan, requested_by=requester, role=role)
+    if server:
+        record = _remote.submit(_remote.client(server, token), json.loads(plan.canonical_json()))
+    else:
+        if not tools_spec:
+            raise UsageError("give --tools (or PLANGATE_TOOLS): the module whose tools the plan calls")
+        runtime = open_runtime(db, tools_spec, policy_file)
+        requester = acting(runtime, user, token, "submit")
+        record = runtime.submit(plan, requested_by=requester, role=role)
     if as_json:
         click.echo(json.dumps(record.to_dict(), indent=2))
     else:
@@ -146,8 +163,10 @@ def submit_command(
 @click.option("--comment", help="Why you approve (recorded).")
 @click.option("--role", metavar="ROLE", help="The role you approve in, when the policy does not map you to one.")
 @db_option
+@server_option
 def approve_command(
     *,
+    server: str | None,
     plan_id: str,
     user: str | None,
     token: str | None,
@@ -157,17 +176,27 @@ def approve_command(
     db: str | None,
 ) -> None:
     """Approve plan ID. Your approval is bound to the exact version (its hash) you reviewed."""
+    if server:
+        api = _remote.client(server, token)
+        reviewed = _reviewed(_remote.record(api, plan_id), plan_hash)
+        click.echo(str(_remote.decide(api, plan_id, "approve", {"hash": reviewed, "comment": comment})))
+        return
     runtime = open_runtime(db)
     record = runtime.get(plan_id)
     approver = acting(runtime, user, token, "decide", category=record.category)
-    if plan_hash is None:
-        if not sys.stdin.isatty():
-            raise UsageError(f"give --hash with the hash you reviewed (current: {record.hash})")
-        show_record(record)
-        click.confirm(f"approve plan {record.id} v{record.version} ({record.hash[:12]})?", abort=True)
-        plan_hash = record.hash
-    record = runtime.approve(record.id, approver, plan_hash, comment=comment, role=role)
-    click.echo(str(record))
+    reviewed = _reviewed(record, plan_hash)
+    click.echo(str(runtime.approve(record.id, approver, reviewed, comment=comment, role=role)))
+
+
+def _reviewed(record: Any, plan_hash: str | None) -> str:
+    """The hash the approver reviewed: given, or confirmed at a terminal after seeing the plan."""
+    if plan_hash is not None:
+        return plan_hash
+    if not sys.stdin.isatty():
+        raise UsageError(f"give --hash with the hash you reviewed (current: {record.hash})")
+    show_record(record)
+    click.confirm(f"approve plan {record.id} v{record.version} ({record.hash[:12]})?", abort=True)
+    return str(record.hash)
 
 
 @click.command("reject")
@@ -176,10 +205,22 @@ def approve_command(
 @click.option("--comment", required=True, help="Why you reject it (required, recorded).")
 @click.option("--hash", "plan_hash", metavar="HASH", help="The hash of the version you reviewed.")
 @db_option
+@server_option
 def reject_command(
-    *, plan_id: str, user: str | None, token: str | None, comment: str, plan_hash: str | None, db: str | None
+    *,
+    plan_id: str,
+    user: str | None,
+    token: str | None,
+    comment: str,
+    plan_hash: str | None,
+    db: str | None,
+    server: str | None,
 ) -> None:
     """Reject plan ID, with a comment saying why."""
+    if server:
+        api = _remote.client(server, token)
+        click.echo(str(_remote.decide(api, plan_id, "reject", {"comment": comment, "hash": plan_hash})))
+        return
     runtime = open_runtime(db)
     record = runtime.get(plan_id)
     person = acting(runtime, user, token, "decide", category=record.category)
@@ -193,10 +234,12 @@ def reject_command(
     help="Only plans in this state.",
 )
 @db_option
+@server_option
+@token_option
 @json_option
-def list_command(*, status: str | None, db: str | None, as_json: bool) -> None:
-    """List plans, oldest first."""
-    rows = open_runtime(db).list_plans(status)
+def list_command(*, status: str | None, db: str | None, server: str | None, token: str | None, as_json: bool) -> None:
+    """List plans, oldest first (from a server: the plans you may see)."""
+    rows = _remote.rows(_remote.client(server, token), status) if server else open_runtime(db).list_plans(status)
     if as_json:
         click.echo(json.dumps([row.__dict__ for row in rows], indent=2))
         return
@@ -211,25 +254,32 @@ def list_command(*, status: str | None, db: str | None, as_json: bool) -> None:
 @click.command("show")
 @click.argument("plan_id", metavar="ID")
 @db_option
-def show_command(*, plan_id: str, db: str | None) -> None:
+@server_option
+@token_option
+def show_command(*, plan_id: str, db: str | None, server: str | None, token: str | None) -> None:
     """Show plan ID: its steps, why each is there, its status and what it still needs."""
-    show_record(open_runtime(db).get(plan_id))
+    show_record(_remote.record(_remote.client(server, token), plan_id) if server else open_runtime(db).get(plan_id))
 
 
 @click.command("trace")
 @click.argument("plan_id", metavar="ID")
 @db_option
+@server_option
+@token_option
 @json_option
-def trace_command(*, plan_id: str, db: str | None, as_json: bool) -> None:
+def trace_command(*, plan_id: str, db: str | None, server: str | None, token: str | None, as_json: bool) -> None:
     """Print plan ID's whole story from the audit log: check, policy, approvals, every step."""
     from plangate.story import tell
 
-    runtime = open_runtime(db)
-    events = runtime.trace(plan_id)
+    if server:
+        api = _remote.client(server, token)
+        record, events = _remote.record(api, plan_id), _remote.events(api, plan_id)
+    else:
+        runtime = open_runtime(db)
+        record, events = runtime.get(plan_id), runtime.trace(plan_id)
     if as_json:
         click.echo(json.dumps([e.to_dict() for e in events], indent=2, ensure_ascii=False))
         return
-    record = runtime.get(plan_id)
     click.echo(f"plan {record.id}: {record.task!r} ({record.category}), now {record.status}")
     for line in tell(events):
         click.echo(line)

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import click
 
+from plangate.cli import _remote
 from plangate.cli._common import (
     absolute,
     acting,
@@ -21,6 +22,7 @@ from plangate.cli._common import (
     with_tools,
 )
 from plangate.cli._errors import EXIT_HALTED
+from plangate.cli._remote import server_option
 from plangate.errors import UsageError
 from plangate.policy import Policy
 from plangate.tools import Catalogue
@@ -35,7 +37,15 @@ def _run_command(
     db: str | None,
     user: str | None,
     token: str | None,
+    server: str | None,
 ) -> None:
+    if server:
+        api = _remote.client(server, token)
+        record = _remote.record(api, plan_id)
+        click.echo(f"{method} plan {record.id} v{record.version}: {record.task} (on {api.url})")
+        ok, text = _remote.run(api, record.id, method)
+        click.echo(text)
+        sys.exit(0 if ok else EXIT_HALTED)
     runtime = open_runtime(db, policy_file=policy_file)
     record = with_tools(runtime, plan_id, tools_spec)
     runner = acting(runtime, user, token, "execute", default="engine")
@@ -57,8 +67,10 @@ def _run_command(
 )
 @token_option
 @db_option
+@server_option
 def execute_command(
     *,
+    server: str | None,
     plan_id: str,
     tools_spec: str | None,
     policy_file: Path | None,
@@ -73,7 +85,9 @@ def execute_command(
     audit log is refused. When the tools' contracts or the policy (--policy) changed since
     the plan was checked, it is checked again, and sent back for approval if it must be.
     """
-    _run_command("execute", plan_id, tools_spec=tools_spec, policy_file=policy_file, db=db, user=user, token=token)
+    _run_command(
+        "execute", plan_id, tools_spec=tools_spec, policy_file=policy_file, db=db, user=user, token=token, server=server
+    )
 
 
 @click.command("resume")
@@ -88,8 +102,10 @@ def execute_command(
 )
 @token_option
 @db_option
+@server_option
 def resume_command(
     *,
+    server: str | None,
     plan_id: str,
     tools_spec: str | None,
     policy_file: Path | None,
@@ -102,7 +118,9 @@ def resume_command(
     A step that started but has no recorded outcome is run again only if its tool is
     idempotent (with the same idempotency key); otherwise the run halts for a person.
     """
-    _run_command("resume", plan_id, tools_spec=tools_spec, policy_file=policy_file, db=db, user=user, token=token)
+    _run_command(
+        "resume", plan_id, tools_spec=tools_spec, policy_file=policy_file, db=db, user=user, token=token, server=server
+    )
 
 
 @click.command("settle")
@@ -114,6 +132,7 @@ def resume_command(
 @identity_options
 @recorded_tools_option
 @db_option
+@server_option
 def settle_command(
     *,
     plan_id: str,
@@ -125,17 +144,23 @@ def settle_command(
     token: str | None,
     tools_spec: str | None,
     db: str | None,
+    server: str | None,
 ) -> None:
     """Settle a step whose outcome is unknown: it happened (--done) or it did not (--not-done, safe to run again).
 
     Then `plangate resume ID` carries on.
     """
-    runtime = open_runtime(db)
-    record = with_tools(runtime, plan_id, tools_spec, required=False)
     try:
         output = json.loads(output_json) if output_json else None
     except json.JSONDecodeError as exc:
         raise UsageError(f"--output is not JSON: {exc}") from None
+    if server:
+        body = {"step": step, "done": done, "output": output, "note": note}
+        record = _remote.decide(_remote.client(server, token), plan_id, "settle", body)
+        click.echo(f"step {step} settled as {'done' if done else 'not done'}; now: plangate resume {record.id[:8]}")
+        return
+    runtime = open_runtime(db)
+    record = with_tools(runtime, plan_id, tools_spec, required=False)
     person = acting(runtime, user, token, "decide", category=record.category)
     record = runtime.settle(record.id, step, done=done, actor=person, output=output, note=note)
     click.echo(f"step {step} settled as {'done' if done else 'not done'}; now: plangate resume {record.id[:8]}")
@@ -147,10 +172,23 @@ def settle_command(
 @click.option("--reason", required=True, help="Why the plan is rolled back (recorded).")
 @recorded_tools_option
 @db_option
+@server_option
 def compensate_command(
-    *, plan_id: str, user: str | None, token: str | None, reason: str, tools_spec: str | None, db: str | None
+    *,
+    plan_id: str,
+    user: str | None,
+    token: str | None,
+    reason: str,
+    tools_spec: str | None,
+    db: str | None,
+    server: str | None,
 ) -> None:
     """Roll back halted plan ID: completed steps with a compensating tool are undone, last first."""
+    if server:
+        api = _remote.client(server, token)
+        reply = api.call("POST", api.plan_path(plan_id, "compensate"), {"reason": reason})
+        click.echo(reply["summary"])
+        sys.exit(0 if reply["status"] == "compensated" else EXIT_HALTED)
     runtime = open_runtime(db)
     record = with_tools(runtime, plan_id, tools_spec)
     person = acting(runtime, user, token, "decide", category=record.category)

@@ -12,7 +12,9 @@ from typing import Any
 
 import click
 
+from plangate.cli import _remote
 from plangate.cli._common import db_option, open_runtime, token_option
+from plangate.cli._remote import server_option
 from plangate.errors import UsageError
 
 _EXPIRES = click.option(
@@ -170,7 +172,10 @@ def users_revoke_command(*, name: str, token_id: str | None, token: str | None, 
 @_EXPIRES
 @click.option("--print", "print_only", is_flag=True, help="Print the token instead of keeping it.")
 @db_option
-def login_command(*, name: str, password_stdin: bool, expires: str, print_only: bool, db: str | None) -> None:
+@server_option
+def login_command(
+    *, name: str, password_stdin: bool, expires: str, print_only: bool, db: str | None, server: str | None
+) -> None:
     """Sign in as NAME with your password: get an API token for this command line.
 
     The token is kept in $XDG_CONFIG_HOME/plangate/token (mode 0600), where later commands
@@ -183,18 +188,23 @@ def login_command(*, name: str, password_stdin: bool, expires: str, print_only: 
     from plangate.errors import SignInRequiredError
 
     password = _password(password_stdin)
-    lifetime = duration(expires)
-    runtime = open_runtime(db)
-    accounts = Accounts(runtime.store, runtime.clock)
-    user = accounts.login(name, password or "")
-    if user is None:
-        raise SignInRequiredError(f"wrong user or password for {name!r} (or the account is disabled)")
-    token = accounts.issue_token(user.name, f"cli {platform.node()}"[:64], lifetime=lifetime, by=user)
+    lifetime, label = duration(expires), f"cli {platform.node()}"[:64]
+    if server:
+        body = {"name": name, "password": password or "", "label": label, "expires": expires}
+        reply = _remote.client(server, None).call("POST", "/tokens", body)
+        token, who, role = reply["token"], reply["user"], reply["role"]
+    else:
+        runtime = open_runtime(db)
+        accounts = Accounts(runtime.store, runtime.clock)
+        user = accounts.login(name, password or "")
+        if user is None:
+            raise SignInRequiredError(f"wrong user or password for {name!r} (or the account is disabled)")
+        token, who, role = accounts.issue_token(user.name, label, lifetime=lifetime, by=user), user.name, user.role
     if print_only:
         click.echo(token)
         return
     path = identity.save_token(token)
-    click.echo(f"signed in as {user.name} ({user.role}); token kept in {path}, expires in {expires}")
+    click.echo(f"signed in as {who} ({role}); token kept in {path}, expires in {expires}")
 
 
 @click.command("logout")

@@ -9,11 +9,13 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Query, Request
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 from plangate.server import _actions, views
-from plangate.server._deps import Reader, Rt, Writer, json_of
+from plangate.server._auth import check_password
+from plangate.server._bodies import read_json, validated
+from plangate.server._deps import Config, Reader, Rt, Writer, json_of
 
 router = APIRouter(prefix="/api")
 JSON = Any
@@ -55,6 +57,13 @@ class RegisterChange(_Body):
     category: str
     state: Literal["on", "off"]
     reason: str
+
+
+class TokenRequest(_Body):
+    name: str = Field(max_length=256)
+    password: str = Field(max_length=1024)
+    label: str = Field("api", min_length=1, max_length=64)
+    expires: str = Field("90d", description="how long the token lives: days or hours, such as 30d or 12h")
 
 
 PlanBody = dict[str, JSON]
@@ -137,6 +146,19 @@ def trace(plan_id: str, rt: Rt, caller: Reader) -> list[dict[str, Any]]:
 @router.get("/plans/{plan_id}/progress")
 def progress(plan_id: str, rt: Rt, caller: Reader) -> dict[str, Any]:
     return views.progress(rt, _actions.visible(rt, caller.user, plan_id))
+
+
+@router.post("/tokens", status_code=201, openapi_extra=_documented(TokenRequest))
+async def issue_token(request: Request, rt: Rt, config: Config) -> dict[str, Any]:
+    """Sign in with a name and password (throttled like the login form): a new API token, shown once."""
+    from plangate.accounts import Accounts, duration
+
+    body = validated(TokenRequest, read_json(await request.body()))
+    lifetime = duration(body.expires)
+    accounts = Accounts(rt.store, config.clock)
+    user = check_password(request, config, accounts, body.name, body.password)
+    token = accounts.issue_token(user.name, body.label, lifetime=lifetime, by=user)
+    return {"token": token, "user": user.name, "role": user.role, "expires_in": body.expires}
 
 
 @router.get("/register")

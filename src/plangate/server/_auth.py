@@ -16,9 +16,9 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from pydantic import BaseModel, ConfigDict
 from starlette.exceptions import HTTPException
 
-from plangate.accounts import Accounts
+from plangate.accounts import Accounts, User
 from plangate.server._bodies import read_form, validated
-from plangate.server._deps import Config, FormSession, Rt, same
+from plangate.server._deps import Config, FormSession, Rt, Settings, same
 from plangate.server._errors import root
 from plangate.server._pages import render
 
@@ -49,20 +49,13 @@ def login(request: Request, config: Config, rt: Rt, form: Annotated[LoginForm, D
     expected = request.cookies.get(config.login_cookie, "")
     if not expected or not same(form.csrf, expected):
         raise HTTPException(403, "the login form has no valid CSRF token: reload the page")
-    address = request.client.host if request.client else ""
-    wait = config.throttle.wait(form.name, address)
-    if wait:
-        minutes = -(-wait // 60)
-        error = f"Too many failed logins for this user or from this address: try again in {minutes} minute(s)."
-        response = render(request, "login.html", None, login_csrf=expected, error=error)
-        response.status_code, response.headers["Retry-After"] = 429, str(wait)
-        return response
     accounts = Accounts(rt.store, config.clock)
-    user = accounts.login(form.name, form.password)
-    if user is None:
-        config.throttle.failed(form.name, address)
-        response = render(request, "login.html", None, login_csrf=expected, error="Wrong user or password.")
-        response.status_code = 401
+    try:
+        user = check_password(request, config, accounts, form.name, form.password)
+    except HTTPException as exc:
+        response = render(request, "login.html", None, login_csrf=expected, error=exc.detail)
+        response.status_code = exc.status_code
+        response.headers.update(exc.headers or {})
         return response
     cookie = config.sessions.dumps({"sid": accounts.open_session(user, hours=config.max_age / 3600)})
     redirect = RedirectResponse(f"{root(request.scope)}/", status_code=303)
@@ -76,6 +69,25 @@ def login(request: Request, config: Config, rt: Rt, form: Annotated[LoginForm, D
     )
     redirect.delete_cookie(config.login_cookie, httponly=True, samesite="lax", secure=config.secure_cookies)
     return redirect
+
+
+def check_password(request: Request, config: Settings, accounts: Accounts, name: str, password: str) -> User:
+    """The account, if the password is right and the name and the client are not throttled.
+
+    Refused with 429 (and ``Retry-After``) after repeated failures, 401 for a wrong user or
+    password; the dashboard's login form and the API's token call both come through here.
+    """
+    address = request.client.host if request.client else ""
+    wait = config.throttle.wait(name, address)
+    if wait:
+        minutes = -(-wait // 60)
+        message = f"Too many failed logins for this user or from this address: try again in {minutes} minute(s)."
+        raise HTTPException(429, message, headers={"Retry-After": str(wait)})
+    user = accounts.login(name, password)
+    if user is None:
+        config.throttle.failed(name, address)
+        raise HTTPException(401, "Wrong user or password.")
+    return user
 
 
 @router.post("/logout")

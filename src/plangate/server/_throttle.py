@@ -14,6 +14,7 @@ import threading
 from collections import deque
 
 from plangate._clock import Clock, SystemClock
+from plangate.names import skeleton
 
 
 class LoginThrottle:
@@ -58,4 +59,4 @@ class LoginThrottle:
 
 
 def _keys(name: str, address: str) -> tuple[str, str]:
-    return f"name:{name.strip().casefold()}", f"address:{address}"
+    return f"name:{skeleton(name)}", f"address:{address}"  # one count for every spelling of one name
