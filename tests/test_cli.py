@@ -72,7 +72,7 @@ def test_json_output() -> None:
     ("content", "args", "message"),
     [
         (None, [], "cannot read"),
-        ('{"task": ', [], "not JSON: line 1 column 10"),
+        ('{"task": ', [], "not-json: line 1 column 10"),
         ('{"task": "t", "category": "c", "steps": [{"id": 1}]}', [], "not a valid plan:\n  steps[0].tool: required"),
         ("[]", [], "not a valid plan"),
         (

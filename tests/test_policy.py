@@ -242,7 +242,7 @@ def test_approval_decision(rules: str, category: str, steps: list[dict[str, Any]
         ("version: 1\nname: x\ndeny: [{name: a, pattern: x}, {name: a, pattern: y}]\n", "repeated: a"),
         ("version: 1\nname: x\napproval: {escalate: [explode]}\n", "approval.escalate[0]"),
         ("[1, 2]", "a policy is a mapping"),
-        ("version: 1\n  name: : x", "not valid YAML"),
+        ("version: 1\n  name: : x", "line 2 column 7: not-yaml: mapping values are not allowed here"),
     ],
 )
 def test_bad_policies_fail_clearly(text: str, message: str) -> None:

@@ -8,9 +8,8 @@ from fnmatch import fnmatchcase
 from importlib import resources
 from pathlib import Path
 
-import yaml
-
-from plangate.errors import UsageError
+from plangate import _input
+from plangate.errors import RefusedInputError, UsageError
 from plangate.models import Usage
 
 
@@ -38,12 +37,13 @@ class PriceTable:
         """The table at ``path``, or ``$PLANGATE_PRICES``, or the bundled one."""
         chosen = path or os.environ.get("PLANGATE_PRICES")
         try:
-            text = (
-                Path(chosen).read_text() if chosen else resources.files("plangate").joinpath("prices.yaml").read_text()
-            )
-            data = yaml.safe_load(text) or {}
-        except (OSError, yaml.YAMLError) as exc:
-            raise UsageError(f"cannot read the price table {str(chosen or 'prices.yaml')!r}: {exc}") from None
+            if chosen:
+                text = _input.read_text(chosen, what="price table", limit=_input.MAX_FILE_BYTES)
+            else:
+                text = resources.files("plangate").joinpath("prices.yaml").read_text(encoding="utf-8")
+            data = _input.load_yaml(text, what=f"price table {str(chosen or 'prices.yaml')!r}") or {}
+        except RefusedInputError as exc:
+            raise UsageError(str(exc)) from None
         if not isinstance(data, dict):
             raise UsageError("a price table maps model patterns to {input: USD, output: USD} per million tokens")
         entries = []

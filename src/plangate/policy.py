@@ -17,12 +17,11 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
-from plangate import references
+from plangate import _input, references
 from plangate._frozen import Frozen, cached
-from plangate.errors import PolicyError
+from plangate.errors import PolicyError, RefusedInputError
 from plangate.graph import PlanGraph
 from plangate.plan import Plan, Step, canonical
 from plangate.tools import Catalogue, Effect, Tool
@@ -233,12 +232,13 @@ class Policy(_Rules):
 
     @classmethod
     def from_yaml(cls, text: str, source: str = "policy") -> Policy:
+        """A policy from YAML text: no anchors, aliases or duplicate keys (see ``plangate._input``)."""
         if len(text) > MAX_POLICY_BYTES:
-            raise PolicyError(f"{source}: {len(text)} bytes is over the limit of {MAX_POLICY_BYTES}")
+            raise PolicyError(f"{source}: too-large: {len(text)} characters is over the limit of {MAX_POLICY_BYTES}")
         try:
-            data = yaml.safe_load(text)
-        except yaml.YAMLError as exc:
-            raise PolicyError(f"{source}: not valid YAML: {exc}") from None
+            data = _input.load_yaml(text, what=source)
+        except RefusedInputError as exc:
+            raise PolicyError(str(exc)) from None
         return cls.from_data(data, source)
 
     @classmethod
@@ -253,10 +253,11 @@ class Policy(_Rules):
 
     @classmethod
     def load(cls, path: str | Path) -> Policy:
+        """A policy from a YAML file: a regular file of at most 1 MiB, read without ever blocking."""
         try:
-            text = Path(path).read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            raise PolicyError(f"cannot read policy {str(path)!r}: {exc}") from None
+            text = _input.read_text(path, what="policy", limit=MAX_POLICY_BYTES)
+        except RefusedInputError as exc:
+            raise PolicyError(str(exc)) from None
         return cls.from_yaml(text, source=str(path))
 
     def canonical_json(self) -> str:
