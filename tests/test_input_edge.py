@@ -8,18 +8,23 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import threading
 import time
 from collections.abc import Iterator
+from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Any
 
 import pytest
 from click.testing import CliRunner
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from plangate import Catalogue, Plan, PlanError, Policy, PolicyError, RefusedInputError, check
+from plangate import Catalogue, Plan, PlanError, Policy, PolicyError, RefusedInputError, check, tool
 from plangate._input import check_text, check_value, load_yaml, loads_strict, read_bytes
+from plangate._patterns import Meter, Regex, glob, star_match
 from plangate.cli import main
 from plangate.compare import load_tasks
 from plangate.costs import PriceTable
@@ -325,3 +330,104 @@ def test_tasks_and_price_tables_refuse_aliases_too(tmp_path: Path) -> None:
     prices.write_text("gpt-*: {input: 1, output: 2}\ngpt-*: {input: 0, output: 0}\n")
     with pytest.raises(UsageError, match=r"^price table '.*prices.yaml': line 2: duplicate-key: "):
         PriceTable.load(prices)
+
+
+# -- a policy's patterns, against text the plan's author chooses --------------------------------
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.text("ab*?[]!-", max_size=8), st.text("ab*?[]!-\n", max_size=8))
+def test_globs_answer_as_fnmatch_does(pattern: str, text: str) -> None:
+    assert glob(pattern).match(text) == fnmatchcase(text, pattern)
+
+
+def test_a_hostile_glob_reads_each_piece_once() -> None:
+    value = "a" * 10_000
+    pattern = "*a" * 2_000 + "*b"
+    meter = Meter()
+    assert not glob(pattern).match(value, meter)
+    assert meter.steps <= 2_000  # one search per piece between two '*', never a second try
+    stars = "invoice:" + "*a" * 5_000
+    meter = Meter()
+    assert star_match(stars, "invoice:" + "a" * 10_000, meter) and meter.steps <= 5_000
+    meter = Meter()
+    assert not star_match(stars + "?", "invoice:" + "a" * 10_000 + "b", meter) and meter.steps <= 5_000
+
+
+def test_a_check_with_resources_full_of_stars_stays_fast() -> None:
+    @tool(effect="write", resource="row:{key}")
+    def put(key: str) -> str:
+        """Write a row."""
+        return key
+
+    steps = [
+        {"id": i, "tool": "put", "params": {"key": "a*" * 2_500 + "x" * i}, "rationale": "r"} for i in range(1, 41)
+    ]
+    policy = Policy.from_yaml(
+        "version: 1\nname: p\nsequences:\n  - {name: s, after: {resources: ['row:*b*a*']}, "
+        "forbid: {resources: ['row:*a*b*']}}\n"
+    )
+    start = time.perf_counter()
+    result = check({"task": "t", "category": "c", "steps": steps}, Catalogue([put]), policy)
+    assert [v.rule for v in result.violations].count("resource-conflict") == 40 * 39 // 2
+    assert time.perf_counter() - start < 5.0  # a safety net; the bound itself is the meter's, above
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.recursive(
+        st.sampled_from(["a", "b", ".", "[ab]", "[^a]", r"\d", r"\w", r"\s", r"\b", r"\B", "^", "$", r"\Z", "1", " "]),
+        lambda inner: st.one_of(
+            st.tuples(inner, inner).map("".join),
+            st.tuples(inner, inner).map(lambda p: f"(?:{p[0]}|{p[1]})"),
+            st.tuples(inner, st.sampled_from(["*", "+", "?", "{2}", "{1,3}", "{2,}", "*?"])).map(
+                lambda p: f"(?:{p[0]}){p[1]}"
+            ),
+            inner.map(lambda p: f"(?i:{p})"),
+        ),
+        max_leaves=6,
+    ),
+    st.lists(st.text("ab1 _\nAB", max_size=7), min_size=1, max_size=5),
+)
+def test_deny_patterns_answer_as_re_search_does(pattern: str, texts: list[str]) -> None:
+    regex, python = Regex(pattern), re.compile(pattern, re.DOTALL)  # '.' matches a line break, on purpose
+    for text in texts:
+        assert regex.search(text) == (python.search(text) is not None), (pattern, text)
+
+
+@pytest.mark.parametrize(
+    "pattern", [r"(a+)+$", r"a*a*a*a*a*a*x", r"(a|aa)*b", r"(.*)*x", r"(\w+\s?)*!$", r"(?i)(a|A)*y"]
+)
+def test_a_hostile_deny_pattern_reads_each_character_once(pattern: str) -> None:
+    regex = Regex(pattern)
+    value = "a" * 10_000 + "!"
+    meter = Meter()
+    regex.search(value, meter)
+    assert meter.steps <= (len(value) + 1) * (regex.size + 1)  # the bound, whatever the pattern and the text
+    assert meter.steps <= 3 * len(value)  # and in practice: each character once, states built once
+
+
+@pytest.mark.parametrize(
+    ("pattern", "message"),
+    [
+        (r"(a)\1", r"a back-reference at position 4 is not supported"),
+        (r"(?P<x>a)(?P=x)", r"a back-reference \(\?P=...\) at position 10 is not supported"),
+        (r"secret(?!s)", r"negative look-ahead \(\?!...\) at position 8 is not supported"),
+        (r"(?<=pass)word", r"look-behind .* at position 2 is not supported"),
+        (r"(?>a+)b", r"an atomic group \(\?>...\) at position 2 is not supported"),
+        (r"a++", r"a possessive quantifier at position 2 is not supported"),
+        (r"(?m)^drop", r"the MULTILINE flag \(m\) at position 2 is not supported"),
+        ("(a{100}){200}", r"the pattern needs more than 10000 states"),
+        ("(", r"not a valid regular expression: missing \)"),
+    ],
+)
+def test_a_pattern_only_backtracking_could_match_is_refused_at_load(pattern: str, message: str) -> None:
+    with pytest.raises(PolicyError, match=r"deny\[0\]\.pattern: .*" + message):
+        Policy.from_data({"version": 1, "name": "p", "deny": [{"name": "d", "pattern": pattern}]})
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text("ab*?[", max_size=8), st.text("ab*?[", max_size=8))
+def test_a_resource_pattern_has_only_one_wildcard(pattern: str, text: str) -> None:
+    only_stars = ".*".join(re.escape(part) for part in pattern.split("*"))
+    assert star_match(pattern, text) == (re.fullmatch(only_stars, text, re.DOTALL) is not None)

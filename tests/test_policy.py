@@ -264,3 +264,9 @@ def test_policy_rule_names_are_documented() -> None:
     doc = (EXAMPLES.parent / "docs" / "policy.md").read_text()
     for name in POLICY_RULES:
         assert f"`{name}`" in doc, name
+
+
+def test_a_deny_pattern_is_not_dodged_by_a_line_break() -> None:
+    rules = policy('deny:\n  - {name: no-drop, pattern: "(?i)drop.*table"}\n')
+    decision = rules.evaluate(plan({"id": 1, "tool": "sql", "params": {"query": "DROP\n  TABLE x"}}), CAT)
+    assert hits(decision) == [(1, "deny:no-drop")]

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from fnmatch import fnmatchcase
 from importlib import resources
 from pathlib import Path
 
 from plangate import _input
+from plangate._patterns import glob
 from plangate.errors import RefusedInputError, UsageError
 from plangate.models import Usage
 
@@ -54,7 +54,7 @@ class PriceTable:
         return cls(tuple(entries))
 
     def price(self, model: str) -> Price | None:
-        return next((price for pattern, price in self.entries if fnmatchcase(model, pattern)), None)
+        return next((price for pattern, price in self.entries if glob(pattern).match(model)), None)
 
     def cost(self, model: str, usage: Usage) -> float | None:
         """The cost in dollars, or ``None`` when the table has no price for the model."""

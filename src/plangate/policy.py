@@ -10,17 +10,17 @@ from __future__ import annotations
 import difflib
 import hashlib
 import re
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from fnmatch import fnmatchcase
-from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, model_validator
 
-from plangate import _input, references
+from plangate import _input
 from plangate._frozen import Frozen, cached
+from plangate._patterns import REMEMBERED, matches_any, star_match
+from plangate._valuerules import RULE_NAME, DenyRule, value_violations
 from plangate.errors import PolicyError, RefusedInputError
 from plangate.graph import PlanGraph
 from plangate.plan import Plan, Step, canonical
@@ -30,7 +30,6 @@ from plangate.violations import Violation
 
 POLICY_FORMAT = 1
 MAX_POLICY_BYTES = 1_048_576
-RULE_NAME = r"^[a-z0-9][a-z0-9_.-]{0,99}$"
 Approval = Literal["human", "auto"]
 
 POLICY_RULES: dict[str, str] = {
@@ -70,12 +69,12 @@ class StepMatch(_Rules):
         answer = self.answers.get(key)
         if answer is None:
             answer = self._matches(step, tool, resource)
-            if len(self.answers) < 4096:
+            if len(self.answers) < 4096 and (resource is None or len(resource) <= REMEMBERED):
                 self.answers[key] = answer
         return answer
 
     def _matches(self, step: Step, tool: Tool | None, resource: str | None) -> bool:
-        if self.tools is not None and not _matches(self.tools, step.tool):
+        if self.tools is not None and not matches_any(self.tools, step.tool):
             return False
         if tool is None:
             return (
@@ -87,7 +86,7 @@ class StepMatch(_Rules):
             return False
         if self.external is not None and tool.external != self.external:
             return False
-        return self.resources is None or (resource is not None and _matches(self.resources, resource))
+        return self.resources is None or (resource is not None and matches_any(self.resources, resource))
 
 
 class Role(_Rules):
@@ -99,28 +98,6 @@ class Role(_Rules):
 class Limits(_Rules):
     max_steps: int | None = Field(default=None, ge=1)
     max_external_calls: int | None = Field(default=None, ge=0)
-
-
-class DenyRule(_Rules):
-    name: str = Field(pattern=RULE_NAME)
-    pattern: str
-    message: str | None = None
-    tools: tuple[str, ...] = ("*",)
-    params: tuple[str, ...] = ("*",)
-    resources: tuple[str, ...] | None = None
-
-    @field_validator("pattern")
-    @classmethod
-    def _compiles(cls, value: str) -> str:
-        try:
-            re.compile(value)
-        except re.error as exc:
-            raise ValueError(f"not a valid regular expression: {exc}") from None
-        return value
-
-    @cached
-    def regex(self) -> re.Pattern[str]:
-        return re.compile(self.pattern)
 
 
 class SequenceRule(_Rules):
@@ -159,7 +136,7 @@ class Envelope(_Rules):
 
     def breach(self, tool: Tool) -> str | None:
         """Why a step using ``tool`` is outside this envelope, in words; None when it is inside."""
-        if self.tools is not None and not _matches(self.tools, tool.name):
+        if self.tools is not None and not matches_any(self.tools, tool.name):
             return f"may use only the tools {', '.join(self.tools)}; {tool.name!r} ({tool.effect}) is not one of them"
         limits, facts = [], []
         if self.effects is not None and tool.effect not in self.effects:
@@ -293,7 +270,7 @@ class Policy(_Rules):
         At check time a reference's value is unknown; the engine calls this with the
         values references brought in, so a denied pattern cannot slip in through them.
         """
-        return list(_denied(self.deny, step, params, tool.resource_for(params)))
+        return list(value_violations(self.deny, step, params, tool.resource_for(params)))
 
     def evaluate(
         self,
@@ -337,32 +314,26 @@ class PolicyDecision:
         }
 
 
-@lru_cache(maxsize=65536)
-def _matches(patterns: tuple[str, ...], value: str) -> bool:
-    """Whether ``value`` matches any of the shell-style ``patterns`` (answers are remembered)."""
-    return any(fnmatchcase(value, pattern) for pattern in patterns)
-
-
 _WILDCARDS = re.compile(r"\[[^\]]*\]|[*?]")
 """What a shell-style pattern can match freely: ``*``, ``?`` and ``[...]`` sets."""
 
 
 def _cleared(rules: ApprovalRules, category: str) -> bool:
     """Whether the approval rules let plans of ``category`` be approved automatically at all."""
-    if _matches(rules.human, category):
+    if matches_any(rules.human, category):
         return False
-    return rules.default == "auto" or _matches(rules.auto, category)
+    return rules.default == "auto" or matches_any(rules.auto, category)
 
 
 def _named(policy: Policy, category: str, tool: Tool) -> bool:
     """Whether the category's envelope names ``tool`` by more than a bare wildcard."""
     envelope = policy.category_envelope(category)
-    return envelope is not None and _matches(envelope.named_tools, tool.name)
+    return envelope is not None and matches_any(envelope.named_tools, tool.name)
 
 
 def _resources_clash(a: str, b: str) -> bool:
     """Equal, or equal once a part only known at run time (``*``) takes the other's value."""
-    return a == b or ("*" in a and fnmatchcase(b, a)) or ("*" in b and fnmatchcase(a, b))
+    return a == b or ("*" in a and star_match(a, b)) or ("*" in b and star_match(b, a))
 
 
 @dataclass
@@ -450,10 +421,10 @@ class _Evaluation:
     def _role_rules(self, name: str, tools: list[Tool | None]) -> None:
         role = self.policy.roles[name]
         for step, tool in zip(self.plan.steps, tools, strict=True):
-            if not _matches(role.tools, step.tool):
+            if not matches_any(role.tools, step.tool):
                 self._flag("tool-not-allowed", f"role {name!r} may not use tool {step.tool!r}", step.id)
             elif tool is not None:
-                missing = [s for s in tool.scopes if not _matches(role.scopes, s)]
+                missing = [s for s in tool.scopes if not matches_any(role.scopes, s)]
                 if missing:
                     self._flag(
                         "missing-scope",
@@ -463,7 +434,7 @@ class _Evaluation:
 
     def _deny(self, resources: list[str | None]) -> None:
         for step, resource in zip(self.plan.steps, resources, strict=True):
-            self.violations.extend(_denied(self.policy.deny, step, step.params, resource))
+            self.violations.extend(value_violations(self.policy.deny, step, step.params, resource))
 
     def _resource_conflicts(self, tools: list[Tool | None], resources: list[str | None]) -> None:
         writers = [
@@ -515,7 +486,7 @@ class _Evaluation:
         rules = self.policy.approval
         category = self.plan.category
         cleared = _cleared(rules, category)
-        if _matches(rules.human, category):
+        if matches_any(rules.human, category):
             self.reasons.append(f"category {category!r} always needs a person")
         elif not cleared:
             self.reasons.append(f"category {category!r} is not cleared for automatic approval")
@@ -544,29 +515,5 @@ class _Evaluation:
         )
 
 
-def _denied(
-    rules: Sequence[DenyRule], step: Step, params: Mapping[str, Any], resource: str | None
-) -> Iterator[Violation]:
-    for rule in rules:
-        if not _matches(rule.tools, step.tool):
-            continue
-        if rule.resources is not None and (resource is None or not _matches(rule.resources, resource)):
-            continue
-        for name, value in params.items():
-            if not _matches(rule.params, name):
-                continue
-            hit = next(((loc, text) for loc, text in references.walk(value, (name,)) if rule.regex.search(text)), None)
-            if hit is not None:
-                where = ".".join(str(part) for part in hit[0])
-                why = rule.message or f"matches the denied pattern {rule.pattern!r}"
-                message = f"param {where!r} {why} (value {_short(hit[1])})"
-                yield Violation(rule=f"deny:{rule.name}", message=message, step=step.id, source="policy")
-                break
-
-
 def _ids(ids: Sequence[int]) -> str:
     return ", ".join(str(i) for i in ids)
-
-
-def _short(text: str) -> str:
-    return repr(text) if len(text) <= 60 else repr(text[:57] + "...")
