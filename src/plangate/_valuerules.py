@@ -1,25 +1,29 @@
-"""The policy's rules on parameter values: ``deny`` (a deny-list).
+"""The policy's rules on parameter values: ``deny`` (a deny-list) and ``require`` (an allow-list).
 
 A ``deny`` rule refuses a value in which its regular expression finds a match (matched
-in linear time, see ``plangate._patterns``). It is held against a plan's own values when
-it is checked, and against the values references bring in, by the engine, just before
-each call.
+in linear time, see ``plangate._patterns``). A ``require`` rule refuses a value that
+fails its check; the one check so far is ``sql: read-only``, decided by SQLite's own
+parser (``plangate._sqlguard``). Both are held against a plan's own values when it is
+checked, and against the values references bring in, by the engine, just before each
+call; a ``require`` rule leaves a value that takes a reference to that second look.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
 from plangate import references
 from plangate._frozen import Frozen, cached
 from plangate._patterns import PatternError, Regex, matches_any
+from plangate._sqlguard import ReadOnlySQL
 from plangate.plan import Step
 from plangate.violations import Violation
 
 RULE_NAME = r"^[a-z0-9][a-z0-9_.-]{0,99}$"
+_READ_ONLY = "must be one read-only SQL statement"
 
 
 class ValueRule(Frozen):
@@ -58,13 +62,49 @@ class DenyRule(ValueRule):
         return Regex(self.pattern)
 
 
+class RequireRule(ValueRule):
+    sql: Literal["read-only"] = Field(
+        description="read-only: one statement that only reads, as SQLite's parser compiles it against `tables`."
+    )
+    tables: str = Field(
+        min_length=1, description="The CREATE TABLE (INDEX, VIEW) statements of the database the tool runs SQL on."
+    )
+
+    @field_validator("tables")
+    @classmethod
+    def _compiles(cls, value: str) -> str:
+        ReadOnlySQL(value)  # a ValueError says what is wrong with them, at load
+        return value
+
+    @cached
+    def checker(self) -> ReadOnlySQL:
+        return ReadOnlySQL(self.tables)
+
+    def problem(self, value: Any, *, resolved: bool) -> str | None:
+        """Why ``value`` fails this rule; None when it passes, or when it takes a reference not resolved yet."""
+        if not isinstance(value, str):
+            return "must be one SQL statement, as text"
+        if not resolved and references.has_refs(value):
+            return None  # checked once the engine has resolved it, before the call
+        return self.checker.problem(value)
+
+
 def value_violations(
-    deny: Sequence[DenyRule], step: Step, params: Mapping[str, Any], resource: str | None
+    deny: Sequence[DenyRule],
+    require: Sequence[RequireRule],
+    step: Step,
+    params: Mapping[str, Any],
+    resource: str | None,
+    *,
+    resolved: bool,
 ) -> Iterator[Violation]:
-    """Every deny rule the step's parameter values break."""
+    """Every deny and require rule the step's parameter values break (``resolved``: as about to be called)."""
     for denied in deny:
         if denied.applies(step, resource):
             yield from _denied(denied, step, params)
+    for required in require:
+        if required.applies(step, resource):
+            yield from _unmet(required, step, params, resolved=resolved)
 
 
 def _denied(rule: DenyRule, step: Step, params: Mapping[str, Any]) -> Iterator[Violation]:
@@ -76,6 +116,14 @@ def _denied(rule: DenyRule, step: Step, params: Mapping[str, Any]) -> Iterator[V
             message = f"param {where!r} {why} (value {_short(hit[1])})"
             yield Violation(rule=f"deny:{rule.name}", message=message, step=step.id, source="policy")
             return
+
+
+def _unmet(rule: RequireRule, step: Step, params: Mapping[str, Any], *, resolved: bool) -> Iterator[Violation]:
+    for name, value in rule.values(params):
+        why = rule.problem(value, resolved=resolved)
+        if why is not None:
+            text = f"param {name!r} {rule.message or _READ_ONLY}: {why} (value {_short(str(value))})"
+            yield Violation(rule=f"require:{rule.name}", message=text, step=step.id, source="policy")
 
 
 def _short(text: str) -> str:

@@ -286,6 +286,10 @@ def _limits(policy: Policy | None) -> str:
     if policy.limits.max_external_calls is not None:
         lines.append(f"- at most {policy.limits.max_external_calls} steps that call outside (external tools)")
     lines += [f"- never: {rule.message or rule.name} (parameters matching {rule.pattern!r})" for rule in policy.deny]
+    lines += [
+        f"- {', '.join(rule.params)} of {', '.join(rule.tools)}: one read-only SQL statement (a single SELECT)"
+        for rule in policy.require
+    ]
     return "\nThe policy's limits:\n" + "\n".join(lines) + "\n" if lines else ""
 
 

@@ -20,7 +20,7 @@ from pydantic import Field, ValidationError, model_validator
 from plangate import _input
 from plangate._frozen import Frozen, cached
 from plangate._patterns import REMEMBERED, matches_any, star_match
-from plangate._valuerules import RULE_NAME, DenyRule, value_violations
+from plangate._valuerules import RULE_NAME, DenyRule, RequireRule, value_violations
 from plangate.errors import PolicyError, RefusedInputError
 from plangate.graph import PlanGraph
 from plangate.plan import Plan, Step, canonical
@@ -40,6 +40,7 @@ POLICY_RULES: dict[str, str] = {
     "missing-scope": "the tool needs a scope the requester's role does not hold",
     "resource-conflict": "two steps write the same resource and neither depends on the other",
     "deny:NAME": "a parameter value matches the deny rule NAME's pattern",
+    "require:NAME": "a parameter value fails the require rule NAME's check (sql: read-only, decided by SQLite)",
     "sequence:NAME": "a step the sequence rule NAME forbids comes after (or uses) a step it names",
     "unknown-category": "the plan's category is not one the policy's categories define",
     "category-envelope": "the step's tool is outside what its category may do (tools, effects, external calls)",
@@ -184,6 +185,9 @@ class Policy(_Rules):
     users: dict[str, str] = Field(default_factory=dict, description="User name -> role.")
     default_role: str | None = None
     deny: list[DenyRule] = Field(default_factory=list)
+    require: list[RequireRule] = Field(
+        default_factory=list, description="Checks parameter values must pass: an allow-list where deny is a deny-list."
+    )
     sequences: list[SequenceRule] = Field(default_factory=list)
     resources: ResourceRules = Field(default_factory=ResourceRules)
     approval: ApprovalRules = Field(default_factory=ApprovalRules)
@@ -201,7 +205,7 @@ class Policy(_Rules):
                 raise ValueError(f"user {user!r} has role {role!r}, which is not under roles")
         if self.default_role is not None and self.default_role not in known:
             raise ValueError(f"default_role {self.default_role!r} is not under roles")
-        names = [r.name for r in self.deny] + [r.name for r in self.sequences]
+        names = [r.name for r in self.deny] + [r.name for r in self.require] + [r.name for r in self.sequences]
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
             raise ValueError(f"rule names must be unique; repeated: {', '.join(dupes)}")
@@ -265,12 +269,14 @@ class Policy(_Rules):
         return tool.effect == "read" or _named(self, category, tool)
 
     def call_violations(self, step: Step, tool: Tool, params: Mapping[str, Any]) -> list[Violation]:
-        """The deny rules held against a step's parameters as resolved just before the call.
+        """The deny and require rules held against a step's parameters as resolved just before the call.
 
         At check time a reference's value is unknown; the engine calls this with the
-        values references brought in, so a denied pattern cannot slip in through them.
+        values references brought in, so neither a denied pattern nor a statement that
+        writes can slip in through them.
         """
-        return list(value_violations(self.deny, step, params, tool.resource_for(params)))
+        resource = tool.resource_for(params)
+        return list(value_violations(self.deny, self.require, step, params, resource, resolved=True))
 
     def evaluate(
         self,
@@ -433,8 +439,11 @@ class _Evaluation:
                     )
 
     def _deny(self, resources: list[str | None]) -> None:
+        policy = self.policy
         for step, resource in zip(self.plan.steps, resources, strict=True):
-            self.violations.extend(value_violations(self.policy.deny, step, step.params, resource))
+            self.violations.extend(
+                value_violations(policy.deny, policy.require, step, step.params, resource, resolved=False)
+            )
 
     def _resource_conflicts(self, tools: list[Tool | None], resources: list[str | None]) -> None:
         writers = [
