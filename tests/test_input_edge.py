@@ -24,7 +24,8 @@ from hypothesis import strategies as st
 
 from plangate import Catalogue, Plan, PlanError, Policy, PolicyError, RefusedInputError, check, tool
 from plangate._input import check_text, check_value, load_yaml, loads_strict, read_bytes
-from plangate._patterns import Meter, Regex, glob, star_match
+from plangate._patterns import Meter, glob, star_match
+from plangate._regex import Regex
 from plangate.cli import main
 from plangate.compare import load_tasks
 from plangate.costs import PriceTable

@@ -1,7 +1,7 @@
 """The policy's rules on parameter values: ``deny`` (a deny-list) and ``require`` (an allow-list).
 
 A ``deny`` rule refuses a value in which its regular expression finds a match (matched
-in linear time, see ``plangate._patterns``). A ``require`` rule refuses a value that
+in linear time, see ``plangate._regex``). A ``require`` rule refuses a value that
 fails its check; the one check so far is ``sql: read-only``, decided by SQLite's own
 parser (``plangate._sqlguard``). Both are held against a plan's own values when it is
 checked, and against the values references bring in, by the engine, just before each
@@ -17,7 +17,8 @@ from pydantic import Field, field_validator
 
 from plangate import references
 from plangate._frozen import Frozen, cached
-from plangate._patterns import PatternError, Regex, matches_any
+from plangate._patterns import PatternError, matches_any
+from plangate._regex import Regex
 from plangate._sqlguard import ReadOnlySQL
 from plangate.plan import Step
 from plangate.violations import Violation
