@@ -52,7 +52,7 @@ run plangate approve "$NEXT" --as dave --hash "$NEXT_HASH"
 run plangate approve "$NEXT" --as carol --hash "$NEXT_HASH"
 run plangate execute "$NEXT"
 
-say "A plan the policy rejects: destructive SQL, a role without the right, two emails at once"
+say "A plan the policy rejects: SQL that writes, a role without the right, two emails at once"
 run plangate submit examples/plans/cleanup.json --tools "$TOOLS" --policy "$POLICY" --as alice
 
 say "A plan that halts mid-way: the refund is refused, so the email is never sent"

@@ -55,6 +55,35 @@ def test_refused_quickly(expression: str, message: str) -> None:
     assert time.perf_counter() - start < 1.0
 
 
+@pytest.mark.parametrize(
+    ("expression", "message"),
+    [
+        ("round(1, -10**300)", r"^round: ndigits -1000000\.\.\. \(301 digits\) is outside -300\.\.300$"),
+        ("round(1, -10**7)", r"^round: ndigits -10000000 is outside -300\.\.300$"),
+        ("round(2.5, 10**6)", r"^round: ndigits 1000000 is outside"),
+        ("(-1) ** 0.5", r"^the result is not a real number \(it is complex\)$"),
+        ("(-8) ** (1 / 3)", r"^the result is not a real number \(it is complex\)$"),
+        ("10**300 * 10**300", r"^the result is too large$"),
+        ("(10**300 - 1) * 10**300 * 10**300", r"^the result is too large$"),
+        ("(-1) ** 10**300", r"^the exponent 10000000\.\.\. \(301 digits\) is too large$"),
+        ("1e999 - 1e999", r"^the result is not a finite number$"),
+        ("1e300 / 1e-300", r"^the result is not a finite number$"),
+        ("round(1.5, 0.5)", r"^round: 'float' object cannot be interpreted as an integer$"),
+        ("max()", r"^max: max expected at least 1 argument, got 0$"),
+    ],
+)
+def test_every_operation_is_bounded_before_it_runs(expression: str, message: str) -> None:
+    with pytest.raises(CalculationError, match=message):
+        calculate(expression)
+
+
+def test_bounded_operations_still_answer() -> None:
+    assert calculate("round(123456, -3)") == 123000
+    assert calculate("round(1, -300)") == 0
+    assert calculate("10**150 * 10**150") == 1e300
+    assert calculate("(-8) ** 2") == 64
+
+
 def test_the_date_comes_from_the_run_context() -> None:
     ctx = RunContext(plan_id="p", step_id=1, now=datetime(2026, 2, 3, 23, 59, tzinfo=UTC))
     assert get_current_date(ctx) == "2026-02-03"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from pathlib import Path
 
 import pytest
 
@@ -20,14 +21,14 @@ from tests.conftest import load_plan
             [
                 (None, "max-external-calls"),
                 (1, "tool-not-allowed"),
-                (1, "deny:no-destructive-sql-in-production"),
+                (1, "require:read-only-sql-in-production"),
                 (3, "resource-conflict"),
             ],
         ),
         (
             "cleanup",
             "bob",
-            [(None, "max-external-calls"), (1, "deny:no-destructive-sql-in-production"), (3, "resource-conflict")],
+            [(None, "max-external-calls"), (1, "require:read-only-sql-in-production"), (3, "resource-conflict")],
         ),
         (
             "broken",
@@ -80,3 +81,38 @@ def test_the_business_tools_work_and_count_their_effects(catalogue: Catalogue) -
         )
     with pytest.raises(LookupError, match="no invoice '99'"):
         catalogue["get_invoice"](invoice_id="99")
+
+
+def sql_plan(query: str) -> dict[str, object]:
+    step = {"id": 1, "tool": "run_sql", "params": {"query": query}, "rationale": "Look at the invoices."}
+    return {"task": "Report on invoices", "category": "maintenance", "steps": [step]}
+
+
+@pytest.mark.parametrize(
+    ("query", "reported"),
+    [
+        ("UPDATE invoices SET total = 0 WHERE id = '42'", "SQLite reports UPDATE on invoices.total"),
+        ("REPLACE INTO invoices VALUES ('42', 'c-7', 0, 'EUR', 'paid')", "SQLite reports INSERT on invoices"),
+        ("ALTER TABLE invoices RENAME TO old_invoices", "SQLite reports ALTER TABLE on invoices"),
+        ("PRAGMA writable_schema = 1", "SQLite reports PRAGMA writable_schema 1"),
+        ("SELECT * FROM invoices; DELETE FROM invoices", "it is more than one statement"),
+        ("ATTACH DATABASE '/tmp/elsewhere.db' AS elsewhere", "SQLite reports ATTACH /tmp/elsewhere.db"),
+        ("VACUUM INTO '/tmp/copy.db'", "it is not a query: SQLite reports no SELECT"),
+        ("/* SELECT */ uPdAtE/**/invoices SET status = 'void'", "SQLite reports UPDATE on invoices.status"),
+        ("SELECT * FROM secrets", "SQLite cannot compile it: no such table: secrets"),
+    ],
+)
+def test_the_example_policy_lets_run_sql_only_read(
+    catalogue: Catalogue, policy: Policy, query: str, reported: str, example_db: Path
+) -> None:
+    result = check(sql_plan(query), catalogue, policy, user="bob")
+    assert [(v.step, v.rule) for v in result.violations] == [(1, "require:read-only-sql-in-production")]
+    message = result.violations[0].message
+    assert message.startswith("param 'query' may only read production data: ") and reported in message
+    assert not example_db.exists(), "the check never opens the business's database"
+
+
+def test_the_example_policy_lets_a_select_through(catalogue: Catalogue, policy: Policy) -> None:
+    query = "SELECT c.name, sum(i.total) FROM invoices i JOIN customers c ON c.id = i.customer_id GROUP BY c.name"
+    result = check(sql_plan(query), catalogue, policy, user="bob")
+    assert result.ok, result.violations

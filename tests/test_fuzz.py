@@ -52,7 +52,7 @@ json_values = st.recursive(
 
 def assert_well_formed(result: Any) -> None:
     for violation in result.violations:
-        assert violation.rule in KNOWN or violation.rule.split(":")[0] in ("deny", "sequence"), violation
+        assert violation.rule in KNOWN or violation.rule.split(":")[0] in ("deny", "require", "sequence"), violation
         assert violation.message
     assert result.ok == (not result.violations)
 

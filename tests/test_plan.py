@@ -83,11 +83,11 @@ def test_all_shape_errors_are_reported_at_once_with_step_ids(refund_plan: dict[s
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ("{", "not JSON: line 1 column 2"),
-        ('{"task": NaN}', "NaN is not a JSON number"),
-        ("[" * 100_000 + "]" * 100_000, "not JSON"),
-        (b"\xff\xfe", "not UTF-8"),
-        ("x" * (LIMITS.max_bytes + 1), "the limit is"),
+        ("{", "not-json: line 1 column 2"),
+        ('{"task": NaN}', "task: non-finite-number: NaN is not a JSON number"),
+        ("[" * 100_000 + "]" * 100_000, r"too-deep: nested deeper than 32 levels"),
+        (b"\xff\xfe", "not-utf8: not UTF-8 text"),
+        ("x" * (LIMITS.max_bytes + 1), "too-large: .* is over the limit of"),
     ],
 )
 def test_unreadable_text_gives_a_plain_error(text: str | bytes, message: str) -> None:

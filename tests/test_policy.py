@@ -242,7 +242,7 @@ def test_approval_decision(rules: str, category: str, steps: list[dict[str, Any]
         ("version: 1\nname: x\ndeny: [{name: a, pattern: x}, {name: a, pattern: y}]\n", "repeated: a"),
         ("version: 1\nname: x\napproval: {escalate: [explode]}\n", "approval.escalate[0]"),
         ("[1, 2]", "a policy is a mapping"),
-        ("version: 1\n  name: : x", "not valid YAML"),
+        ("version: 1\n  name: : x", "line 2 column 7: not-yaml: mapping values are not allowed here"),
     ],
 )
 def test_bad_policies_fail_clearly(text: str, message: str) -> None:
@@ -264,3 +264,67 @@ def test_policy_rule_names_are_documented() -> None:
     doc = (EXAMPLES.parent / "docs" / "policy.md").read_text()
     for name in POLICY_RULES:
         assert f"`{name}`" in doc, name
+
+
+READ_ONLY = """
+require:
+  - name: reads-only
+    tools: [sql]
+    params: [query]
+    sql: read-only
+    tables: "CREATE TABLE invoices (id TEXT PRIMARY KEY, total REAL);"
+"""
+
+
+def test_a_require_rule_checks_literal_values_now_and_referenced_ones_at_the_call() -> None:
+    rules = policy(READ_ONLY)
+    checked = rules.evaluate(
+        plan(
+            {"id": 1, "tool": "sql", "params": {"query": "SELECT total FROM invoices"}},
+            {"id": 2, "tool": "sql", "params": {"query": "DELETE FROM invoices"}},
+            {"id": 3, "tool": "sql", "params": {"query": "${1.0.total}"}},
+        ),
+        CAT,
+    )
+    assert [hit for hit in hits(checked) if hit[1] != "resource-conflict"] == [(2, "require:reads-only")]
+    assert checked.violations[0].message == (
+        "param 'query' must be one read-only SQL statement: it is not a read-only statement: "
+        "SQLite reports DELETE on invoices (value 'DELETE FROM invoices')"
+    )
+    step = plan({"id": 3, "tool": "sql", "params": {"query": "${1}"}}).steps[0]
+    resolved = rules.call_violations(step, CAT["sql"], {"query": "SELECT 1; DROP TABLE invoices"})
+    assert [(v.rule, v.message) for v in resolved] == [
+        (
+            "require:reads-only",
+            "param 'query' must be one read-only SQL statement: it is more than one statement "
+            "(value 'SELECT 1; DROP TABLE invoices')",
+        )
+    ]
+    looks_like_a_reference = rules.call_violations(step, CAT["sql"], {"query": "DELETE FROM invoices -- ${1}"})
+    assert [v.rule for v in looks_like_a_reference] == ["require:reads-only"], "resolved text is always checked"
+    assert rules.call_violations(step, CAT["sql"], {"query": 42}) != []
+
+
+@pytest.mark.parametrize(
+    ("tables", "message"),
+    [
+        ("CREATE TABLE t (x", "require.0.tables: Value error, cannot create the tables: incomplete input"),
+        ("ATTACH 'elsewhere.db' AS e;", "cannot create the tables: SQLite reports ATTACH elsewhere.db"),
+        ("CREATE TABLE t (x); VACUUM INTO 'copy.db';", "cannot create the tables: SQLite reports ATTACH copy.db"),
+        ("CREATE TABLE t (x); INSERT INTO t VALUES (1);", "tables may only hold CREATE TABLE, INDEX and VIEW"),
+        ("PRAGMA writable_schema = 1;", "cannot create the tables: SQLite reports PRAGMA writable_schema 1"),
+    ],
+)
+def test_a_require_rules_tables_are_checked_at_load(tables: str, message: str, tmp_path: Any, monkeypatch: Any) -> None:
+    monkeypatch.chdir(tmp_path)
+    data = {"version": 1, "name": "p", "require": [{"name": "r", "sql": "read-only", "tables": tables}]}
+    with pytest.raises(PolicyError) as error:
+        Policy.from_data(data)
+    assert message.split(": ", 1)[-1] in str(error.value) and "require[0].tables" in str(error.value)
+    assert list(tmp_path.iterdir()) == [], "loading a policy writes no file"
+
+
+def test_a_deny_pattern_is_not_dodged_by_a_line_break() -> None:
+    rules = policy('deny:\n  - {name: no-drop, pattern: "(?i)drop.*table"}\n')
+    decision = rules.evaluate(plan({"id": 1, "tool": "sql", "params": {"query": "DROP\n  TABLE x"}}), CAT)
+    assert hits(decision) == [(1, "deny:no-drop")]

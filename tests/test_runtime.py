@@ -232,6 +232,34 @@ def test_a_secret_brought_in_by_a_reference_is_refused_at_call_time(rt: Runtime)
     assert result.failed_step == 2 and "refused by the policy: step 2: deny:no-secret" in (result.error or "")
 
 
+def test_sql_brought_in_by_a_reference_is_refused_at_call_time(tmp_path: Path) -> None:
+    ran: list[str] = []
+
+    @tool(effect="write")
+    def query_db(query: str) -> str:
+        ran.append(query)
+        return "rows"
+
+    rules = Policy.from_yaml(
+        "version: 1\nname: sql\nrequire:\n"
+        "  - {name: reads-only, tools: [query_db], sql: read-only, tables: 'CREATE TABLE t (x);'}\n"
+    )
+    rt = Runtime(Catalogue([text, query_db]), rules, db=f"sqlite:///{tmp_path}/plangate.db", clock=FixedClock())
+    record = rt.submit(
+        plan(
+            {"id": 1, "tool": "text", "params": {"x": "SELECT x FROM t; DELETE FROM t"}},
+            {"id": 2, "tool": "query_db", "params": {"query": "${1}"}},
+        ),
+        "ann",
+    )
+    assert record.violations == ()
+    rt.approve(record.id, "ben", record.hash)
+    result = rt.execute(record.id)
+    assert result.failed_step == 2 and ran == []
+    assert "refused by the policy: step 2: require:reads-only: param 'query' " in (result.error or "")
+    assert "it is more than one statement" in (result.error or "")
+
+
 @pytest.mark.parametrize(
     ("step", "error"),
     [

@@ -18,11 +18,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
-
+from plangate import _input
 from plangate._clock import Clock, SystemClock
 from plangate.costs import PriceTable
-from plangate.errors import UsageError
+from plangate.errors import RefusedInputError, UsageError
 from plangate.models import Model
 from plangate.planner import Planner, PlanningError
 from plangate.policy import Policy
@@ -73,9 +72,10 @@ class Row:
 
 def load_tasks(path: str | Path) -> list[Task]:
     try:
-        data = yaml.safe_load(Path(path).read_text())
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
-        raise UsageError(f"cannot read tasks {str(path)!r}: {exc}") from None
+        text = _input.read_text(path, what="tasks", limit=_input.MAX_FILE_BYTES)
+        data = _input.load_yaml(text, what=f"tasks {str(path)!r}")
+    except RefusedInputError as exc:
+        raise UsageError(str(exc)) from None
     if not isinstance(data, dict) or not isinstance(data.get("tasks"), list):
         raise UsageError(f"{path}: write 'tasks:' with a list of {{question, expect}} or {{question, check}}")
     tasks = []

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from fnmatch import fnmatchcase
 from importlib import resources
 from pathlib import Path
 
-import yaml
-
-from plangate.errors import UsageError
+from plangate import _input
+from plangate._patterns import glob
+from plangate.errors import RefusedInputError, UsageError
 from plangate.models import Usage
 
 
@@ -38,12 +37,13 @@ class PriceTable:
         """The table at ``path``, or ``$PLANGATE_PRICES``, or the bundled one."""
         chosen = path or os.environ.get("PLANGATE_PRICES")
         try:
-            text = (
-                Path(chosen).read_text() if chosen else resources.files("plangate").joinpath("prices.yaml").read_text()
-            )
-            data = yaml.safe_load(text) or {}
-        except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
-            raise UsageError(f"cannot read the price table {str(chosen or 'prices.yaml')!r}: {exc}") from None
+            if chosen:
+                text = _input.read_text(chosen, what="price table", limit=_input.MAX_FILE_BYTES)
+            else:
+                text = resources.files("plangate").joinpath("prices.yaml").read_text(encoding="utf-8")
+            data = _input.load_yaml(text, what=f"price table {str(chosen or 'prices.yaml')!r}") or {}
+        except RefusedInputError as exc:
+            raise UsageError(str(exc)) from None
         if not isinstance(data, dict):
             raise UsageError("a price table maps model patterns to {input: USD, output: USD} per million tokens")
         entries = []
@@ -54,7 +54,7 @@ class PriceTable:
         return cls(tuple(entries))
 
     def price(self, model: str) -> Price | None:
-        return next((price for pattern, price in self.entries if fnmatchcase(model, pattern)), None)
+        return next((price for pattern, price in self.entries if glob(pattern).match(model)), None)
 
     def cost(self, model: str, usage: Usage) -> float | None:
         """The cost in dollars, or ``None`` when the table has no price for the model."""

@@ -8,6 +8,7 @@ Three families, so callers can tell a mistake from a failure from a signal::
     │   ├── CatalogueError         a catalogue that cannot be built or loaded
     │   └── PolicyError            a policy file that cannot be read or is malformed
     ├── InputError                 untrusted input that is rejected (nothing was done)
+    │   ├── RefusedInputError      refused at the edge: a FIFO, a duplicate key, a bidi control...
     │   ├── PlanError              a plan that is not JSON or not of the plan's shape
     │   ├── ParamsError            tool parameters that do not fit the tool's schema
     │   ├── ReferenceError_        a ``${N.path}`` reference that cannot be resolved
@@ -56,6 +57,21 @@ class PolicyError(UsageError):
 
 class InputError(PlangateError):
     """Untrusted input was rejected before anything happened."""
+
+
+class RefusedInputError(InputError):
+    """Input refused at the edge, before it was parsed into anything (see ``plangate._input``).
+
+    ``rule`` names the rule it broke (``not-a-regular-file``, ``duplicate-key``,
+    ``bidi-control``...), ``location`` says where (a JSON path such as
+    ``steps[2].params.note``, or a line), and the message says both, and why.
+    """
+
+    def __init__(self, message: str, *, rule: str, location: str = "", detail: str = "") -> None:
+        self.rule = rule
+        self.location = location
+        self.detail = detail or message
+        super().__init__(message)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -10,16 +10,18 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal, NamedTuple
 
 from pydantic import ConfigDict, Field, JsonValue, ValidationError, model_validator
 
-from plangate import expr, references
+from plangate import _input, expr, references
 from plangate._frozen import Frozen, cached
 from plangate._jsontypes import JSON_TYPES
-from plangate.errors import ConditionError, PlanError, Problem, RefError
+from plangate.errors import ConditionError, PlanError, Problem, RefError, RefusedInputError
 from plangate.tools._tool import NAME, problems
 
 SCHEMA_VERSION = 1
@@ -148,18 +150,38 @@ class Plan(Frozen):
     @model_validator(mode="before")
     @classmethod
     def _within_limits(cls, data: Any) -> Any:
-        _check_size(data)
+        try:
+            _input.check_value(data, what="plan", max_depth=LIMITS.max_depth, max_string=LIMITS.max_string)
+        except RefusedInputError as exc:
+            raise _refused(exc, data) from None
         return data
 
     @classmethod
     def parse(cls, data: str | bytes | Mapping[str, Any]) -> Plan:
-        """A plan from JSON text or decoded JSON; raises :class:`PlanError` listing every problem."""
+        """A plan from JSON text or decoded JSON; raises :class:`PlanError` listing every problem.
+
+        Text is decoded strictly (``plangate._input``: no duplicate keys, no NaN, bounded
+        nesting...), and decoded values are held to the same rules, so a plan given as a
+        dict cannot carry what a plan given as text could not.
+        """
         if isinstance(data, str | bytes):
-            data = loads(data)
+            data = _decode(data)  # the limits are checked as it is validated, below
         try:
             return cls.model_validate(data)
         except ValidationError as exc:
             raise PlanError("not a valid plan:", _plan_problems(data, exc)) from None
+
+    @classmethod
+    def load(cls, path: str | Path) -> Plan:
+        """A plan from a JSON file: a regular file within the size limit, read without ever blocking."""
+        try:
+            text = _input.read_bytes(path, what="plan", limit=LIMITS.max_bytes)
+        except RefusedInputError as exc:
+            raise PlanError(str(exc)) from None
+        try:
+            return cls.parse(text)
+        except PlanError as exc:
+            raise PlanError(f"{path}: {exc.summary}", list(exc.problems)) from None
 
     def canonical_json(self) -> str:
         """Keys sorted, no white space, UTF-8 text, every default filled in."""
@@ -188,67 +210,50 @@ def plan_json_schema() -> dict[str, Any]:
 
 
 def loads(text: str | bytes) -> Any:
-    """Decode JSON text within the plan limits; raises :class:`PlanError` in plain words."""
-    if len(text) > LIMITS.max_bytes:
-        raise PlanError(f"the plan is {len(text)} bytes; the limit is {LIMITS.max_bytes}")
+    """Decode a plan's JSON text strictly and within the plan limits; raises :class:`PlanError`."""
+    data = _decode(text)
     try:
-        if isinstance(text, bytes):
-            text = text.decode("utf-8")
-        return json.loads(text, parse_constant=_reject_constant)
-    except json.JSONDecodeError as exc:
-        raise PlanError(f"not JSON: line {exc.lineno} column {exc.colno}: {exc.msg}") from None
-    except UnicodeDecodeError as exc:
-        raise PlanError(f"not UTF-8 text: {exc.reason} at byte {exc.start}") from None
-    except (RecursionError, ValueError) as exc:
-        raise PlanError(f"not JSON: {exc}") from None
+        _input.check_value(data, what="plan", max_depth=LIMITS.max_depth, max_string=LIMITS.max_string)
+    except RefusedInputError as exc:
+        raise _refused(exc, data) from None
+    return data
 
 
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not a JSON number")
+def _decode(text: str | bytes) -> Any:
+    try:
+        return _input.decode_json(text, what="plan", limit=LIMITS.max_bytes, max_depth=LIMITS.max_depth)
+    except RefusedInputError as exc:
+        raise _refused(exc) from None
 
 
-def _check_size(value: Any, depth: int = 0) -> None:
-    """Enforce the depth and string-length limits.
-
-    Recursion stops at ``max_depth`` levels, so even input nested a million deep cannot
-    exhaust the stack.
-    """
-    if isinstance(value, str):
-        _check_string(value)
-        return
-    if not isinstance(value, dict | list | tuple):
-        return
-    if depth >= LIMITS.max_depth:
-        raise PlanError(f"the plan is nested deeper than {LIMITS.max_depth} levels")
-    if isinstance(value, dict):
-        for key in value:
-            _check_string(key)
-        value = value.values()
-    for item in value:
-        kind = type(item)
-        if kind is str:
-            if len(item) > LIMITS.max_string:
-                _check_string(item)
-        elif kind is dict or kind is list or isinstance(item, dict | list | tuple):
-            _check_size(item, depth + 1)
+def _refused(exc: RefusedInputError, data: Any = None) -> PlanError:
+    """A refusal as a plan error: a problem at its path (with its step), or one line when it has none."""
+    if not exc.location:
+        return PlanError(f"{exc.rule}: {exc.detail}")
+    found = _STEP_INDEX.match(exc.location)
+    step = _step_id(data, int(found.group(1))) if found else None
+    return PlanError(
+        "not a valid plan:", [Problem(location=exc.location, message=f"{exc.rule}: {exc.detail}", step=step)]
+    )
 
 
-def _check_string(text: object) -> None:
-    if isinstance(text, str) and len(text) > LIMITS.max_string:
-        raise PlanError(f"a string of {len(text)} characters is over the limit of {LIMITS.max_string}")
+_STEP_INDEX = re.compile(r"steps\[(\d+)\]")
+
+
+def _step_id(data: Any, index: int) -> int | None:
+    """The id the plan's ``index``-th step says it has, when it says one."""
+    steps = data.get("steps") if isinstance(data, Mapping) else None
+    raw = steps[index] if isinstance(steps, list) and index < len(steps) else None
+    candidate = raw.get("id") if isinstance(raw, Mapping) else None
+    return candidate if isinstance(candidate, int) and not isinstance(candidate, bool) else None
 
 
 def _plan_problems(data: Any, exc: ValidationError) -> list[Problem]:
     found = problems(exc.errors(include_url=False))
-    steps = data.get("steps") if isinstance(data, Mapping) else None
     out: list[Problem] = []
     for problem, err in zip(found, exc.errors(include_url=False), strict=True):
-        step_id = None
         loc = err["loc"]
-        if len(loc) >= 2 and loc[0] == "steps" and isinstance(loc[1], int) and isinstance(steps, list):
-            raw = steps[loc[1]] if loc[1] < len(steps) else None
-            candidate = raw.get("id") if isinstance(raw, Mapping) else None
-            step_id = candidate if isinstance(candidate, int) and not isinstance(candidate, bool) else None
+        step_id = _step_id(data, loc[1]) if len(loc) >= 2 and loc[0] == "steps" and isinstance(loc[1], int) else None
         out.append(Problem(location=problem.location or "plan", message=problem.message, step=step_id))
     return out
 

@@ -25,11 +25,11 @@ from importlib import resources
 from string import Template
 from typing import Any, Literal
 
-from plangate import library
+from plangate import _input, library
 from plangate._clock import Clock, SystemClock, iso
 from plangate.budget import Budget, BudgetAllocator
 from plangate.costs import PriceTable
-from plangate.errors import PlanError, PlangateError
+from plangate.errors import PlanError, PlangateError, RefusedInputError
 from plangate.models import Message, Model, ModelError, ModelRequest, ModelResponse, Usage
 from plangate.plan import SCHEMA_VERSION, Plan, plan_json_schema
 from plangate.policy import Policy
@@ -286,6 +286,10 @@ def _limits(policy: Policy | None) -> str:
     if policy.limits.max_external_calls is not None:
         lines.append(f"- at most {policy.limits.max_external_calls} steps that call outside (external tools)")
     lines += [f"- never: {rule.message or rule.name} (parameters matching {rule.pattern!r})" for rule in policy.deny]
+    lines += [
+        f"- {', '.join(rule.params)} of {', '.join(rule.tools)}: one read-only SQL statement (a single SELECT)"
+        for rule in policy.require
+    ]
     return "\nThe policy's limits:\n" + "\n".join(lines) + "\n" if lines else ""
 
 
@@ -304,16 +308,26 @@ def parse_answer(response: ModelResponse) -> Plan:
     if candidate is None:
         raise PlanError("the answer holds no JSON object" + (" (cut off at max_tokens)" if _cut(response) else ""))
     try:
-        data = json.loads(candidate)
-    except json.JSONDecodeError:
-        try:
-            data = json.loads(_TRAILING_COMMA.sub(r"\1", candidate))
-        except json.JSONDecodeError as exc:
-            cut = " (the answer was cut off at max_tokens)" if _cut(response) else ""
-            raise PlanError(f"not JSON: line {exc.lineno} column {exc.colno}: {exc.msg}{cut}") from None
+        data = _answer_json(candidate)
+    except RefusedInputError as exc:
+        if exc.rule != "not-json":
+            where = f"{exc.location}: " if exc.location else ""
+            raise PlanError(f"{where}{exc.rule}: {exc.detail}") from None
+        cut = " (the answer was cut off at max_tokens)" if _cut(response) else ""
+        raise PlanError(f"not JSON: {exc.detail}{cut}") from None
     if isinstance(data, dict) and set(data) == {"plan"} and isinstance(data["plan"], dict):
         data = data["plan"]
     return Plan.parse(data)
+
+
+def _answer_json(text: str) -> Any:
+    """Strict JSON (see ``plangate._input``), forgiving only trailing commas."""
+    try:
+        return _input.loads_strict(text, what="the answer")
+    except RefusedInputError as exc:
+        if exc.rule != "not-json":
+            raise
+    return _input.loads_strict(_TRAILING_COMMA.sub(r"\1", text), what="the answer")
 
 
 def _cut(response: ModelResponse) -> bool:

@@ -10,19 +10,18 @@ from __future__ import annotations
 import difflib
 import hashlib
 import re
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from fnmatch import fnmatchcase
-from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
-from plangate import names, references
+from plangate import _input, names
 from plangate._frozen import Frozen, cached
-from plangate.errors import PolicyError
+from plangate._patterns import REMEMBERED, matches_any, star_match
+from plangate._valuerules import RULE_NAME, DenyRule, RequireRule, value_violations
+from plangate.errors import PolicyError, RefusedInputError
 from plangate.graph import PlanGraph
 from plangate.plan import Plan, Step, canonical
 from plangate.tools import Catalogue, Effect, Tool
@@ -31,7 +30,6 @@ from plangate.violations import Violation
 
 POLICY_FORMAT = 1
 MAX_POLICY_BYTES = 1_048_576
-RULE_NAME = r"^[a-z0-9][a-z0-9_.-]{0,99}$"
 Approval = Literal["human", "auto"]
 
 POLICY_RULES: dict[str, str] = {
@@ -42,6 +40,7 @@ POLICY_RULES: dict[str, str] = {
     "missing-scope": "the tool needs a scope the requester's role does not hold",
     "resource-conflict": "two steps write the same resource and neither depends on the other",
     "deny:NAME": "a parameter value matches the deny rule NAME's pattern",
+    "require:NAME": "a parameter value fails the require rule NAME's check (sql: read-only, decided by SQLite)",
     "sequence:NAME": "a step the sequence rule NAME forbids comes after (or uses) a step it names",
     "unknown-category": "the plan's category is not one the policy's categories define",
     "category-envelope": "the step's tool is outside what its category may do (tools, effects, external calls)",
@@ -71,12 +70,12 @@ class StepMatch(_Rules):
         answer = self.answers.get(key)
         if answer is None:
             answer = self._matches(step, tool, resource)
-            if len(self.answers) < 4096:
+            if len(self.answers) < 4096 and (resource is None or len(resource) <= REMEMBERED):
                 self.answers[key] = answer
         return answer
 
     def _matches(self, step: Step, tool: Tool | None, resource: str | None) -> bool:
-        if self.tools is not None and not _matches(self.tools, step.tool):
+        if self.tools is not None and not matches_any(self.tools, step.tool):
             return False
         if tool is None:
             return (
@@ -88,7 +87,7 @@ class StepMatch(_Rules):
             return False
         if self.external is not None and tool.external != self.external:
             return False
-        return self.resources is None or (resource is not None and _matches(self.resources, resource))
+        return self.resources is None or (resource is not None and matches_any(self.resources, resource))
 
 
 class Role(_Rules):
@@ -100,28 +99,6 @@ class Role(_Rules):
 class Limits(_Rules):
     max_steps: int | None = Field(default=None, ge=1)
     max_external_calls: int | None = Field(default=None, ge=0)
-
-
-class DenyRule(_Rules):
-    name: str = Field(pattern=RULE_NAME)
-    pattern: str
-    message: str | None = None
-    tools: tuple[str, ...] = ("*",)
-    params: tuple[str, ...] = ("*",)
-    resources: tuple[str, ...] | None = None
-
-    @field_validator("pattern")
-    @classmethod
-    def _compiles(cls, value: str) -> str:
-        try:
-            re.compile(value)
-        except re.error as exc:
-            raise ValueError(f"not a valid regular expression: {exc}") from None
-        return value
-
-    @cached
-    def regex(self) -> re.Pattern[str]:
-        return re.compile(self.pattern)
 
 
 class SequenceRule(_Rules):
@@ -160,7 +137,7 @@ class Envelope(_Rules):
 
     def breach(self, tool: Tool) -> str | None:
         """Why a step using ``tool`` is outside this envelope, in words; None when it is inside."""
-        if self.tools is not None and not _matches(self.tools, tool.name):
+        if self.tools is not None and not matches_any(self.tools, tool.name):
             return f"may use only the tools {', '.join(self.tools)}; {tool.name!r} ({tool.effect}) is not one of them"
         limits, facts = [], []
         if self.effects is not None and tool.effect not in self.effects:
@@ -208,6 +185,9 @@ class Policy(_Rules):
     users: dict[str, str] = Field(default_factory=dict, description="User name -> role.")
     default_role: str | None = None
     deny: list[DenyRule] = Field(default_factory=list)
+    require: list[RequireRule] = Field(
+        default_factory=list, description="Checks parameter values must pass: an allow-list where deny is a deny-list."
+    )
     sequences: list[SequenceRule] = Field(default_factory=list)
     resources: ResourceRules = Field(default_factory=ResourceRules)
     approval: ApprovalRules = Field(default_factory=ApprovalRules)
@@ -237,20 +217,21 @@ class Policy(_Rules):
                 raise ValueError(f"user {user!r} has role {role!r}, which is not under roles")
         if self.default_role is not None and self.default_role not in known:
             raise ValueError(f"default_role {self.default_role!r} is not under roles")
-        names = [r.name for r in self.deny] + [r.name for r in self.sequences]
-        dupes = sorted({n for n in names if names.count(n) > 1})
+        rule_names = [r.name for r in self.deny] + [r.name for r in self.require] + [r.name for r in self.sequences]
+        dupes = sorted({n for n in rule_names if rule_names.count(n) > 1})
         if dupes:
             raise ValueError(f"rule names must be unique; repeated: {', '.join(dupes)}")
         return self
 
     @classmethod
     def from_yaml(cls, text: str, source: str = "policy") -> Policy:
+        """A policy from YAML text: no anchors, aliases or duplicate keys (see ``plangate._input``)."""
         if len(text) > MAX_POLICY_BYTES:
-            raise PolicyError(f"{source}: {len(text)} bytes is over the limit of {MAX_POLICY_BYTES}")
+            raise PolicyError(f"{source}: too-large: {len(text)} characters is over the limit of {MAX_POLICY_BYTES}")
         try:
-            data = yaml.safe_load(text)
-        except yaml.YAMLError as exc:
-            raise PolicyError(f"{source}: not valid YAML: {exc}") from None
+            data = _input.load_yaml(text, what=source)
+        except RefusedInputError as exc:
+            raise PolicyError(str(exc)) from None
         return cls.from_data(data, source)
 
     @classmethod
@@ -265,10 +246,11 @@ class Policy(_Rules):
 
     @classmethod
     def load(cls, path: str | Path) -> Policy:
+        """A policy from a YAML file: a regular file of at most 1 MiB, read without ever blocking."""
         try:
-            text = Path(path).read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            raise PolicyError(f"cannot read policy {str(path)!r}: {exc}") from None
+            text = _input.read_text(path, what="policy", limit=MAX_POLICY_BYTES)
+        except RefusedInputError as exc:
+            raise PolicyError(str(exc)) from None
         return cls.from_yaml(text, source=str(path))
 
     def canonical_json(self) -> str:
@@ -299,12 +281,14 @@ class Policy(_Rules):
         return tool.effect == "read" or _named(self, category, tool)
 
     def call_violations(self, step: Step, tool: Tool, params: Mapping[str, Any]) -> list[Violation]:
-        """The deny rules held against a step's parameters as resolved just before the call.
+        """The deny and require rules held against a step's parameters as resolved just before the call.
 
         At check time a reference's value is unknown; the engine calls this with the
-        values references brought in, so a denied pattern cannot slip in through them.
+        values references brought in, so neither a denied pattern nor a statement that
+        writes can slip in through them.
         """
-        return list(_denied(self.deny, step, params, tool.resource_for(params)))
+        resource = tool.resource_for(params)
+        return list(value_violations(self.deny, self.require, step, params, resource, resolved=True))
 
     def evaluate(
         self,
@@ -348,32 +332,26 @@ class PolicyDecision:
         }
 
 
-@lru_cache(maxsize=65536)
-def _matches(patterns: tuple[str, ...], value: str) -> bool:
-    """Whether ``value`` matches any of the shell-style ``patterns`` (answers are remembered)."""
-    return any(fnmatchcase(value, pattern) for pattern in patterns)
-
-
 _WILDCARDS = re.compile(r"\[[^\]]*\]|[*?]")
 """What a shell-style pattern can match freely: ``*``, ``?`` and ``[...]`` sets."""
 
 
 def _cleared(rules: ApprovalRules, category: str) -> bool:
     """Whether the approval rules let plans of ``category`` be approved automatically at all."""
-    if _matches(rules.human, category):
+    if matches_any(rules.human, category):
         return False
-    return rules.default == "auto" or _matches(rules.auto, category)
+    return rules.default == "auto" or matches_any(rules.auto, category)
 
 
 def _named(policy: Policy, category: str, tool: Tool) -> bool:
     """Whether the category's envelope names ``tool`` by more than a bare wildcard."""
     envelope = policy.category_envelope(category)
-    return envelope is not None and _matches(envelope.named_tools, tool.name)
+    return envelope is not None and matches_any(envelope.named_tools, tool.name)
 
 
 def _resources_clash(a: str, b: str) -> bool:
     """Equal, or equal once a part only known at run time (``*``) takes the other's value."""
-    return a == b or ("*" in a and fnmatchcase(b, a)) or ("*" in b and fnmatchcase(a, b))
+    return a == b or ("*" in a and star_match(a, b)) or ("*" in b and star_match(b, a))
 
 
 @dataclass
@@ -461,10 +439,10 @@ class _Evaluation:
     def _role_rules(self, name: str, tools: list[Tool | None]) -> None:
         role = self.policy.roles[name]
         for step, tool in zip(self.plan.steps, tools, strict=True):
-            if not _matches(role.tools, step.tool):
+            if not matches_any(role.tools, step.tool):
                 self._flag("tool-not-allowed", f"role {name!r} may not use tool {step.tool!r}", step.id)
             elif tool is not None:
-                missing = [s for s in tool.scopes if not _matches(role.scopes, s)]
+                missing = [s for s in tool.scopes if not matches_any(role.scopes, s)]
                 if missing:
                     self._flag(
                         "missing-scope",
@@ -473,8 +451,11 @@ class _Evaluation:
                     )
 
     def _deny(self, resources: list[str | None]) -> None:
+        policy = self.policy
         for step, resource in zip(self.plan.steps, resources, strict=True):
-            self.violations.extend(_denied(self.policy.deny, step, step.params, resource))
+            self.violations.extend(
+                value_violations(policy.deny, policy.require, step, step.params, resource, resolved=False)
+            )
 
     def _resource_conflicts(self, tools: list[Tool | None], resources: list[str | None]) -> None:
         writers = [
@@ -526,7 +507,7 @@ class _Evaluation:
         rules = self.policy.approval
         category = self.plan.category
         cleared = _cleared(rules, category)
-        if _matches(rules.human, category):
+        if matches_any(rules.human, category):
             self.reasons.append(f"category {category!r} always needs a person")
         elif not cleared:
             self.reasons.append(f"category {category!r} is not cleared for automatic approval")
@@ -555,29 +536,5 @@ class _Evaluation:
         )
 
 
-def _denied(
-    rules: Sequence[DenyRule], step: Step, params: Mapping[str, Any], resource: str | None
-) -> Iterator[Violation]:
-    for rule in rules:
-        if not _matches(rule.tools, step.tool):
-            continue
-        if rule.resources is not None and (resource is None or not _matches(rule.resources, resource)):
-            continue
-        for name, value in params.items():
-            if not _matches(rule.params, name):
-                continue
-            hit = next(((loc, text) for loc, text in references.walk(value, (name,)) if rule.regex.search(text)), None)
-            if hit is not None:
-                where = ".".join(str(part) for part in hit[0])
-                why = rule.message or f"matches the denied pattern {rule.pattern!r}"
-                message = f"param {where!r} {why} (value {_short(hit[1])})"
-                yield Violation(rule=f"deny:{rule.name}", message=message, step=step.id, source="policy")
-                break
-
-
 def _ids(ids: Sequence[int]) -> str:
     return ", ".join(str(i) for i in ids)
-
-
-def _short(text: str) -> str:
-    return repr(text) if len(text) <= 60 else repr(text[:57] + "...")

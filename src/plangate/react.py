@@ -33,10 +33,10 @@ from typing import Any, Literal
 
 from pydantic import ValidationError
 
-from plangate import approval, ledger, lifecycle
+from plangate import _input, approval, ledger, lifecycle
 from plangate._clock import Clock, SystemClock, iso, parse_iso
 from plangate.costs import PriceTable
-from plangate.errors import ParamsError, StateError
+from plangate.errors import ParamsError, RefusedInputError, StateError
 from plangate.models import Message, Model, ModelError, ModelRequest, ModelResponse, ToolCall, ToolSpec, Usage
 from plangate.plan import Plan, canonical
 from plangate.planner import prompt
@@ -618,9 +618,11 @@ def _arguments(raw: str, tool: Tool | None) -> dict[str, Any]:
     raw = raw.strip()
     if raw.startswith("{"):
         try:
-            value = json.loads(raw)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"not a JSON object: {exc.msg}") from None
+            value = _input.loads_strict(raw, what="the input")
+        except RefusedInputError as exc:
+            if exc.rule == "not-json":
+                raise ValueError(f"not a JSON object: {exc.detail}") from None
+            raise ValueError(str(exc)) from None
         if not isinstance(value, dict):
             raise ValueError("give a JSON object of named arguments")
         return value

@@ -14,7 +14,7 @@ from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
-from plangate import approval, drift, ledger, lifecycle, recovery
+from plangate import _input, approval, drift, ledger, lifecycle, recovery
 from plangate._clock import Clock, SystemClock, iso
 from plangate.check import CheckResult, check
 from plangate.compensation import Compensation, CompensationResult
@@ -123,6 +123,8 @@ class Runtime:
         """Approve the current version, named by its hash. Nobody approves a plan they asked for or wrote."""
         if not plan_hash:
             raise UsageError("an approval names the hash of the version you reviewed; none was given")
+        if comment is not None:
+            _input.check_text(comment, "comment", what="approval")
         with self.store.transaction():
             plan, version = self._locked(plan_id)
             approval.check_can_decide(plan, approver, plan_hash)
@@ -146,7 +148,7 @@ class Runtime:
 
     def reject(self, plan_id: str, approver: str, comment: str, plan_hash: str | None = None) -> PlanRecord:
         """Reject the current version, with the reason why."""
-        if not comment or not comment.strip():
+        if comment is None or not _input.check_text(comment, "comment", what="rejection").strip():
             raise UsageError("a rejection needs a comment saying why")
         with self.store.transaction():
             plan, version = self._locked(plan_id)

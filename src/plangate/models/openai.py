@@ -12,6 +12,8 @@ import json
 import time
 from typing import Any, Literal
 
+from plangate import _input
+from plangate.errors import RefusedInputError
 from plangate.models._base import Message, ModelError, ModelRequest, ModelResponse, ToolCall, Usage, http_error
 
 try:
@@ -119,8 +121,8 @@ def _response(name: str, completion: Any, seconds: float) -> ModelResponse:
     calls = []
     for call in message.tool_calls or ():
         try:
-            arguments = json.loads(call.function.arguments or "{}")
-        except json.JSONDecodeError:
+            arguments = _input.loads_strict(call.function.arguments or "{}", what="tool call arguments")
+        except RefusedInputError:
             arguments = {"__unparsed__": call.function.arguments}
         calls.append(ToolCall(id=call.id, name=call.function.name, arguments=arguments))
     usage = completion.usage

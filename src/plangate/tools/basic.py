@@ -2,9 +2,12 @@
 
 - ``calculate`` evaluates arithmetic by walking the syntax tree itself: numbers, ``+ - *
   / // % **``, parentheses and a few functions (``abs round min max sqrt``). Names,
-  attributes, calls to anything else, and Python's ``eval`` are never involved. Limits:
-  1,000 characters, 200 nodes, exponents up to 1,000 and results up to 10^300, and a
-  time budget of 50 ms.
+  attributes, calls to anything else, and Python's ``eval`` are never involved. Every
+  operation is bounded before it runs, so none can take long or hold much memory: 1,000
+  characters, 200 nodes, every value (operand, intermediate, result) a finite real number
+  of magnitude at most 10^300 (about 1,000 bits), a power only when its result stays
+  within that, ``round`` to at most 300 digits either side of the point; and a time
+  budget of 50 ms as a last resort. Every refusal is a :class:`CalculationError`.
 - ``get_current_date`` reads the date from the run context, so a replay sees the date
   the run saw.
 - ``search`` ranks documents with BM25 (k1 1.5, b 0.75) over a folder of text files:
@@ -37,6 +40,7 @@ MAX_EXPRESSION = 1_000
 MAX_NODES = 200
 MAX_EXPONENT = 1_000
 MAX_MAGNITUDE = 10.0**300
+MAX_NDIGITS = 300
 TIME_BUDGET = 0.05
 
 _BINARY: dict[type, Callable[[Any, Any], Any]] = {
@@ -80,12 +84,10 @@ class _Evaluator:
     deadline: float
 
     def eval(self, node: ast.AST) -> int | float:
+        """The value of ``node``: always a finite real of magnitude at most ``MAX_MAGNITUDE``."""
         if time.perf_counter() > self.deadline:
             raise CalculationError("the calculation took too long")
-        value = self._eval(node)
-        if isinstance(value, int | float) and abs(value) > MAX_MAGNITUDE:
-            raise CalculationError("the result is too large")
-        return value
+        return _bounded(self._eval(node))
 
     def _eval(self, node: ast.AST) -> int | float:
         if isinstance(node, ast.Constant) and isinstance(node.value, int | float) and not isinstance(node.value, bool):
@@ -99,9 +101,11 @@ class _Evaluator:
             if node.keywords:
                 raise CalculationError("functions take plain arguments here")
             args = [self.eval(arg) for arg in node.args]
+            if node.func.id == "round" and len(args) == 2 and abs(args[1]) > MAX_NDIGITS:
+                raise CalculationError(f"round: ndigits {_shown(args[1])} is outside -{MAX_NDIGITS}..{MAX_NDIGITS}")
             try:
                 return _FUNCTIONS[node.func.id](*args)  # type: ignore[no-any-return]
-            except (TypeError, ValueError) as exc:
+            except (TypeError, ValueError, OverflowError) as exc:
                 raise CalculationError(f"{node.func.id}: {exc}") from None
         raise CalculationError(
             f"{type(node).__name__} is not allowed: only numbers, + - * / // % **, "
@@ -110,16 +114,41 @@ class _Evaluator:
 
     def _binary(self, node: ast.BinOp) -> int | float:
         left, right = self.eval(node.left), self.eval(node.right)
-        if isinstance(node.op, ast.Pow) and (
-            abs(right) > MAX_EXPONENT or (abs(left) > 1 and abs(right) * math.log10(abs(left)) > 300)
-        ):
-            raise CalculationError(f"the exponent {right} is too large")
+        _check_size(node.op, left, right)
         try:
             return _BINARY[type(node.op)](left, right)  # type: ignore[no-any-return]
         except ZeroDivisionError:
             raise CalculationError("division by zero") from None
         except OverflowError:
             raise CalculationError("the result is too large") from None
+
+
+def _check_size(op: ast.operator, left: int | float, right: int | float) -> None:
+    """Refuse, before it runs, an operation whose result would be over ``MAX_MAGNITUDE``."""
+    if isinstance(op, ast.Pow) and (
+        abs(right) > MAX_EXPONENT or (abs(left) > 1 and abs(right) * math.log10(abs(left)) > 300)
+    ):
+        raise CalculationError(f"the exponent {_shown(right)} is too large")
+    if isinstance(op, ast.Mult) and left and right and math.log10(abs(left)) + math.log10(abs(right)) > 300:
+        raise CalculationError("the result is too large")
+
+
+def _shown(value: int | float) -> str:
+    text = repr(value)
+    return text if len(text) <= 24 else f"{text[:8]}... ({len(text.lstrip('-'))} digits)"
+
+
+def _bounded(value: object) -> int | float:
+    """``value`` when it is a finite real number within ``MAX_MAGNITUDE``; otherwise why not."""
+    if isinstance(value, complex):
+        raise CalculationError("the result is not a real number (it is complex)")
+    if not isinstance(value, int | float):
+        raise CalculationError(f"the result is not a number: {type(value).__name__}")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise CalculationError("the result is not a finite number")
+    if abs(value) > MAX_MAGNITUDE:
+        raise CalculationError("the result is too large")
+    return value
 
 
 @tool

@@ -1,0 +1,193 @@
+"""A policy's patterns, matched in time linear in the text they are held against.
+
+Policies hold patterns against text a plan's author chooses (resources filled from
+parameters, parameter values), so no pattern and no text may make a match slow. Python's
+``fnmatch`` and ``re`` both backtrack: ``re.search("a*a*x", "a" * 2000)`` takes most of a
+second, and each more ``a*`` multiplies that by the text's length. Neither is used on
+such text.
+
+- :class:`Glob`: shell-style patterns (``get_*``, ``invoice:4?``, ``[a-c]*``), exactly
+  :func:`fnmatch.fnmatchcase`'s language. The pattern is cut at its ``*``; the first piece
+  must match at the start, the last at the end, and each piece between is found once,
+  leftmost, after the one before. A piece has a fixed length and no repetition, so
+  finding it never backtracks, and the text is never read twice.
+- :func:`star_match`: the same walk for a pattern made from a plan's values, where only
+  ``*`` is special (``?`` and ``[`` are whatever the value said).
+- Deny rules' regular expressions: ``plangate._regex``.
+
+Both count their work in an optional :class:`Meter`, so tests can assert the bound
+instead of timing it.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from fnmatch import translate
+from functools import lru_cache
+from typing import NamedTuple
+
+
+@dataclass
+class Meter:
+    """Work done by matches: each piece searched (a glob), each character read and each state built (a regex)."""
+
+    steps: int = 0
+
+
+class PatternError(ValueError):
+    """A pattern that cannot be used; the message says why, and where."""
+
+
+# -- globs ---------------------------------------------------------------------------------
+
+
+class _Token(NamedTuple):
+    text: str
+    wild: bool  # ``?`` or a ``[...]`` set, as opposed to one literal character
+
+
+@dataclass(frozen=True)
+class _Piece:
+    """A run of the pattern between two ``*``: fixed length, found by ``str.find`` or a regex without repetition."""
+
+    size: int
+    literal: str | None
+    regex: re.Pattern[str] | None = None
+
+    @classmethod
+    def of(cls, tokens: list[_Token]) -> _Piece:
+        if not any(token.wild for token in tokens):
+            return cls(len(tokens), "".join(token.text for token in tokens))
+        # fnmatch's own translation of a piece without '*': fixed width, nothing repeats
+        text = "".join(token.text if token.wild else _escaped(token.text) for token in tokens)
+        return cls(len(tokens), None, re.compile(translate(text).removesuffix(r"\Z"), re.DOTALL))
+
+    def at(self, text: str, pos: int) -> bool:
+        if self.literal is not None:
+            return text.startswith(self.literal, pos)
+        assert self.regex is not None
+        return self.regex.match(text, pos) is not None
+
+    def find(self, text: str, start: int, end: int) -> int:
+        """The leftmost position in ``text[start:end]`` where the whole piece fits, or -1."""
+        if self.literal is not None:
+            return text.find(self.literal, start, end)
+        assert self.regex is not None
+        found = self.regex.search(text, start, end)
+        return found.start() if found else -1
+
+
+def _escaped(char: str) -> str:
+    return f"[{char}]" if char in "*?[" else char
+
+
+@dataclass(frozen=True)
+class Glob:
+    """A compiled shell-style pattern; :meth:`match` answers as ``fnmatchcase`` would."""
+
+    pattern: str
+    pieces: tuple[_Piece, ...]
+
+    def match(self, text: str, meter: Meter | None = None) -> bool:
+        first, last = self.pieces[0], self.pieces[-1]
+        if len(self.pieces) == 1:
+            return len(text) == first.size and first.at(text, 0)
+        end = len(text) - last.size
+        if end < first.size or not first.at(text, 0) or not last.at(text, end):
+            return False
+        pos = first.size
+        for piece in self.pieces[1:-1]:
+            if meter is not None:
+                meter.steps += 1
+            found = piece.find(text, pos, end)
+            if found < 0:
+                return False
+            pos = found + piece.size
+        return True
+
+
+@lru_cache(maxsize=4096)
+def glob(pattern: str) -> Glob:
+    """The compiled form of a policy's ``pattern`` (remembered: a policy uses the same few patterns)."""
+    pieces: list[_Piece] = []
+    tokens: list[_Token] = []
+    for token in _glob_tokens(pattern):
+        if token.text == "*" and token.wild:
+            pieces.append(_Piece.of(tokens))
+            tokens = []
+        else:
+            tokens.append(token)
+    pieces.append(_Piece.of(tokens))
+    return Glob(pattern, tuple(pieces))
+
+
+def matches_any(patterns: tuple[str, ...], value: str) -> bool:
+    """Whether ``value`` matches one of the shell-style ``patterns`` (answers for short values are remembered)."""
+    if len(value) <= REMEMBERED:
+        return _matches_short(patterns, value)
+    return any(glob(pattern).match(value) for pattern in patterns)
+
+
+REMEMBERED = 256
+"""Values up to this long have their answers kept; a plan's long values would only fill the memory."""
+
+
+@lru_cache(maxsize=65536)
+def _matches_short(patterns: tuple[str, ...], value: str) -> bool:
+    return any(glob(pattern).match(value) for pattern in patterns)
+
+
+def star_match(pattern: str, text: str, meter: Meter | None = None) -> bool:
+    """Whether ``text`` matches ``pattern`` in which only ``*`` is special (any text).
+
+    For patterns made from a plan's values (a resource with a part known only at run
+    time), so never remembered and never compiled: ``?`` and ``[`` are what the value
+    said. The same walk as :meth:`Glob.match`, on plain strings.
+    """
+    parts = pattern.split("*")
+    first, last = parts[0], parts[-1]
+    if len(parts) == 1:
+        return text == pattern
+    end = len(text) - len(last)
+    if end < len(first) or not text.startswith(first) or not text.endswith(last):
+        return False
+    pos = len(first)
+    for part in filter(None, parts[1:-1]):
+        if meter is not None:
+            meter.steps += 1
+        found = text.find(part, pos, end)
+        if found < 0:
+            return False
+        pos = found + len(part)
+    return True
+
+
+def _glob_tokens(pattern: str) -> list[_Token]:
+    """One token per character the pattern matches, and one per run of ``*``."""
+    tokens: list[_Token] = []
+    i = 0
+    while i < len(pattern):
+        char = pattern[i]
+        end = _class_end(pattern, i) if char == "[" else -1
+        if end > 0:
+            tokens.append(_Token(pattern[i : end + 1], wild=True))
+            i = end + 1
+            continue
+        if char != "*" or not tokens or tokens[-1] != _STAR:
+            tokens.append(_Token(char, wild=char in "*?"))
+        i += 1
+    return tokens
+
+
+_STAR = _Token("*", wild=True)
+
+
+def _class_end(pattern: str, start: int) -> int:
+    """Where the ``[...]`` set opened at ``start`` closes, as fnmatch reads it; -1: a literal ``[``."""
+    j = start + 1
+    if j < len(pattern) and pattern[j] == "!":
+        j += 1
+    if j < len(pattern) and pattern[j] == "]":
+        j += 1
+    return pattern.find("]", j)

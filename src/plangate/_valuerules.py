@@ -1,0 +1,131 @@
+"""The policy's rules on parameter values: ``deny`` (a deny-list) and ``require`` (an allow-list).
+
+A ``deny`` rule refuses a value in which its regular expression finds a match (matched
+in linear time, see ``plangate._regex``). A ``require`` rule refuses a value that
+fails its check; the one check so far is ``sql: read-only``, decided by SQLite's own
+parser (``plangate._sqlguard``). Both are held against a plan's own values when it is
+checked, and against the values references bring in, by the engine, just before each
+call; a ``require`` rule leaves a value that takes a reference to that second look.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any, Literal
+
+from pydantic import Field, field_validator
+
+from plangate import references
+from plangate._frozen import Frozen, cached
+from plangate._patterns import PatternError, matches_any
+from plangate._regex import Regex
+from plangate._sqlguard import ReadOnlySQL
+from plangate.plan import Step
+from plangate.violations import Violation
+
+RULE_NAME = r"^[a-z0-9][a-z0-9_.-]{0,99}$"
+_READ_ONLY = "must be one read-only SQL statement"
+
+
+class ValueRule(Frozen):
+    """Which values a rule looks at: parameters named by ``params`` of steps whose tool and resource match."""
+
+    name: str = Field(pattern=RULE_NAME)
+    message: str | None = None
+    tools: tuple[str, ...] = ("*",)
+    params: tuple[str, ...] = ("*",)
+    resources: tuple[str, ...] | None = None
+
+    def applies(self, step: Step, resource: str | None) -> bool:
+        if not matches_any(self.tools, step.tool):
+            return False
+        return self.resources is None or (resource is not None and matches_any(self.resources, resource))
+
+    def values(self, params: Mapping[str, Any]) -> Iterator[tuple[str, Any]]:
+        return ((name, value) for name, value in params.items() if matches_any(self.params, name))
+
+
+class DenyRule(ValueRule):
+    pattern: str
+
+    @field_validator("pattern")
+    @classmethod
+    def _compiles(cls, value: str) -> str:
+        try:
+            Regex(value)
+        except PatternError as exc:
+            raise ValueError(str(exc)) from None
+        return value
+
+    @cached
+    def regex(self) -> Regex:
+        """The pattern as an automaton: a search reads each character of the value once."""
+        return Regex(self.pattern)
+
+
+class RequireRule(ValueRule):
+    sql: Literal["read-only"] = Field(
+        description="read-only: one statement that only reads, as SQLite's parser compiles it against `tables`."
+    )
+    tables: str = Field(
+        min_length=1, description="The CREATE TABLE (INDEX, VIEW) statements of the database the tool runs SQL on."
+    )
+
+    @field_validator("tables")
+    @classmethod
+    def _compiles(cls, value: str) -> str:
+        ReadOnlySQL(value)  # a ValueError says what is wrong with them, at load
+        return value
+
+    @cached
+    def checker(self) -> ReadOnlySQL:
+        return ReadOnlySQL(self.tables)
+
+    def problem(self, value: Any, *, resolved: bool) -> str | None:
+        """Why ``value`` fails this rule; None when it passes, or when it takes a reference not resolved yet."""
+        if not isinstance(value, str):
+            return "must be one SQL statement, as text"
+        if not resolved and references.has_refs(value):
+            return None  # checked once the engine has resolved it, before the call
+        return self.checker.problem(value)
+
+
+def value_violations(
+    deny: Sequence[DenyRule],
+    require: Sequence[RequireRule],
+    step: Step,
+    params: Mapping[str, Any],
+    resource: str | None,
+    *,
+    resolved: bool,
+) -> Iterator[Violation]:
+    """Every deny and require rule the step's parameter values break (``resolved``: as about to be called)."""
+    for denied in deny:
+        if denied.applies(step, resource):
+            yield from _denied(denied, step, params)
+    for required in require:
+        if required.applies(step, resource):
+            yield from _unmet(required, step, params, resolved=resolved)
+
+
+def _denied(rule: DenyRule, step: Step, params: Mapping[str, Any]) -> Iterator[Violation]:
+    for name, value in rule.values(params):
+        hit = next(((loc, text) for loc, text in references.walk(value, (name,)) if rule.regex.search(text)), None)
+        if hit is not None:
+            where = ".".join(str(part) for part in hit[0])
+            why = rule.message or f"matches the denied pattern {rule.pattern!r}"
+            message = f"param {where!r} {why} (value {_short(hit[1])})"
+            yield Violation(rule=f"deny:{rule.name}", message=message, step=step.id, source="policy")
+            return
+
+
+def _unmet(rule: RequireRule, step: Step, params: Mapping[str, Any], *, resolved: bool) -> Iterator[Violation]:
+    for name, value in rule.values(params):
+        why = rule.problem(value, resolved=resolved)
+        if why is not None:
+            text = f"param {name!r} {rule.message or _READ_ONLY}: {why} (value {_short(str(value))})"
+            yield Violation(rule=f"require:{rule.name}", message=text, step=step.id, source="policy")
+
+
+def _short(text: str) -> str:
+    return repr(text) if len(text) <= 60 else repr(text[:57] + "...")
