@@ -432,3 +432,28 @@ def test_a_pattern_only_backtracking_could_match_is_refused_at_load(pattern: str
 def test_a_resource_pattern_has_only_one_wildcard(pattern: str, text: str) -> None:
     only_stars = ".*".join(re.escape(part) for part in pattern.split("*"))
     assert star_match(pattern, text) == (re.fullmatch(only_stars, text, re.DOTALL) is not None)
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device", "socket"])  # a folder: click's own usage error, exit 2
+def test_the_command_line_exits_2_on_a_plan_that_is_not_a_file(
+    kind: str, tmp_path: Path, fifo: Path, unix_socket: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A FIFO used to hang `plangate check`, and /dev/zero ran it out of memory."""
+    path = special(kind, tmp_path, fifo, unix_socket)
+    monkeypatch.setenv("PLANGATE_DB", f"sqlite:///{tmp_path}/plangate.db")
+    for command in (("check", str(path), "--tools", TOOLS), ("submit", str(path), "--tools", TOOLS, "--as", "al")):
+        code, out, err = run(*command)
+        assert (code, out) == (2, "")
+        assert err.startswith(f"plangate: cannot read plan '{path}': not-a-regular-file: it is ")
+        assert err.count("\n") == 1 and "Traceback" not in err
+    assert json.loads(run("list", "--json")[1]) == []
+
+
+@pytest.mark.parametrize(
+    ("text", "rule"),
+    [("refu\u200bnds", "invisible-character"), ("a\u2028b", "invisible-character"), ("x\ud800", "lone-surrogate")],
+)
+def test_text_that_shows_other_than_it_is_refused(text: str, rule: str) -> None:
+    with pytest.raises(RefusedInputError, match=rf"^comment: note: {rule}: U\+") as error:
+        check_value({"note": text}, what="comment")
+    assert error.value.rule == rule

@@ -48,7 +48,7 @@ def test_the_api_path_with_tokens(setup: dict[str, Any]) -> None:
 @pytest.mark.parametrize(
     ("request_kwargs", "status", "message"),
     [
-        ({"content": b"{not json", "headers": {"content-type": "application/json"}}, 400, "not JSON"),
+        ({"content": b"{not json", "headers": {"content-type": "application/json"}}, 400, "not-json"),
         ({"json": [1, 2]}, 400, "a JSON object"),
         ({"json": {"task": "x"}}, 422, "not a valid plan"),
         ({"content": b"x" * 1_100_000, "headers": {"content-type": "application/json"}}, 413, "over the limit"),

@@ -29,11 +29,11 @@ import secrets
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
-from fnmatch import fnmatchcase
 from typing import Any, Literal, get_args
 
 from plangate._clock import Clock, SystemClock, iso, parse_iso
 from plangate._keys import SECRET_KEY
+from plangate._patterns import matches_any
 from plangate.errors import GovernanceError, NotFoundError, UsageError
 from plangate.names import canonical, new_name, skeleton
 from plangate.store import Store
@@ -56,7 +56,7 @@ class User:
     disabled: bool = False
 
     def may_approve(self, category: str) -> bool:
-        return self.role in ("approver", "governance") and any(fnmatchcase(category, p) for p in self.categories)
+        return self.role in ("approver", "governance") and matches_any(self.categories, category)
 
     def may_read(self, *, category: str, requested_by: str) -> bool:
         """Auditors and governance read every plan; approvers the categories they decide; everyone their own."""

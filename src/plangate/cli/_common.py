@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from plangate.check import CheckResult
-from plangate.errors import PlanError, UsageError
+from plangate.errors import UsageError
 from plangate.plan import Plan
 from plangate.policy import Policy
 from plangate.tools import Catalogue
@@ -125,15 +125,9 @@ def with_tools(runtime: Any, plan_id: str, tools_spec: str | None, *, required: 
 
 
 def read_plan(path: Path) -> Plan:
-    """The plan in the file at ``path``; a file that cannot be read or parsed is a PlanError naming it."""
-    try:
-        text = path.read_bytes()
-    except OSError as exc:
-        raise PlanError(f"cannot read {str(path)!r}: {exc.strerror or exc}") from None
-    try:
-        return Plan.parse(text)
-    except PlanError as exc:
-        raise PlanError(f"{path}: {exc.summary}", list(exc.problems)) from None
+    """The plan in the file at ``path``: a regular file within the size limit, never read blindly (a FIFO,
+    a device such as /dev/zero or a folder is refused at once); anything wrong is a PlanError naming it."""
+    return Plan.load(path)
 
 
 def acting(
