@@ -31,6 +31,20 @@ PEOPLE = {
     "gina": ("governance", ("*",)),
 }
 
+MAIL = {
+    "task": "Tell the customer",
+    "category": "refunds",
+    "steps": [
+        {
+            "id": 1,
+            "tool": "send_email",
+            "params": {"to": "ada@example.com", "subject": "s", "body": "b"},
+            "rationale": "r",
+        }
+    ],
+}
+"""A plan of one email: not idempotent, so an unknown outcome needs a person."""
+
 
 def setup(tmp_path: Path, catalogue: Catalogue, policy: Policy | None, **options: Any) -> dict[str, Any]:
     db = f"sqlite:///{tmp_path}/server.db"

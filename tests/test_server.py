@@ -17,7 +17,7 @@ from plangate.server import create_app
 from plangate.store import open_store
 from tests import serverkit
 from tests.conftest import load_plan
-from tests.serverkit import PASSWORD, api, browser
+from tests.serverkit import MAIL, PASSWORD, api, browser
 
 
 @pytest.fixture
@@ -134,19 +134,7 @@ def test_the_register_page(setup: dict[str, Any]) -> None:
 def test_after_a_halt_settle_resume_and_roll_back_from_the_dashboard(setup: dict[str, Any]) -> None:
     from tests.helpers import died_during
 
-    mail = {
-        "task": "Tell the customer",
-        "category": "refunds",
-        "steps": [
-            {
-                "id": 1,
-                "tool": "send_email",
-                "params": {"to": "ada@example.com", "subject": "s", "body": "b"},
-                "rationale": "r",
-            },
-        ],
-    }
-    plan = api(setup, "alice").post("/api/plans", json=mail).json()
+    plan = api(setup, "alice").post("/api/plans", json=MAIL).json()
     assert api(setup, "dave").post(f"/api/plans/{plan['id']}/approve", json={"hash": plan["hash"]}).status_code == 200
     store = open_store(setup["db"])
     died_during(store, plan["id"], 1)  # the email may or may not have gone out: not idempotent, so a person decides

@@ -11,20 +11,7 @@ from plangate import Catalogue, Policy
 from plangate.store import open_store
 from tests import serverkit
 from tests.helpers import died_during
-from tests.serverkit import api, browser, state
-
-MAIL = {
-    "task": "Tell the customer",
-    "category": "refunds",
-    "steps": [
-        {
-            "id": 1,
-            "tool": "send_email",
-            "params": {"to": "ada@example.com", "subject": "s", "body": "b"},
-            "rationale": "r",
-        }
-    ],
-}
+from tests.serverkit import MAIL, api, browser, state
 
 
 @pytest.fixture

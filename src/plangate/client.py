@@ -8,6 +8,8 @@ exits with the same codes as it does against a local store::
     401 -> SignInRequiredError   403 -> NotPermittedError   404 -> NotFoundError
     409 -> GovernanceError       400, 413, 422 -> InputError   429 -> GovernanceError
     anything else -> ServerError (a 500 carries the id the server logged it under)
+
+(the server's side of the same table is :data:`plangate.errors.HTTP_STATUS`)
 """
 
 from __future__ import annotations
@@ -15,25 +17,14 @@ from __future__ import annotations
 from typing import Any
 from urllib.parse import quote
 
-from plangate.errors import (
-    GovernanceError,
-    InputError,
-    NotFoundError,
-    NotPermittedError,
-    PlangateError,
-    SignInRequiredError,
-    UsageError,
-)
+from plangate.errors import HTTP_STATUS, GovernanceError, InputError, PlangateError, UsageError
 
 SERVER_VARIABLE = "PLANGATE_SERVER"
 _REFUSALS: dict[int, type[PlangateError]] = {
-    400: InputError,
-    401: SignInRequiredError,
-    403: NotPermittedError,
-    404: NotFoundError,
-    409: GovernanceError,
-    413: InputError,
+    **{status: kind for kind, status in reversed(HTTP_STATUS)},  # the most specific class wins
     422: InputError,
+    400: InputError,
+    413: InputError,
     429: GovernanceError,
 }
 

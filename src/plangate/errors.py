@@ -156,3 +156,13 @@ class StoreError(PlangateError):
 
 class LeaseLostError(PlangateError):
     """A worker's lease on a plan expired and another worker took the plan over: this one stops."""
+
+
+HTTP_STATUS = (  # what the JSON API answers for each refusal; the most specific class first
+    (NotFoundError, 404),
+    (SignInRequiredError, 401),
+    (NotPermittedError, 403),
+    (GovernanceError, 409),
+    (InputError, 422),
+    (UsageError, 422),
+)

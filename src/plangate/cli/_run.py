@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -30,8 +32,8 @@ from plangate.tools import Catalogue
 
 def _run_command(
     method: str,
-    plan_id: str,
     *,
+    plan_id: str,
     tools_spec: str | None,
     policy_file: Path | None,
     db: str | None,
@@ -55,29 +57,32 @@ def _run_command(
     sys.exit(0 if result.ok else EXIT_HALTED)
 
 
-@click.command("execute")
-@click.argument("plan_id", metavar="ID")
-@recorded_tools_option
-@policy_option
-@click.option(
-    "--as",
-    "user",
-    metavar="USER",
-    help="Who starts the run (local mode: recorded, default 'engine'; with accounts: your token's).",
-)
-@token_option
-@db_option
-@server_option
-def execute_command(
-    *,
-    server: str | None,
-    plan_id: str,
-    tools_spec: str | None,
-    policy_file: Path | None,
-    user: str | None,
-    token: str | None,
-    db: str | None,
-) -> None:
+def _run_options(verb: str) -> Callable[[Callable[..., None]], click.Command]:
+    """The command ``execute`` or ``resume``: the same options, one way of running."""
+
+    def command(fn: Callable[..., None]) -> click.Command:
+        for option in (
+            server_option,
+            db_option,
+            token_option,
+            click.option(
+                "--as",
+                "user",
+                metavar="USER",
+                help=f"Who {verb} the run (local mode: recorded, default 'engine'; with accounts: your token's).",
+            ),
+            policy_option,
+            recorded_tools_option,
+            click.argument("plan_id", metavar="ID"),
+        ):
+            fn = option(fn)
+        return click.command(fn.__name__.removesuffix("_command"))(fn)
+
+    return command
+
+
+@_run_options("starts")
+def execute(**options: Any) -> None:
     """Execute approved plan ID. Exit 0 when it succeeds, 3 when it halts, 4 when it may not run.
 
     A finished plan is not run again: its recorded result is shown. The exact text that was
@@ -85,42 +90,17 @@ def execute_command(
     audit log is refused. When the tools' contracts or the policy (--policy) changed since
     the plan was checked, it is checked again, and sent back for approval if it must be.
     """
-    _run_command(
-        "execute", plan_id, tools_spec=tools_spec, policy_file=policy_file, db=db, user=user, token=token, server=server
-    )
+    _run_command("execute", **options)
 
 
-@click.command("resume")
-@click.argument("plan_id", metavar="ID")
-@recorded_tools_option
-@policy_option
-@click.option(
-    "--as",
-    "user",
-    metavar="USER",
-    help="Who resumes the run (local mode: recorded, default 'engine'; with accounts: your token's).",
-)
-@token_option
-@db_option
-@server_option
-def resume_command(
-    *,
-    server: str | None,
-    plan_id: str,
-    tools_spec: str | None,
-    policy_file: Path | None,
-    user: str | None,
-    token: str | None,
-    db: str | None,
-) -> None:
+@_run_options("resumes")
+def resume(**options: Any) -> None:
     """Resume plan ID after a halt or a crash: finished steps are kept, never run again.
 
     A step that started but has no recorded outcome is run again only if its tool is
     idempotent (with the same idempotency key); otherwise the run halts for a person.
     """
-    _run_command(
-        "resume", plan_id, tools_spec=tools_spec, policy_file=policy_file, db=db, user=user, token=token, server=server
-    )
+    _run_command("resume", **options)
 
 
 @click.command("settle")
@@ -266,4 +246,4 @@ def worker_command(
     click.echo(f"worker {worker.name}: {ran} plans run", err=True)
 
 
-COMMANDS = (execute_command, resume_command, settle_command, compensate_command, worker_command)
+COMMANDS = (execute, resume, settle_command, compensate_command, worker_command)

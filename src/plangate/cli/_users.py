@@ -8,6 +8,7 @@ change is an audit event; ``plangate login`` gets a token for yourself with your
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import click
@@ -125,30 +126,36 @@ def users_token_command(*, name: str, label: str, expires: str, token: str | Non
     click.echo(accounts.issue_token(name, label, lifetime=duration(expires), by=_by(runtime, token)))
 
 
-@users_group.command("disable")
-@click.argument("name")
-@token_option
-@db_option
-def users_disable_command(*, name: str, token: str | None, db: str | None) -> None:
+def _switch(disabled: bool, done: str) -> Callable[[Callable[..., None]], click.Command]:
+    """``users disable`` and ``users enable``: one account switched off or on."""
+
+    def command(fn: Callable[..., None]) -> click.Command:
+        @users_group.command(fn.__name__.removeprefix("users_"), help=fn.__doc__)
+        @click.argument("name")
+        @token_option
+        @db_option
+        def switch(*, name: str, token: str | None, db: str | None) -> None:
+            from plangate.accounts import Accounts
+
+            runtime = open_runtime(db)
+            accounts = Accounts(runtime.store, runtime.clock)
+            by = _by(runtime, token)
+            user = accounts.disable(name, by=by) if disabled else accounts.enable(name, by=by)
+            click.echo(f"user {user.name} {done}")
+
+        return switch
+
+    return command
+
+
+@_switch(True, "disabled: tokens refused, sessions ended")
+def users_disable() -> None:
     """Disable NAME: their tokens and sessions stop working at once."""
-    from plangate.accounts import Accounts
-
-    runtime = open_runtime(db)
-    user = Accounts(runtime.store, runtime.clock).disable(name, by=_by(runtime, token))
-    click.echo(f"user {user.name} disabled: tokens refused, sessions ended")
 
 
-@users_group.command("enable")
-@click.argument("name")
-@token_option
-@db_option
-def users_enable_command(*, name: str, token: str | None, db: str | None) -> None:
+@_switch(False, "enabled")
+def users_enable() -> None:
     """Enable NAME again (ended sessions stay ended)."""
-    from plangate.accounts import Accounts
-
-    runtime = open_runtime(db)
-    user = Accounts(runtime.store, runtime.clock).enable(name, by=_by(runtime, token))
-    click.echo(f"user {user.name} enabled")
 
 
 @users_group.command("revoke")

@@ -23,27 +23,12 @@ from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from plangate.errors import (
-    GovernanceError,
-    InputError,
-    NotFoundError,
-    NotPermittedError,
-    PlangateError,
-    SignInRequiredError,
-    UsageError,
-)
+from plangate.errors import HTTP_STATUS
 
 log = logging.getLogger("plangate.server")
 
 # A runtime refusal becomes the status that says what kind it is; the most specific class first.
-_STATUS: tuple[tuple[type[PlangateError], int], ...] = (
-    (NotFoundError, 404),
-    (SignInRequiredError, 401),
-    (NotPermittedError, 403),
-    (GovernanceError, 409),
-    (InputError, 422),
-    (UsageError, 422),
-)
+_STATUS = HTTP_STATUS
 
 
 def root(scope: Scope) -> str:
