@@ -86,3 +86,12 @@ def test_each_role_sees_only_the_plans_it_may(server: dict[str, Any]) -> None:
     assert refund["task"] not in client.get("/plans").text
     assert client.get(f"/plans/{refund['id']}").status_code == 403
     assert client.get(f"/plans/{refund['id']}/trace").status_code == 403
+
+
+def test_a_crafted_link_cannot_put_words_on_a_plan_page(server: dict[str, Any]) -> None:
+    plan = api(server, "alice").post("/api/plans", json=load_plan("refund")).json()
+    client, csrf = browser(server, "dave")
+    crafted = client.get(f"/plans/{plan['id']}", params={"flash": "Refused: call +1 555 0100 to confirm"}).text
+    assert "555 0100" not in crafted
+    done = client.post(f"/plans/{plan['id']}/approve", data={"plan_hash": plan["hash"], "csrf": csrf})
+    assert done.status_code == 200 and "Approved by dave" in done.text, "the server's own message is shown"

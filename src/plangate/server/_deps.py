@@ -71,6 +71,14 @@ class Settings:
     def csrf_for(self, session_id: str) -> str:
         return hmac.new(self.secret, f"csrf:{session_id}".encode(), hashlib.sha256).hexdigest()
 
+    def flash(self, message: str) -> dict[str, str]:
+        """The query that shows ``message`` on the next page: signed, so a link made elsewhere shows nothing."""
+        return {"flash": message, "sig": hmac.new(self.secret, f"flash:{message}".encode(), hashlib.sha256).hexdigest()}
+
+    def flashed(self, message: str, signature: str) -> str:
+        """``message`` if this server signed it, else nothing (a crafted link cannot put words in its mouth)."""
+        return message if message and same(signature, self.flash(message)["sig"]) else ""
+
 
 @dataclass(frozen=True, kw_only=True)
 class Caller:

@@ -41,7 +41,9 @@ def render(request: Request, name: str, caller: Caller | None, **context: Any) -
 
 
 def back(request: Request, path: str, **query: str) -> RedirectResponse:
-    """A redirect to ``path`` inside this app (after a form), with an optional message."""
+    """A redirect to ``path`` inside this app (after a form), with an optional message (signed)."""
+    if "flash" in query:
+        query = {**query, **request.app.state.plangate.flash(query["flash"])}
     suffix = f"?{urlencode(query)}" if query else ""
     return RedirectResponse(f"{root(request.scope)}{path}{suffix}", status_code=303)
 
@@ -91,7 +93,7 @@ def all_plans(request: Request, rt: Rt, caller: Reader, category: str = "", risk
 
 @router.get("/plans/{plan_id}", response_class=HTMLResponse)
 def plan_page(
-    request: Request, plan_id: str, *, rt: Rt, caller: Reader, config: Config, flash: str = ""
+    request: Request, plan_id: str, *, rt: Rt, caller: Reader, config: Config, flash: str = "", sig: str = ""
 ) -> HTMLResponse:
     record, user = _actions.visible(rt, caller.user, plan_id), caller.user
     return render(
@@ -99,7 +101,7 @@ def plan_page(
         "plan.html",
         caller,
         record=record,
-        flash=flash,
+        flash=config.flashed(flash, sig),
         steps=views.steps(record, config.catalogue),
         touch=views.touch(record, config.catalogue),
         graph=views.graph_svg(record),
