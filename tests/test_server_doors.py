@@ -340,6 +340,7 @@ def test_mounted_under_a_prefix_the_api_says_401_and_pages_stay_inside(setup: di
     for path in ("/gov/api/plans", f"/gov/api/plans/{setup['plan']['id']}"):
         reply = anonymous.get(path, follow_redirects=False)
         assert reply.status_code == 401 and "log in first" in reply.json()["error"]
+        assert reply.headers["www-authenticate"] == 'Bearer realm="plangate"'
     assert anonymous.post("/gov/slack/actions", content=b"x").status_code == 401
     assert anonymous.get("/gov/", follow_redirects=False).headers["location"] == "/gov/login"
     login = anonymous.get("/gov/login").text

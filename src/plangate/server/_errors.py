@@ -52,6 +52,8 @@ def wants_json(scope: Scope) -> bool:
 def reply(scope: Scope, status: int, message: str, headers: dict[str, str] | None = None) -> Response:
     """The answer to a refused request: JSON for machines, a redirect or a short page for people."""
     if wants_json(scope):
+        if status == 401:  # RFC 9110: say which scheme would do
+            headers = {**(headers or {}), "WWW-Authenticate": 'Bearer realm="plangate"'}
         return JSONResponse({"error": message}, status_code=status, headers=headers)
     prefix, parts = root(scope), route(scope).split("/")
     if status == 401:
