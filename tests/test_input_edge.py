@@ -457,3 +457,11 @@ def test_text_that_shows_other_than_it_is_refused(text: str, rule: str) -> None:
     with pytest.raises(RefusedInputError, match=rf"^comment: note: {rule}: U\+") as error:
         check_value({"note": text}, what="comment")
     assert error.value.rule == rule
+
+
+def test_a_price_that_is_not_a_number_is_a_plain_error(tmp_path: Path) -> None:
+    prices = tmp_path / "prices.yaml"
+    for value in ("cheap", "-1", ".inf", "true"):
+        prices.write_text(f"m: {{input: {value}, output: 1}}\n")
+        with pytest.raises(UsageError, match=r"^price for 'm': .* is not a number of USD per million tokens$"):
+            PriceTable.load(prices)

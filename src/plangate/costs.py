@@ -50,7 +50,8 @@ class PriceTable:
         for pattern, row in data.items():
             if not (isinstance(row, dict) and {"input", "output"} <= set(row)):
                 raise UsageError(f"price for {pattern!r}: write {{input: USD, output: USD}} per million tokens")
-            entries.append((str(pattern), Price(input=float(row["input"]), output=float(row["output"]))))
+            price = Price(input=_usd(pattern, row["input"]), output=_usd(pattern, row["output"]))
+            entries.append((str(pattern), price))
         return cls(tuple(entries))
 
     def price(self, model: str) -> Price | None:
@@ -60,3 +61,10 @@ class PriceTable:
         """The cost in dollars, or ``None`` when the table has no price for the model."""
         price = self.price(model)
         return None if price is None else price.cost(usage)
+
+
+def _usd(pattern: object, value: object) -> float:
+    """A price per million tokens: a number, finite and not negative."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < float("inf"):
+        raise UsageError(f"price for {pattern!r}: {value!r} is not a number of USD per million tokens")
+    return float(value)
