@@ -461,7 +461,7 @@ def test_text_that_shows_other_than_it_is_refused(text: str, rule: str) -> None:
 
 def test_a_price_that_is_not_a_number_is_a_plain_error(tmp_path: Path) -> None:
     prices = tmp_path / "prices.yaml"
-    for value in ("cheap", "-1", ".inf", "true"):
+    for value in ("cheap", "-1", "true", "[1]"):
         prices.write_text(f"m: {{input: {value}, output: 1}}\n")
         with pytest.raises(UsageError, match=r"^price for 'm': .* is not a number of USD per million tokens$"):
             PriceTable.load(prices)
