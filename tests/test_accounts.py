@@ -198,26 +198,55 @@ def test_token_lifetimes() -> None:
 # -- sessions ----------------------------------------------------------------------------------------
 
 
-def test_sessions_end_at_logout_disable_and_revoke(accounts: Accounts, clock: Clock) -> None:
+def test_sessions_end_at_logout_disable_and_revoke(accounts: Accounts, clock: Clock, db: str) -> None:
     alice = accounts.get("alice")
     assert alice is not None
     first = accounts.open_session(alice, hours=8)
     assert accounts.session_user(first) == alice
     accounts.end_session(first)
-    assert accounts.session_user(first) is None, "logout ends the session on the server"
+    assert accounts.session_user(first) is None, "logout ends the session"
     second, third = accounts.open_session(alice, hours=8), accounts.open_session(alice, hours=8)
     token = accounts.issue_token("alice")
+    clock.moment += timedelta(seconds=1)
     accounts.disable("alice")
     assert accounts.session_user(second) is None and accounts.by_token(token) is None
     assert accounts.login("alice", PASSWORD) is None
     accounts.enable("alice")
     assert accounts.session_user(second) is None, "a disabled account's sessions stay ended"
+    clock.moment += timedelta(seconds=1)
     fourth = accounts.open_session(alice, hours=8)
+    assert accounts.session_user(fourth) == alice
+    clock.moment += timedelta(seconds=1)
     accounts.revoke("alice")
     assert accounts.session_user(fourth) is None and accounts.session_user(third) is None
     fifth = accounts.open_session(alice, hours=1)
     clock.moment += timedelta(hours=2)
     assert accounts.session_user(fifth) is None
+    changes = [e.data["change"] for e in accounts.store.verified_events("account.changed")]
+    assert changes[-5:] == ["signed-out", "token.issued", "disabled", "enabled", "token.revoked"]
+
+
+def test_a_logout_cut_out_of_the_log_does_not_revive_the_session(accounts: Accounts, db: str, clock: Clock) -> None:
+    alice = accounts.get("alice")
+    assert alice is not None
+    session = accounts.open_session(alice, hours=8)
+    accounts.end_session(session)
+    sql(db, "DELETE FROM events WHERE kind = 'account.changed' AND data LIKE '%signed-out%'")
+    with pytest.raises(StoreError, match="changed outside plangate"):
+        Accounts(open_store(db), clock).session_user(session)
+
+
+def test_deleting_every_account_event_does_not_bring_back_local_mode(accounts: Accounts, db: str) -> None:
+    from plangate.identity import actor
+
+    sql(db, "DELETE FROM events WHERE kind = 'account.changed'")
+    sql(db, "DELETE FROM users")
+    fresh = Accounts(open_store(db))
+    with pytest.raises(StoreError, match="deleted outside plangate"):
+        actor(fresh.store, token=None, claimed="gina")
+    sql(db, "DELETE FROM settings WHERE key = 'tail:account.changed'")
+    with pytest.raises(StoreError, match="events were deleted"):
+        actor(Accounts(open_store(db)).store, token=None, claimed="gina")
 
 
 def test_the_signing_secret_lives_outside_the_database(accounts: Accounts, db: str, tmp_path: Path,

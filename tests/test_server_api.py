@@ -111,7 +111,7 @@ def test_the_register(setup: dict[str, Any]) -> None:
     before = state(setup)
     assert api(setup, "dave").get("/api/register").json() == {"entries": [], "report": []}
     refused = api(setup, "dave").post("/api/register", json=change)
-    assert refused.status_code == 409 and "only governance" in refused.json()["error"]
+    assert refused.status_code == 403 and "governance does that" in refused.json()["error"]
     assert api(setup, "audrey").post("/api/register", json=change).status_code == 403
     assert serverkit.TestClient(setup["app"]).post("/api/register", json=change).status_code == 401
     session, _ = browser(setup, "gina")

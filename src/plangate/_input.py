@@ -39,7 +39,8 @@ The rules:
 ``string-too-long``    a string or key over ``max_string`` characters, where one is given
 ``bidi-control``       a bidirectional control (U+202A-U+202E, U+2066-U+2069, U+200E, U+200F, U+061C)
 ``control-character``  a C0 control other than tab, line feed and carriage return; DEL; a C1 control
-``invisible-character`` U+200B, U+2060, U+FEFF (show nothing), U+2028, U+2029 (break a line unseen)
+``invisible-character`` a format character other than the joiners (zero-width spaces, soft hyphens,
+                       tag characters...), a filler, U+2028 or U+2029 (a line break unseen)
 ``lone-surrogate``     half of a UTF-16 surrogate pair, which no UTF-8 text can hold
 ``yaml-alias``         a YAML anchor or alias (``&name``, ``*name``): the alias bomb's ingredient
 ``not-text``           a value that should be text and is not
@@ -72,8 +73,17 @@ MAX_INT_DIGITS = 1_000
 _MAX_INT_BITS = math.ceil(MAX_INT_DIGITS * math.log2(10))
 
 _BIDI = "\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069"
-_INVISIBLE = "\u200b\u2060\ufeff\u2028\u2029"
+# Every format character (category Cf: zero-width spaces, soft hyphens, invisible operators, tag
+# characters...) but the two joiners that scripts and emoji need; fillers that draw nothing; line
+# and paragraph separators, which break a line that a reviewer's view may not show.
+_INVISIBLE = (  # Unicode 14's Cf ranges, less the bidi controls (refused as such) and the joiners U+200C, U+200D
+    "\u00ad\u0600-\u0605\u061c\u06dd\u070f\u0890\u0891\u08e2\u180e\u200b\u2060-\u2064\u206a-\u206f"
+    "\ufeff\ufff9-\ufffb\U000110bd\U000110cd\U00013430-\U00013438\U0001bca0-\U0001bca3"
+    "\U0001d173-\U0001d17a\U000e0001\U000e0020-\U000e007f"
+    "\u115f\u1160\u3164\uffa0\u2028\u2029"  # fillers that draw nothing; line breaks a view may not show
+)
 _FORBIDDEN = re.compile(f"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f{_BIDI}{_INVISIBLE}\ud800-\udfff]")
+_INVISIBLE_CHARS = re.compile(f"[{_INVISIBLE}]")
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*")
 _FILE_KINDS = {
     stat.S_IFIFO: "a named pipe (FIFO)",
@@ -340,7 +350,7 @@ def _character(char: str, index: int, kind: str) -> tuple[str, str]:
             f"{code} {name} at character {index} of the {kind}: it can make text display differently "
             "from what it says; remove it"
         )
-    if char in _INVISIBLE:
+    if _INVISIBLE_CHARS.match(char):
         return "invisible-character", f"{code} at character {index} of the {kind} shows nothing where it is; remove it"
     if "\ud800" <= char <= "\udfff":
         return "lone-surrogate", f"{code} at character {index} of the {kind} is half a surrogate pair, not a character"

@@ -30,9 +30,22 @@ from typing import NamedTuple
 
 @dataclass
 class Meter:
-    """Work done by matches: each piece searched (a glob), each character read and each state built (a regex)."""
+    """Work done by matches: each piece searched (a glob), each character read and each state built (a regex).
+
+    With a ``budget``, a match that would do more work than that stops with :class:`TooCostlyError`.
+    """
 
     steps: int = 0
+    budget: int | None = None
+
+    def spend(self, steps: int) -> None:
+        self.steps += steps
+        if self.budget is not None and self.steps > self.budget:
+            raise TooCostlyError(f"more than {self.budget:,} steps")
+
+
+class TooCostlyError(Exception):
+    """A match stopped at its meter's budget: the answer is unknown, so the caller refuses."""
 
 
 class PatternError(ValueError):

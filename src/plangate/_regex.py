@@ -394,7 +394,7 @@ class Regex:
                 return True
             active = following
             if meter is not None:
-                meter.steps += 1
+                meter.spend(1)
         return 0 in self._closure(active, _context(text, len(text)), meter)
 
     def _step(self, active: frozenset[int], context: int, char: str, meter: Meter | None) -> frozenset[int] | None:
@@ -421,5 +421,5 @@ class Regex:
                 continue
             todo.extend(nfa.moves[state])
         if meter is not None:
-            meter.steps += len(seen)
+            meter.spend(len(seen))
         return seen

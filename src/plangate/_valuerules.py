@@ -17,7 +17,7 @@ from pydantic import Field, field_validator
 
 from plangate import references
 from plangate._frozen import Frozen, cached
-from plangate._patterns import PatternError, matches_any
+from plangate._patterns import Meter, PatternError, TooCostlyError, matches_any
 from plangate._regex import Regex
 from plangate._sqlguard import ReadOnlySQL
 from plangate.plan import Step
@@ -110,7 +110,18 @@ def value_violations(
 
 def _denied(rule: DenyRule, step: Step, params: Mapping[str, Any]) -> Iterator[Violation]:
     for name, value in rule.values(params):
-        hit = next(((loc, text) for loc, text in references.walk(value, (name,)) if rule.regex.search(text)), None)
+        try:
+            hit = next(
+                ((loc, text) for loc, text in references.walk(value, (name,)) if rule.regex.search(text, _meter(text))),
+                None,
+            )
+        except TooCostlyError as exc:  # unknown is not allowed: refuse, saying why
+            message = (
+                f"param {name!r} could not be checked against the denied pattern {rule.pattern!r} within its budget "
+                f"({exc}): shorten the value or the pattern's repetitions"
+            )
+            yield Violation(rule=f"deny:{rule.name}", message=message, step=step.id, source="policy")
+            return
         if hit is not None:
             where = ".".join(str(part) for part in hit[0])
             why = rule.message or f"matches the denied pattern {rule.pattern!r}"
@@ -125,6 +136,20 @@ def _unmet(rule: RequireRule, step: Step, params: Mapping[str, Any], *, resolved
         if why is not None:
             text = f"param {name!r} {rule.message or _READ_ONLY}: {why} (value {_short(str(value))})"
             yield Violation(rule=f"require:{rule.name}", message=text, step=step.id, source="policy")
+
+
+def _meter(text: str) -> Meter:
+    """A search's budget: linear in the text, as a plain pattern needs, far below what a hostile one would take.
+
+    A match reads each character once, but a pattern of many states (``a.{0,2000}b``) can
+    build that many states per character; past :data:`STEPS_PER_CHARACTER` per character
+    the value is refused as unchecked rather than checked for minutes.
+    """
+    return Meter(budget=BASE_STEPS + STEPS_PER_CHARACTER * len(text))
+
+
+BASE_STEPS = 100_000
+STEPS_PER_CHARACTER = 64
 
 
 def _short(text: str) -> str:

@@ -14,9 +14,11 @@ audit key like every other. An account is what those events say: the ``users`` a
 no one anyone. Passwords are hashed with Argon2id (argon2-cffi) and the event records
 a digest of the hash, so a hash swapped in the database logs no one in; API tokens are
 random, expire (90 days unless told otherwise), and are stored only as their SHA-256
-digest. Browser sessions are records in the store, ended at logout and when the account
-is disabled or its tokens revoked; the cookie that names one is signed with the server's
-secret key, which lives outside the database (:mod:`plangate._keys`).
+digest. A browser session is a cookie signed with the server's secret key, which lives
+outside the database (:mod:`plangate._keys`): it names the account, when the session
+began and when it ends, so no row in the database can make it anyone else's or longer.
+Logging out is an audit event that ends it; disabling the account or revoking all its
+tokens ends every session that began before.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from datetime import datetime, timedelta
 from typing import Any, Literal, get_args
 
 from plangate._clock import Clock, SystemClock, iso, parse_iso
+from plangate._input import check_text
 from plangate._keys import SECRET_KEY
 from plangate._patterns import matches_any
 from plangate.errors import GovernanceError, NotFoundError, UsageError
@@ -82,11 +85,34 @@ class Token:
         return self.revoked_at is None and parse_iso(self.expires_at) > now
 
 
+@dataclass(frozen=True, kw_only=True)
+class Session:
+    """A browser session, as its signed cookie carries it."""
+
+    id: str
+    user: str
+    opened_at: str
+    expires_at: str
+
+    def to_cookie(self) -> dict[str, str]:
+        return {"sid": self.id, "user": self.user, "opened": self.opened_at, "expires": self.expires_at}
+
+    @classmethod
+    def from_cookie(cls, data: object) -> Session | None:
+        if not isinstance(data, dict) or not all(
+            isinstance(data.get(k), str) for k in ("sid", "user", "opened", "expires")
+        ):
+            return None
+        return cls(id=data["sid"], user=data["user"], opened_at=data["opened"], expires_at=data["expires"])
+
+
 @dataclass(kw_only=True)
 class _Account:
     user: User
     password: str | None  # the digest of the Argon2 hash the log last recorded
     tokens: dict[str, tuple[str, Token]] = field(default_factory=dict)  # token id -> (digest, token)
+    sessions_cut: str = ""  # sessions that began before this (disabled, every token revoked) are over
+    signed_out: set[str] = field(default_factory=set)  # digests of sessions ended at logout
 
 
 def duration(text: str) -> timedelta:
@@ -129,9 +155,15 @@ class Accounts:
                     disabled=accounts[name].user.disabled if name in accounts else False,
                 )
                 old = accounts.get(name)
-                accounts[name] = _Account(user=user, password=data["password"], tokens=old.tokens if old else {})
+                if old is None:
+                    accounts[name] = _Account(user=user, password=data["password"])
+                else:
+                    old.user, old.password = user, data["password"]
             elif change in ("disabled", "enabled"):
                 accounts[name].user = replace(accounts[name].user, disabled=change == "disabled")
+                accounts[name].sessions_cut = event.at if change == "disabled" else accounts[name].sessions_cut
+            elif change == "signed-out":
+                accounts[name].signed_out.add(data["session"])
             elif change == "token.issued":
                 token = Token(
                     id=data["token"],
@@ -146,6 +178,8 @@ class Accounts:
                 for token_id in data["tokens"]:
                     digest, token = tokens[token_id]
                     tokens[token_id] = (digest, replace(token, revoked_at=event.at))
+                if data.get("all"):
+                    accounts[name].sessions_cut = event.at
         return accounts
 
     def any(self) -> bool:
@@ -199,32 +233,38 @@ class Accounts:
                     return account.user
         return None
 
-    def open_session(self, user: User, *, hours: float) -> str:
-        """A new browser session for ``user``: the session id, to be carried in a signed cookie."""
-        session = secrets.token_urlsafe(24)
+    def open_session(self, user: User, *, hours: float) -> Session:
+        """A new browser session for ``user``, to be carried in a cookie signed with the server's secret."""
         now = self.clock.now()
-        with self.store.transaction():
-            self.store.command(
-                "INSERT INTO sessions (digest, user_name, created_at, expires_at) VALUES (?, ?, ?, ?)",
-                (_digest(session), user.name, iso(now), iso(now + timedelta(hours=hours))),
-            )
-        return session
-
-    def session_user(self, session: str) -> User | None:
-        """The active account of a session that has not ended or expired."""
-        rows = self.store.query(
-            "SELECT user_name, expires_at FROM sessions WHERE digest = ? AND ended_at IS NULL", (_digest(session),)
+        return Session(
+            id=secrets.token_urlsafe(24),
+            user=user.name,
+            opened_at=iso(now),
+            expires_at=iso(now + timedelta(hours=hours)),
         )
-        if not rows or parse_iso(rows[0][1]) <= self.clock.now():
-            return None
-        return self.active(rows[0][0])
 
-    def end_session(self, session: str) -> None:
+    def session_user(self, session: Session) -> User | None:
+        """The session's account, while it lasts: not expired, not signed out, not cut short, the account active."""
+        try:
+            if parse_iso(session.expires_at) <= self.clock.now():
+                return None
+            account = self._fold().get(session.user)
+            if account is None or account.user.disabled or _digest(session.id) in account.signed_out:
+                return None
+            if account.sessions_cut and parse_iso(session.opened_at) <= parse_iso(account.sessions_cut):
+                return None
+        except ValueError:  # a timestamp that is not one: not a cookie this server made
+            return None
+        return account.user
+
+    def end_session(self, session: Session) -> None:
+        """Log out: an audit event ends the session, so no copy of its cookie works again."""
+        user = self.active(session.user)
+        if user is None:
+            return
         with self.store.transaction():
-            self.store.command(
-                "UPDATE sessions SET ended_at = ? WHERE digest = ? AND ended_at IS NULL",
-                (iso(self.clock.now()), _digest(session)),
-            )
+            self._changing(user, for_self=user.name)
+            self._record(user, "", user.name, "signed-out", session=_digest(session.id))
 
     # -- changing (each change an audit event) ------------------------------------------------
     def add(
@@ -292,7 +332,7 @@ class Accounts:
         at: str = "",
     ) -> str:
         """A new API token for ``name``; only its digest is kept. Give it to its holder once."""
-        if not label.strip() or len(label) > 64:
+        if not check_text(label, "label", what="token").strip() or len(label) > 64:
             raise UsageError("a token's label is 1 to 64 characters")
         with self.store.transaction():
             account = self._known(self._changing(by, for_self=name), name)
@@ -320,14 +360,14 @@ class Accounts:
                 live = [t for t in live if t.id == token_id]
                 if not live:
                     raise NotFoundError(f"{account.user.name} has no live token {token_id!r}")
+            if live or token_id is None:  # revoking all also ends every session, with or without live tokens
+                ids = [t.id for t in live]
+                self._record(by, at, account.user.name, "token.revoked", tokens=ids, all=token_id is None)
             if live:
-                self._record(by, at, account.user.name, "token.revoked", tokens=[t.id for t in live])
                 self.store.command(
                     f"UPDATE api_tokens SET revoked_at = ? WHERE id IN ({', '.join('?' for _ in live)})",
                     (iso(now), *(t.id for t in live)),
                 )
-            if token_id is None:
-                self._end_sessions(account.user.name)
         return live
 
     # -- internals ----------------------------------------------------------------------------
@@ -361,14 +401,7 @@ class Accounts:
                     "UPDATE users SET disabled_at = ? WHERE name = ?",
                     (self._now() if disabled else None, account.user.name),
                 )
-            if disabled:
-                self._end_sessions(account.user.name)
         return replace(account.user, disabled=disabled)
-
-    def _end_sessions(self, name: str) -> None:
-        self.store.command(
-            "UPDATE sessions SET ended_at = ? WHERE user_name = ? AND ended_at IS NULL", (self._now(), name)
-        )
 
     def _record(self, by: User | None, at: str, name: str, change: str, **data: Any) -> None:
         self.store.append_event(

@@ -230,15 +230,15 @@ def _unverified(rows: Iterable[Sequence[Any]], problem: str) -> AuditReport:
     return AuditReport(ok=False, events=events, head_seq=seq, head_hash=digest, problem=problem)
 
 
-def verify_plan(rows: Iterable[Sequence[Any]], chain: Chain) -> tuple[int, str] | None:
+def verify_plan(rows: Iterable[Sequence[Any]], chain: Chain, before: str = GENESIS) -> tuple[int, str] | None:
     """Check one plan's events (rows of :data:`COLUMNS`, in order): the first that does not fit, or None.
 
     Each event must carry a valid hash and follow the plan's event before it, so an event
     of the plan that was changed, inserted or deleted is caught without walking the whole
     log. (Its newest events deleted, with its rows set back to match, is caught by the
-    whole log's check, and by a head kept elsewhere.)
+    whole log's check, and by a head kept elsewhere.) ``before`` is the hash of the event the
+    rows follow (a caller that verified the events before them).
     """
-    before = GENESIS
     for row in rows:
         if row[10] != before:
             return row[0], "it does not follow the plan's event before it: events of the plan were deleted"

@@ -109,10 +109,18 @@ def actor(
     return Actor(user.name, user)
 
 
-def permit(user: User | None, doing: Doing, category: str | None = None) -> None:
-    """Refuse ``doing`` to an account whose role does not allow it; the local operator (``None``) may do all."""
+def permit(user: User | None, doing: Doing, category: str | None = None, *, requested_by: str | None = None) -> None:
+    """Refuse ``doing`` to an account whose role does not allow it; the local operator (``None``) may do all.
+
+    With ``requested_by``, the plan must also be one the account may see (its own, or of a
+    category it decides, or any for auditors and governance): nobody runs a plan hidden from them.
+    """
     if user is None:
         return
+    if requested_by is not None and not user.may_read(category=category or "", requested_by=requested_by):
+        raise NotPermittedError(
+            f"{user.name} ({user.role}) may not see plans of {requested_by} in category {category!r}"
+        )
     if user.disabled:
         raise NotPermittedError(f"the account {user.name} is disabled")
     if user.read_only:

@@ -22,11 +22,13 @@ _LOOK_ALIKES = str.maketrans(
     {
         **dict(zip("аеорсухіјѕԁһӏԛԝкмтвпн", "aeopcyxijsdhlqwkmtbnh", strict=True)),  # Cyrillic
         **dict(zip("αοριντκχυεϲ", "aopivtkxuec", strict=True)),  # Greek
+        **dict(zip("ıɑɡℓƖɩʟ", "iaglili", strict=True)),  # Latin letters that pass for others
         "0": "o",
         "1": "l",
         "|": "l",
     }
 )
+_LOOK_ALIKE_PAIRS = (("rn", "m"), ("vv", "w"), ("cl", "d"))
 _ONE_SCRIPT = {"HIRAGANA": "CJK", "KATAKANA": "CJK", "CJK": "CJK", "HANGUL": "CJK"}
 
 
@@ -36,8 +38,15 @@ def canonical(name: str) -> str:
 
 
 def skeleton(name: str) -> str:
-    """What a name looks like: two names with one skeleton are one person to a reader."""
-    return canonical(name).translate(_LOOK_ALIKES)
+    """What a name looks like: two names with one skeleton are one person to a reader.
+
+    Characters that show nothing (format characters such as a soft hyphen or a zero-width
+    joiner) are dropped, look-alike letters and digits mapped to the letter they pass for.
+    """
+    shown = "".join(c for c in canonical(name) if unicodedata.category(c) != "Cf").translate(_LOOK_ALIKES)
+    for pair, letter in _LOOK_ALIKE_PAIRS:
+        shown = shown.replace(pair, letter)
+    return shown
 
 
 def same_person(a: str, b: str) -> bool:

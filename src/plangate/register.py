@@ -19,6 +19,7 @@ from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import Any
 
+from plangate import _input
 from plangate._clock import Clock, SystemClock, iso, parse_iso
 from plangate.accounts import Accounts
 from plangate.errors import GovernanceError, UsageError
@@ -83,7 +84,8 @@ class Register:
                 f"only governance may change the auto-approval register; {by} is "
                 f"{user.role if user else 'not a known user'}"
             )
-        if not reason.strip():
+        _input.check_text(category, "category", what="register change")
+        if not _input.check_text(reason, "reason", what="register change").strip():
             raise UsageError("say why the register changes (--reason)")
         at = iso(self.clock.now())
         entry = Entry(category=category, auto=auto, changed_by=by, changed_at=at, reason=reason)

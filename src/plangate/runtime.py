@@ -218,6 +218,9 @@ class Runtime:
         A decision like an approval: only someone who may approve the plan, never its
         requester or an author, and only while no run holds it.
         """
+        if note is not None:
+            _input.check_text(note, "note", what="settlement")
+        _input.check_value(output, "output", what="settlement")
         with self.store.transaction():
             plan, version = self._locked(plan_id)
             _not_react(plan)
@@ -245,7 +248,7 @@ class Runtime:
         return self._roll_back(plan_id, actor=actor, reason=reason, by_person=True)
 
     def _roll_back(self, plan_id: str, *, actor: str, reason: str, by_person: bool) -> CompensationResult:
-        if not reason.strip():
+        if not _input.check_text(reason, "reason", what="rollback").strip():
             raise UsageError("say why the plan is rolled back")
         owner = lifecycle.runner(actor)
         with self.store.transaction():

@@ -137,6 +137,7 @@ def acting(
     doing: Doing,
     *,
     category: str | None = None,
+    requested_by: str | None = None,
     default: str | None = None,
 ) -> str:
     """The name to record for this command, once it is shown that its account may do ``doing``.
@@ -147,7 +148,7 @@ def acting(
     from plangate import identity
 
     who = identity.actor(runtime.store, token=identity.find_token(token), claimed=user, default=default)
-    identity.permit(who.user, doing, category)
+    identity.permit(who.user, doing, category, requested_by=requested_by)
     return who.name
 
 

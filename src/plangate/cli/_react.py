@@ -81,7 +81,13 @@ def react_command(
     if (question is None) == (resume_id is None):
         raise UsageError("give a QUESTION, or --resume RUN_ID")
     runtime = open_runtime(db, tools_spec, policy_file)
-    user = acting(runtime, user, token, "submit", default="react")
+    if resume_id:  # carrying on a paused run starts work on it: only for someone who may see it
+        paused = runtime.get(runtime.resolve_id(resume_id))
+        user = acting(
+            runtime, user, token, "execute", category=paused.category, requested_by=paused.requested_by, default="react"
+        )
+    else:
+        user = acting(runtime, user, token, "submit", default="react")
     agent = ReActAgent(
         from_spec(model_spec, base_url=base_url),
         runtime.catalogue,

@@ -50,7 +50,9 @@ def _run_command(
         sys.exit(0 if ok else EXIT_HALTED)
     runtime = open_runtime(db, policy_file=policy_file)
     record = with_tools(runtime, plan_id, tools_spec)
-    runner = acting(runtime, user, token, "execute", default="engine")
+    runner = acting(
+        runtime, user, token, "execute", category=record.category, requested_by=record.requested_by, default="engine"
+    )
     click.echo(f"{method} plan {record.id} v{record.version}: {record.task}")
     result = getattr(runtime, method)(record.id, actor=runner, progress=print_progress)
     click.echo(str(result))

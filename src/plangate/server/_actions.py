@@ -37,6 +37,14 @@ def visible(rt: Runtime, user: User, plan_id: str) -> PlanRecord:
     return record
 
 
+def change_register(rt: Runtime, user: User, category: str, *, on: bool, reason: str) -> Any:
+    """Clear (or stop clearing) a category for automatic approval: governance only (403 for anyone else)."""
+    from plangate.register import Register
+
+    permit(user, "register")
+    return Register(rt.store).set(category, on, by=user.name, reason=reason)
+
+
 def may_audit(user: User) -> None:
     if user.role not in ("auditor", "governance"):
         raise HTTPException(403, "the audit log is for auditors and governance")

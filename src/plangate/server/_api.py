@@ -176,9 +176,8 @@ def register(rt: Rt, _: Reader, days: Annotated[int, Query(ge=1, le=36_500)] = 9
 @router.post("/register", openapi_extra=_documented(RegisterChange))
 def change_register(rt: Rt, caller: Writer, body: Annotated[RegisterChange, json_of(RegisterChange)]) -> dict[str, Any]:
     """Turn automatic approval of a category on or off, saying why (governance only)."""
-    from plangate.register import Register
 
-    entry = Register(rt.store).set(body.category, body.state == "on", by=caller.user.name, reason=body.reason)
+    entry = _actions.change_register(rt, caller.user, body.category, on=body.state == "on", reason=body.reason)
     return asdict(entry)
 
 

@@ -57,7 +57,7 @@ def login(request: Request, config: Config, rt: Rt, form: Annotated[LoginForm, D
         response.status_code = exc.status_code
         response.headers.update(exc.headers or {})
         return response
-    cookie = config.sessions.dumps({"sid": accounts.open_session(user, hours=config.max_age / 3600)})
+    cookie = config.sessions.dumps(accounts.open_session(user, hours=config.max_age / 3600).to_cookie())
     redirect = RedirectResponse(f"{root(request.scope)}/", status_code=303)
     redirect.set_cookie(
         config.session_cookie,

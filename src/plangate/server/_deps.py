@@ -28,7 +28,7 @@ from itsdangerous import BadSignature, SignatureExpired, URLSafeTimedSerializer
 from starlette.exceptions import HTTPException
 
 from plangate._clock import Clock
-from plangate.accounts import Accounts, User
+from plangate.accounts import Accounts, Session, User
 from plangate.policy import Policy
 from plangate.record import PlanRecord
 from plangate.runtime import Runtime
@@ -82,11 +82,11 @@ class Settings:
 
 @dataclass(frozen=True, kw_only=True)
 class Caller:
-    """Who is calling: the account, the session's CSRF token and id ('' when they sent an API token)."""
+    """Who is calling: the account, the session's CSRF token, and the session ('' and None for an API token)."""
 
     user: User
     csrf: str
-    session: str = ""
+    session: Session | None = None
 
 
 def settings(request: Request) -> Settings:
@@ -111,11 +111,12 @@ Rt = Annotated[Runtime, Depends(runtime)]
 
 def identity(request: Request, rt: Rt, config: Config) -> Caller | None:
     header = request.headers.get("authorization", "")
-    """The caller: a live API token's account, or a live session's (signed cookie, record in the store).
+    """The caller: a live API token's account, or a live session's.
 
-    A session is a record in the store, ended at logout, when its account is disabled or
-    its tokens revoked, and when it expires; the cookie only names it, signed with the
-    server's secret (outside the database), so a row written in the database names no one.
+    A session is its cookie, signed with the server's secret (outside the database): it
+    names the account, when the session began and when it ends. It is over at logout (an
+    audit event), when the account is disabled or all its tokens revoked, and when it
+    expires; no row written in the database can make it anyone else's or revive it.
     """
     accounts = Accounts(rt.store, config.clock)
     if header[:7].lower() == "bearer ":
@@ -128,9 +129,9 @@ def identity(request: Request, rt: Rt, config: Config) -> Caller | None:
         data = config.sessions.loads(cookie, max_age=config.max_age)
     except (SignatureExpired, BadSignature):
         return None
-    session = data.get("sid") if isinstance(data, dict) else None
-    user = accounts.session_user(session) if isinstance(session, str) else None
-    return Caller(user=user, csrf=config.csrf_for(session), session=session) if user and session else None
+    session = Session.from_cookie(data)
+    user = accounts.session_user(session) if session is not None else None
+    return Caller(user=user, csrf=config.csrf_for(session.id), session=session) if user and session else None
 
 
 def reader(caller: Annotated[Caller | None, Depends(identity)]) -> Caller:

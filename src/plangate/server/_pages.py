@@ -270,7 +270,6 @@ def resume_form(request: Request, plan_id: str, rt: Rt, caller: FormWriter) -> R
 def register_form(
     request: Request, rt: Rt, caller: FormWriter, form: Annotated[RegisterForm, form_of(RegisterForm)]
 ) -> Response:
-    from plangate.register import Register
 
-    Register(rt.store).set(form.category, form.state == "on", by=caller.user.name, reason=form.reason)
+    _actions.change_register(rt, caller.user, form.category, on=form.state == "on", reason=form.reason)
     return back(request, "/register")

@@ -6,6 +6,7 @@ transaction and the state it keeps per transaction (the head, each plan's newest
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Iterator
 from typing import Any
@@ -28,8 +29,20 @@ def _load(text: str | None) -> Any:
         raise StoreError(f"a stored value is not JSON ({exc}): it was changed outside plangate") from None
 
 
+_VERIFIED: dict[tuple[str, str, str], tuple[int, str, tuple[Event, ...]]] = {}
+"""Per (store, key, kind): the newest event a process verified, its hash, and the events up to it."""
+
+
+def _key_id() -> str:
+    """Which key this process holds, without keeping the key itself in a cache's key."""
+    key = find_audit_key()
+    return hashlib.sha256(b"plangate verified-events cache\n" + key).hexdigest() if key else ""
+
+
 class AuditLog:
     """The audit log's half of the SQL store."""
+
+    url: str
 
     _head: tuple[int, str] | None
     _committed: tuple[int, str] | None
@@ -86,20 +99,52 @@ class AuditLog:
         )
 
     def verified_events(self, kind: str) -> list[Event]:
-        query = f"SELECT {audit.COLUMNS} FROM events WHERE plan_id IS NULL AND kind = ? ORDER BY seq"
-        rows = self._exec(query, (kind,)).fetchall()
-        if not rows:
+        """Every event of ``kind`` that belongs to no plan, each checked under the key, in order.
+
+        The events a process has verified are kept (per store, key and kind), so a later call
+        verifies only the newer ones, chained from the newest it knew (itself checked again):
+        an older event changed since then cannot change the answer (a new process, and
+        ``plangate audit verify``, read them all again).
+        No events at all, where the key's seal says there were some, or where the log has
+        gaps, is deletion, refused like an edit.
+        """
+        sealed_row = self._exec("SELECT value FROM settings WHERE key = ?", (f"tail:{kind}",)).fetchone()
+        sealed = sealed_row and sealed_row[0]
+        cached = self._verified_before(kind)
+        after, before, known = cached or (0, audit.GENESIS, ())
+        query = f"SELECT {audit.COLUMNS} FROM events WHERE plan_id IS NULL AND kind = ? AND seq > ? ORDER BY seq"
+        rows = self._exec(query, (kind, after)).fetchall()
+        if not rows and not known:
+            if problem := ("its seal names events that are gone" if sealed else self._gaps()):
+                raise StoreError(f"the {kind} events were deleted outside plangate ({problem}); see audit verify")
             return []
         chain = self._keyed_chain()
-        bad = audit.verify_plan(rows, chain)
-        sealed = self._exec("SELECT value FROM settings WHERE key = ?", (f"tail:{kind}",)).fetchone()
-        last = (rows[-1][0], rows[-1][9])
-        problem = (
-            f"event {bad[0]}: {bad[1]}" if bad else audit.tail_problem(chain, f"~{kind}", last, sealed and sealed[0])
-        )
+        bad = audit.verify_plan(rows, chain, before)
+        last = (rows[-1][0], rows[-1][9]) if rows else (after, before)
+        problem = f"event {bad[0]}: {bad[1]}" if bad else audit.tail_problem(chain, f"~{kind}", last, sealed)
         if problem := problem or self._follows(last):
             raise StoreError(f"the {kind} events were changed outside plangate ({problem}); see plangate audit verify")
-        return [_event(r) for r in rows]
+        events = (*known, *(_event(r) for r in rows))
+        _VERIFIED[(self.url, _key_id(), kind)] = (last[0], last[1], events)
+        return list(events)
+
+    def _verified_before(self, kind: str) -> tuple[int, str, tuple[Event, ...]] | None:
+        """What this process verified of ``kind`` before, if its newest event is still there unchanged."""
+        cached = _VERIFIED.get((self.url, _key_id(), kind))
+        if cached is None:
+            return None
+        query = f"SELECT {audit.COLUMNS} FROM events WHERE seq = ? AND kind = ? AND plan_id IS NULL"
+        row = self._exec(query, (cached[0], kind)).fetchone()
+        unchanged = row is not None and row[9] == cached[1] and self._keyed_chain().hash(row) == row[9]
+        return cached if unchanged else None
+
+    def _gaps(self) -> str | None:
+        """Whether events were deleted: plangate numbers them 1, 2, 3... with no gaps, up to the head it keeps."""
+        count, top = self._exec("SELECT COUNT(*), COALESCE(MAX(seq), 0) FROM events").fetchone()
+        head = self.audit_head()[0]
+        if count != top or head > top:
+            return f"the log holds {count} events numbered up to {top}, its head is event {head}: events were deleted"
+        return None
 
     def fence(self, plan_id: str, owner: str) -> None:
         self._require_tx()

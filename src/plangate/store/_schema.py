@@ -67,10 +67,6 @@ SCHEMA_V8 = [
     "ALTER TABLE api_tokens ADD COLUMN id TEXT",
     "ALTER TABLE api_tokens ADD COLUMN expires_at TEXT",
     "ALTER TABLE api_tokens ADD COLUMN revoked_at TEXT",
-    """CREATE TABLE sessions (
-        digest TEXT PRIMARY KEY, user_name TEXT NOT NULL REFERENCES users (name), created_at TEXT NOT NULL,
-        expires_at TEXT NOT NULL, ended_at TEXT)""",
-    "CREATE INDEX sessions_user ON sessions (user_name)",
     "DELETE FROM settings WHERE key = 'secret'",  # the signing secret now lives outside the database
 ]
 MIGRATIONS: list[list[str]] = [
