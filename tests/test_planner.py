@@ -16,6 +16,7 @@ from plangate.models import ModelError, ModelRequest, Usage
 from plangate.models.test import FunctionModel, Reply, ScriptedModel
 from plangate.planner import Planner, PlanningError, parse_answer
 from plangate.runtime import Runtime
+from plangate.store import open_store
 from tests.conftest import EXAMPLES, load_plan
 from tests.helpers import FixedClock
 
@@ -234,8 +235,11 @@ def test_plan_usage_and_library_on_the_command_line(tmp_path: Path, monkeypatch:
     )
     assert done.exit_code == 0 and "waiting for approval by a person and by privacy-officer" in done.stdout
     assert runner.invoke(main, ["usage"]).stdout.startswith("no model calls")
-    assert runner.invoke(main, ["library", "remove", "refund-and-tell"]).exit_code == 0
+    assert runner.invoke(main, ["library", "remove", "refund-and-tell", "--as", "dave"]).exit_code == 0
     assert runner.invoke(main, ["library", "remove", "refund-and-tell"]).exit_code == 2
+    removed = [e for e in open_store(f"sqlite:///{tmp_path}/cli.db").events() if e.kind == "library.removed"]
+    assert [(e.actor, e.data) for e in removed] == [("dave", {"template": "refund-and-tell"})], "recorded, and by whom"
+    assert runner.invoke(main, ["audit", "verify"]).exit_code == 0
 
 
 def test_usage_shows_budget_against_tokens_used(

@@ -309,12 +309,21 @@ def library_remove_command(*, name: str, user: str | None, token: str | None, db
     """Remove template NAME (with accounts: an approver of the category of the plan it came from)."""
     runtime = open_runtime(db)
     source = {t.name: t.source_plan for t in runtime.store.templates()}.get(name)
-    category = runtime.get(source).category if source else None
-    acting(runtime, user, token, "library", category=category, default="library")
-    with runtime.store.transaction():
-        removed = runtime.store.delete_template(name)
-    if not removed:
+    if source is None:
         raise UsageError(f"no template named {name!r}")
+    record = runtime.get(source)
+    person = acting(runtime, user, token, "library", category=record.category, default="library")
+    with runtime.store.transaction():
+        runtime.store.delete_template(name)
+        runtime.store.append_event(
+            plan_id=record.id,
+            version=record.version,
+            step_id=None,
+            kind="library.removed",
+            actor=person,
+            at=iso(runtime.clock.now()),
+            data={"template": name},
+        )
     click.echo(f"removed template {name!r}")
 
 
