@@ -58,3 +58,21 @@ def died_during(store: Any, plan_id: str, step_id: int, *, version: int = 1) -> 
         store.append_event(
             plan_id=plan_id, version=version, step_id=step_id, kind="step.started", actor="engine", at=at, data=data
         )
+
+
+def wait_until_up(url: str, process: Any, log: Any, *, seconds: float) -> None:
+    """Poll ``url`` until a server started as ``process`` answers; fail with its log if it dies or takes too long."""
+    import time
+    import urllib.request
+
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            urllib.request.urlopen(url, timeout=2).read()
+            return
+        except OSError:
+            assert process.poll() is None, f"the server died: {log.read_text()[-2000:]}"
+            assert time.monotonic() < deadline, (
+                f"the server did not start in {seconds:.0f} s: {log.read_text()[-2000:]}"
+            )
+            time.sleep(0.2)

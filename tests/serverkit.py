@@ -8,8 +8,6 @@ import re
 import socket
 import subprocess
 import sys
-import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,6 +18,7 @@ from plangate import Catalogue, Policy
 from plangate.accounts import Accounts
 from plangate.server import create_app
 from plangate.store import open_store
+from tests.helpers import wait_until_up
 
 PASSWORD = "correct horse battery"
 PEOPLE = {
@@ -99,14 +98,7 @@ def serving(folder: Path, env: dict[str, str], *options: str) -> Iterator[tuple[
         subprocess.Popen(command, env={**os.environ, **env}, stdout=log, stderr=subprocess.STDOUT) as process,
     ):
         url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                urllib.request.urlopen(f"{url}/login", timeout=1).read()
-                break
-            except OSError:
-                assert process.poll() is None and time.monotonic() < deadline, (folder / "server.log").read_text()
-                time.sleep(0.2)
+        wait_until_up(f"{url}/login", process, folder / "server.log", seconds=30)
         try:
             yield url, process
         finally:

@@ -12,8 +12,6 @@ import json
 import os
 import subprocess
 import sys
-import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -26,6 +24,7 @@ from plangate.models.llamacpp import LlamaCppModel
 from plangate.store import open_store
 from plangate.testing import free_port
 from tests.conftest import EXAMPLES
+from tests.helpers import wait_until_up
 
 
 def smollm2() -> Path:
@@ -54,15 +53,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         "0",
     ]
     with log.open("wb") as out, subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT) as process:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=2).read()
-                break
-            except OSError:
-                assert process.poll() is None, f"the llama.cpp server died: {log.read_text()[-2000:]}"
-                assert time.monotonic() < deadline, "the llama.cpp server did not start in 120 s"
-                time.sleep(0.25)
+        wait_until_up(f"http://127.0.0.1:{port}/v1/models", process, log, seconds=120)
         yield f"http://127.0.0.1:{port}/v1"
         process.terminate()
         process.wait(30)
