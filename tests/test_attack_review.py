@@ -173,3 +173,23 @@ def test_the_command_line_runs_only_plans_its_caller_may_see(tmp_path: Path, mon
     assert TOOLS and POLICY and REFUND
     code, out, err = cli("execute", plan["id"], "--token", bob)  # bob: a requester, not of this plan
     assert code == 4, f"bob ran alice's refund from the command line (the server answers 403): {code} {out} {err}"
+
+
+def test_many_short_values_share_one_budget() -> None:
+    """Each of thousands of short values is cheap alone; together they would still take minutes."""
+    import random
+
+    from plangate.check import check
+    from plangate.plan import Plan
+    from tests.conftest import EXAMPLES
+    from tests.helpers import plan
+
+    policy = Policy.from_yaml("version: 1\nname: p\ndeny:\n  - name: secrets\n    pattern: 'a.{0,2000}b'\n")
+    random.seed(2)
+    values = ["".join(random.choice("ac") for _ in range(50)) for _ in range(2_000)]  # each cheap enough alone
+    catalogue = Catalogue.from_module(EXAMPLES / "business.py")
+    costly = check(
+        Plan.parse(plan({"id": 1, "tool": "calculate", "params": {"expression": values}})), catalogue, policy
+    )
+    denied = [v for v in costly.violations if v.rule == "deny:secrets"]
+    assert len(denied) == 1 and "within its budget" in denied[0].message

@@ -109,11 +109,12 @@ def value_violations(
 
 
 def _denied(rule: DenyRule, step: Step, params: Mapping[str, Any]) -> Iterator[Violation]:
+    texts = [(name, loc, text) for name, value in rule.values(params) for loc, text in references.walk(value, (name,))]
+    meter = _meter(sum(len(text) for _, _, text in texts))  # one budget for the step: many short texts add up too
     for name, value in rule.values(params):
         try:
             hit = next(
-                ((loc, text) for loc, text in references.walk(value, (name,)) if rule.regex.search(text, _meter(text))),
-                None,
+                ((loc, text) for loc, text in references.walk(value, (name,)) if rule.regex.search(text, meter)), None
             )
         except TooCostlyError as exc:  # unknown is not allowed: refuse, saying why
             message = (
@@ -138,18 +139,18 @@ def _unmet(rule: RequireRule, step: Step, params: Mapping[str, Any], *, resolved
             yield Violation(rule=f"require:{rule.name}", message=text, step=step.id, source="policy")
 
 
-def _meter(text: str) -> Meter:
-    """A search's budget: linear in the text, as a plain pattern needs, far below what a hostile one would take.
+def _meter(characters: int) -> Meter:
+    """A rule's budget for one step's values: linear in their length, as a plain pattern needs.
 
     A match reads each character once, but a pattern of many states (``a.{0,2000}b``) can
     build that many states per character; past :data:`STEPS_PER_CHARACTER` per character
-    the value is refused as unchecked rather than checked for minutes.
+    (and a small allowance) the step is refused as unchecked rather than checked for minutes.
     """
-    return Meter(budget=BASE_STEPS + STEPS_PER_CHARACTER * len(text))
+    return Meter(budget=BASE_STEPS + STEPS_PER_CHARACTER * characters)
 
 
-BASE_STEPS = 100_000
-STEPS_PER_CHARACTER = 64
+BASE_STEPS = 20_000
+STEPS_PER_CHARACTER = 16
 
 
 def _short(text: str) -> str:
