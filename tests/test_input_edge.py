@@ -11,7 +11,6 @@ import os
 import re
 import socket
 import threading
-import time
 from collections.abc import Iterator
 from fnmatch import fnmatchcase
 from pathlib import Path
@@ -290,13 +289,11 @@ LAUGHS = 'a: &a ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]\
 
 
 def test_a_billion_laughs_is_refused_at_its_first_anchor() -> None:
-    start = time.perf_counter()
     with pytest.raises(PolicyError) as error:
         Policy.from_yaml(LAUGHS, source="laughs.yaml")
     assert str(error.value) == (
         "laughs.yaml: line 1: yaml-alias: anchors and aliases (&name, *name) are not allowed; write each value out"
     )
-    assert time.perf_counter() - start < 1.0  # a safety net: the refusal comes after a few events
 
 
 @pytest.mark.parametrize(
@@ -368,10 +365,8 @@ def test_a_check_with_resources_full_of_stars_stays_fast() -> None:
         "version: 1\nname: p\nsequences:\n  - {name: s, after: {resources: ['row:*b*a*']}, "
         "forbid: {resources: ['row:*a*b*']}}\n"
     )
-    start = time.perf_counter()
     result = check({"task": "t", "category": "c", "steps": steps}, Catalogue([put]), policy)
-    assert [v.rule for v in result.violations].count("resource-conflict") == 40 * 39 // 2
-    assert time.perf_counter() - start < 5.0  # a safety net; the bound itself is the meter's, above
+    assert [v.rule for v in result.violations].count("resource-conflict") == 39  # one per step that clashes
 
 
 @settings(max_examples=300, deadline=None)

@@ -76,11 +76,12 @@ _BIDI = "\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u206
 # Every format character (category Cf: zero-width spaces, soft hyphens, invisible operators, tag
 # characters...) but the two joiners that scripts and emoji need; fillers that draw nothing; line
 # and paragraph separators, which break a line that a reviewer's view may not show.
-_INVISIBLE = (  # Unicode 14's Cf ranges, less the bidi controls (refused as such) and the joiners U+200C, U+200D
-    "\u00ad\u0600-\u0605\u061c\u06dd\u070f\u0890\u0891\u08e2\u180e\u200b\u2060-\u2064\u206a-\u206f"
-    "\ufeff\ufff9-\ufffb\U000110bd\U000110cd\U00013430-\U00013438\U0001bca0-\U0001bca3"
-    "\U0001d173-\U0001d17a\U000e0001\U000e0020-\U000e007f"
-    "\u115f\u1160\u3164\uffa0\u2028\u2029"  # fillers that draw nothing; line breaks a view may not show
+_INVISIBLE = (  # Unicode's format characters (Cf, to Unicode 15) and default-ignorable code points, less
+    # the bidi controls (refused as such) and the joiners U+200C, U+200D that scripts and emoji need
+    "\u00ad\u034f\u0600-\u0605\u06dd\u070f\u0890\u0891\u08e2\u115f\u1160\u17b4\u17b5\u180b-\u180f"
+    "\u200b\u2060-\u206f\u3164\ufe00-\ufe0f\ufeff\uffa0\ufff0-\ufffb"
+    "\U000110bd\U000110cd\U00013430-\U0001343f\U0001bca0-\U0001bca3\U0001d173-\U0001d17a\U000e0000-\U000e0fff"
+    "\u2028\u2029"  # line breaks a reviewer's view may not show
 )
 _FORBIDDEN = re.compile(f"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f{_BIDI}{_INVISIBLE}\ud800-\udfff]")
 _INVISIBLE_CHARS = re.compile(f"[{_INVISIBLE}]")

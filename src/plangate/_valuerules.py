@@ -98,24 +98,27 @@ def value_violations(
     resource: str | None,
     *,
     resolved: bool,
+    meter: Meter | None = None,
 ) -> Iterator[Violation]:
-    """Every deny and require rule the step's parameter values break (``resolved``: as about to be called)."""
+    """Every deny and require rule the step's parameter values break (``resolved``: as about to be called).
+
+    ``meter``: a budget shared with other steps (a whole plan's, from :func:`plan_meter`);
+    without one, each rule gets a budget for this step's values alone.
+    """
     for denied in deny:
         if denied.applies(step, resource):
-            yield from _denied(denied, step, params)
+            yield from _denied(denied, step, params, meter)
     for required in require:
         if required.applies(step, resource):
             yield from _unmet(required, step, params, resolved=resolved)
 
 
-def _denied(rule: DenyRule, step: Step, params: Mapping[str, Any]) -> Iterator[Violation]:
-    texts = [(name, loc, text) for name, value in rule.values(params) for loc, text in references.walk(value, (name,))]
-    meter = _meter(sum(len(text) for _, _, text in texts))  # one budget for the step: many short texts add up too
+def _denied(rule: DenyRule, step: Step, params: Mapping[str, Any], meter: Meter | None) -> Iterator[Violation]:
+    texts = [(name, loc, text) for name, value in rule.values(params) for loc, text in _texts(value, (name,))]
+    meter = meter or _meter(sum(len(text) for _, _, text in texts))  # many short texts add up too
     for name, value in rule.values(params):
         try:
-            hit = next(
-                ((loc, text) for loc, text in references.walk(value, (name,)) if rule.regex.search(text, meter)), None
-            )
+            hit = next(((loc, text) for loc, text in _texts(value, (name,)) if rule.regex.search(text, meter)), None)
         except TooCostlyError as exc:  # unknown is not allowed: refuse, saying why
             message = (
                 f"param {name!r} could not be checked against the denied pattern {rule.pattern!r} within its budget "
@@ -139,6 +142,24 @@ def _unmet(rule: RequireRule, step: Step, params: Mapping[str, Any], *, resolved
             yield Violation(rule=f"require:{rule.name}", message=text, step=step.id, source="policy")
 
 
+def _texts(value: Any, path: tuple[Any, ...]) -> Iterator[tuple[tuple[Any, ...], str]]:
+    """Every text in a value, with its path: strings, and the keys of objects too (a key can carry a secret)."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            yield (*path, key), str(key)
+            yield from _texts(item, (*path, key))
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            yield from _texts(item, (*path, index))
+    else:
+        yield from references.walk(value, path)
+
+
+def plan_meter(characters: int, rules: int) -> Meter:
+    """One budget for every deny rule over a whole plan: each rule may read each character a few times."""
+    return Meter(budget=BASE_STEPS + PLAN_STEPS_PER_CHARACTER * characters * max(rules, 1))
+
+
 def _meter(characters: int) -> Meter:
     """A rule's budget for one step's values: linear in their length, as a plain pattern needs.
 
@@ -151,6 +172,7 @@ def _meter(characters: int) -> Meter:
 
 BASE_STEPS = 20_000
 STEPS_PER_CHARACTER = 16
+PLAN_STEPS_PER_CHARACTER = 4
 
 
 def _short(text: str) -> str:

@@ -28,9 +28,10 @@ import hashlib
 import json
 import re
 import secrets
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
+from functools import partial
 from typing import Any, Literal, get_args
 
 from plangate._clock import Clock, SystemClock, iso, parse_iso
@@ -143,43 +144,11 @@ class Accounts:
         """
         accounts: dict[str, _Account] = {}
         for event in self.store.verified_events(EVENT):
-            data = event.data
-            name = str(data["name"])
-            change = data["change"]
+            name, change = str(event.data["name"]), event.data["change"]
             if change == "saved":
-                user = User(
-                    name=name,
-                    role=data["role"],
-                    categories=tuple(data["categories"]),
-                    slack_id=data.get("slack_id"),
-                    disabled=accounts[name].user.disabled if name in accounts else False,
-                )
-                old = accounts.get(name)
-                if old is None:
-                    accounts[name] = _Account(user=user, password=data["password"])
-                else:
-                    old.user, old.password = user, data["password"]
-            elif change in ("disabled", "enabled"):
-                accounts[name].user = replace(accounts[name].user, disabled=change == "disabled")
-                accounts[name].sessions_cut = event.at if change == "disabled" else accounts[name].sessions_cut
-            elif change == "signed-out":
-                accounts[name].signed_out.add(data["session"])
-            elif change == "token.issued":
-                token = Token(
-                    id=data["token"],
-                    user=name,
-                    label=data["label"],
-                    created_at=event.at,
-                    expires_at=data["expires_at"],
-                )
-                accounts[name].tokens[token.id] = (data["digest"], token)
-            elif change == "token.revoked":
-                tokens = accounts[name].tokens
-                for token_id in data["tokens"]:
-                    digest, token = tokens[token_id]
-                    tokens[token_id] = (digest, replace(token, revoked_at=event.at))
-                if data.get("all"):
-                    accounts[name].sessions_cut = event.at
+                _saved(accounts, name, event.data, event.at)
+            else:
+                _CHANGES[change](accounts[name], event.data, event.at)
         return accounts
 
     def any(self) -> bool:
@@ -286,6 +255,7 @@ class Accounts:
         if slack_id is not None and not _SLACK_ID.fullmatch(slack_id):
             raise UsageError(f"a chat user id looks like U012AB3CD, not {slack_id!r}")
         name = new_name(name)
+        categories = [check_text(c, f"categories[{i}]", what="account") for i, c in enumerate(categories)]
         with self.store.transaction():
             folded = self._changing(by)
             old = folded.get(name)
@@ -426,6 +396,58 @@ class Accounts:
     def secret(self) -> bytes:
         """The server's signing secret: from ``PLANGATE_SECRET_KEY`` or its key file, never from the database."""
         return SECRET_KEY.get()
+
+
+def _saved(accounts: dict[str, _Account], name: str, data: dict[str, Any], at: str) -> None:
+    old = accounts.get(name)
+    user = User(
+        name=name,
+        role=data["role"],
+        categories=tuple(data["categories"]),
+        slack_id=data.get("slack_id"),
+        disabled=old.user.disabled if old else False,
+    )
+    if old is None:
+        accounts[name] = _Account(user=user, password=data["password"])
+        return
+    if old.password != data["password"]:  # a new password ends the sessions begun with the old
+        old.sessions_cut = at
+    old.user, old.password = user, data["password"]
+
+
+def _switched(account: _Account, data: dict[str, Any], at: str, *, disabled: bool) -> None:
+    account.user = replace(account.user, disabled=disabled)
+    if disabled:
+        account.sessions_cut = at
+
+
+def _signed_out(account: _Account, data: dict[str, Any], at: str) -> None:
+    account.signed_out.add(data["session"])
+
+
+def _token_issued(account: _Account, data: dict[str, Any], at: str) -> None:
+    token = Token(
+        id=data["token"], user=account.user.name, label=data["label"], created_at=at, expires_at=data["expires_at"]
+    )
+    account.tokens[token.id] = (data["digest"], token)
+
+
+def _token_revoked(account: _Account, data: dict[str, Any], at: str) -> None:
+    for token_id in data["tokens"]:
+        digest, token = account.tokens[token_id]
+        account.tokens[token_id] = (digest, replace(token, revoked_at=at))
+    if data.get("all"):
+        account.sessions_cut = at
+
+
+_CHANGES: dict[str, Callable[[_Account, dict[str, Any], str], None]] = {
+    "disabled": partial(_switched, disabled=True),
+    "enabled": partial(_switched, disabled=False),
+    "signed-out": _signed_out,
+    "token.issued": _token_issued,
+    "token.revoked": _token_revoked,
+}
+"""How each change other than ``saved`` applies to the account it names."""
 
 
 def _refuse_look_alike(name: str, folded: dict[str, _Account]) -> None:

@@ -23,6 +23,7 @@ _LOOK_ALIKES = str.maketrans(
         **dict(zip("аеорсухіјѕԁһӏԛԝкмтвпн", "aeopcyxijsdhlqwkmtbnh", strict=True)),  # Cyrillic
         **dict(zip("αοριντκχυεϲ", "aopivtkxuec", strict=True)),  # Greek
         **dict(zip("ıɑɡℓƖɩʟ", "iaglili", strict=True)),  # Latin letters that pass for others
+        **dict(zip("հսցօոռզքաԁ", "hugonnqpwd", strict=True)),  # Armenian
         "0": "o",
         "1": "l",
         "|": "l",

@@ -20,7 +20,7 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 from plangate import _input, names
 from plangate._frozen import Frozen, cached
 from plangate._patterns import REMEMBERED, matches_any, star_match
-from plangate._valuerules import RULE_NAME, DenyRule, RequireRule, value_violations
+from plangate._valuerules import RULE_NAME, DenyRule, RequireRule, plan_meter, value_violations
 from plangate.errors import PolicyError, RefusedInputError
 from plangate.graph import PlanGraph
 from plangate.plan import Plan, Step, canonical
@@ -452,9 +452,10 @@ class _Evaluation:
 
     def _deny(self, resources: list[str | None]) -> None:
         policy = self.policy
+        meter = plan_meter(len(self.plan.canonical_json()), len(policy.deny))  # the whole plan shares one budget
         for step, resource in zip(self.plan.steps, resources, strict=True):
             self.violations.extend(
-                value_violations(policy.deny, policy.require, step, step.params, resource, resolved=False)
+                value_violations(policy.deny, policy.require, step, step.params, resource, resolved=False, meter=meter)
             )
 
     def _resource_conflicts(self, tools: list[Tool | None], resources: list[str | None]) -> None:
@@ -464,14 +465,17 @@ class _Evaluation:
             if tool is not None and tool.effect != "read" and resource is not None
         ]
         for index, (later, res_b) in enumerate(writers):
-            for earlier, res_a in writers[:index]:
-                if _resources_clash(res_a, res_b) and not self.graph.ordered(earlier, later):
-                    self._flag(
-                        "resource-conflict",
-                        f"steps {earlier} and {later} both write {res_b!r} and neither depends on the other, "
-                        "so they could run at the same time; make one reference the other",
-                        later,
-                    )
+            clashes = [
+                e for e, res_a in writers[:index] if _resources_clash(res_a, res_b) and not self.graph.ordered(e, later)
+            ]
+            if clashes:  # one violation per step, however many it clashes with: a plan's size never squares
+                others = f" (and {len(clashes) - 1} more)" if len(clashes) > 1 else ""
+                self._flag(
+                    "resource-conflict",
+                    f"steps {clashes[0]}{others} and {later} both write {res_b!r} and neither depends on the other, "
+                    "so they could run at the same time; make one reference the other",
+                    later,
+                )
 
     def _sequences(self, tools: list[Tool | None], resources: list[str | None]) -> None:
         rows = list(zip(self.plan.steps, tools, resources, strict=True))

@@ -11,6 +11,7 @@ from typing import Any
 import click
 
 from plangate._clock import iso
+from plangate._input import check_text
 from plangate.check import check
 from plangate.cli._common import (
     acting,
@@ -270,7 +271,8 @@ def library_add_command(*, plan_id: str, name: str | None, user: str | None, tok
     user = acting(runtime, user, token, "library", category=record.category, default="library")
     if record.status not in ("approved", "running", "succeeded"):
         raise UsageError(f"plan {record.id} is {record.status}: only an approved plan can become a template")
-    chosen = name or re.sub(r"[^a-z0-9]+", "-", record.task.lower()).strip("-")[:60]
+    chosen = check_text(name, "name", what="template") if name else None
+    chosen = chosen or re.sub(r"[^a-z0-9]+", "-", record.task.lower()).strip("-")[:60]
     template = template_from(
         record.plan, chosen, source_plan=record.id, created_by=user, created_at=iso(runtime.clock.now())
     )

@@ -115,7 +115,7 @@ class AuditLog:
         query = f"SELECT {audit.COLUMNS} FROM events WHERE plan_id IS NULL AND kind = ? AND seq > ? ORDER BY seq"
         rows = self._exec(query, (kind, after)).fetchall()
         if not rows and not known:
-            if problem := ("its seal names events that are gone" if sealed else self._gaps()):
+            if problem := ("its seal names events that are gone" if sealed else self._gaps() or self._false_starts()):
                 raise StoreError(f"the {kind} events were deleted outside plangate ({problem}); see audit verify")
             return []
         chain = self._keyed_chain()
@@ -137,6 +137,19 @@ class AuditLog:
         row = self._exec(query, (cached[0], kind)).fetchone()
         unchanged = row is not None and row[9] == cached[1] and self._keyed_chain().hash(row) == row[9]
         return cached if unchanged else None
+
+    def _false_starts(self) -> str | None:
+        """Whether an event that begins a chain (a plan's, or a kind's) was edited: say, given another kind.
+
+        With no event of a kind at all, the kind's first event may have been relabelled; every
+        chain's first event is checked under the key (one per plan and per kind).
+        """
+        rows = self._exec(f"SELECT {audit.COLUMNS} FROM events WHERE plan_prev = ?", (audit.GENESIS,)).fetchall()
+        if not rows:
+            return None
+        chain = self._keyed_chain()
+        bad = next((row[0] for row in rows if chain.hash(row) != row[9]), None)
+        return f"event {bad} does not match its hash: it was edited" if bad is not None else None
 
     def _gaps(self) -> str | None:
         """Whether events were deleted: plangate numbers them 1, 2, 3... with no gaps, up to the head it keeps."""
@@ -261,14 +274,24 @@ class AuditLog:
         return [_event(r) for r in rows], None
 
     def _follows(self, last: tuple[int, str]) -> str | None:
-        """The log goes on from the plan's newest event: the next event, if any, links to it.
+        """The log goes on from a chain's newest event, whole, and the chain does not go on elsewhere.
 
-        A cheap check against a plan's events cut out of the middle of the log with an older
-        seal put back; the whole log's check (``plangate audit verify``) sees every gap.
+        Cheap checks against a chain's newest events cut out of the log (or given another
+        kind or plan) with an older seal put back: the next event links to the newest; no
+        event after it is missing (plangate numbers events with no gaps, up to the head it
+        keeps; counting the events after one reads only those); and no event after it
+        continues the chain under another name. ``plangate audit verify`` checks everything.
         """
-        after = self._exec("SELECT seq, prev FROM events WHERE seq > ? ORDER BY seq LIMIT 1", (last[0],)).fetchone()
-        if after is not None and (after[0], after[1]) != (last[0] + 1, last[1]):
-            return f"the log does not go on from the plan's newest event {last[0]}: events after it were cut out"
+        seq, digest = last
+        after = self._exec("SELECT seq, prev FROM events WHERE seq > ? ORDER BY seq LIMIT 1", (seq,)).fetchone()
+        if after is not None and (after[0], after[1]) != (seq + 1, digest):
+            return f"the log does not go on from the chain's newest event {seq}: events after it were cut out"
+        count, top = self._exec("SELECT COUNT(*), COALESCE(MAX(seq), 0) FROM events WHERE seq > ?", (seq,)).fetchone()
+        if count != max(top - seq, 0) or self.audit_head()[0] > max(top, seq):
+            return f"events after event {seq} were deleted: the log numbers them with gaps"
+        moved = self._exec("SELECT seq FROM events WHERE plan_prev = ? AND seq > ? LIMIT 1", (digest, seq)).fetchone()
+        if moved is not None:
+            return f"event {moved[0]} continues the chain of event {seq} under another kind or plan: it was relabelled"
         return None
 
     def audit_head(self) -> tuple[int, str]:

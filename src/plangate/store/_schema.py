@@ -67,6 +67,7 @@ SCHEMA_V8 = [
     "ALTER TABLE api_tokens ADD COLUMN id TEXT",
     "ALTER TABLE api_tokens ADD COLUMN expires_at TEXT",
     "ALTER TABLE api_tokens ADD COLUMN revoked_at TEXT",
+    "CREATE INDEX events_plan_prev ON events (plan_prev)",  # a chain that goes on under another name is found
     "DELETE FROM settings WHERE key = 'secret'",  # the signing secret now lives outside the database
 ]
 MIGRATIONS: list[list[str]] = [
