@@ -320,3 +320,31 @@ def test_the_token_file_is_private(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     os.mkfifo(path)
     with pytest.raises(UsageError, match="regular file"):
         find_token()
+
+
+def test_reading_accounts_while_another_process_changes_them_sees_no_tampering(db: str) -> None:
+    """The events and their seal are read in separate statements: a write in between is not an attack."""
+    import threading
+
+    writer = Accounts(open_store(db))
+    writer.add("gina", "governance")
+    token = writer.issue_token("gina")
+    problems: list[Exception] = []
+    done = threading.Event()
+
+    def write() -> None:
+        store = open_store(db)
+        for i in range(40):
+            Accounts(store).issue_token("gina", f"t{i}")
+        done.set()
+
+    thread = threading.Thread(target=write)
+    thread.start()
+    reader = Accounts(open_store(db))
+    while not done.is_set():
+        try:
+            assert reader.by_token(token) is not None
+        except StoreError as exc:
+            problems.append(exc)
+    thread.join()
+    assert not problems, problems[:1]

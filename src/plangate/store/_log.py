@@ -33,6 +33,11 @@ _VERIFIED: dict[tuple[str, str, str], tuple[int, str, tuple[Event, ...]]] = {}
 """Per (store, key, kind): the newest event a process verified, its hash, and the events up to it."""
 
 
+_COUNT_AFTER = (
+    "SELECT COUNT(*), COALESCE(MAX(seq), 0), (SELECT seq FROM audit_head WHERE id = 1) FROM events WHERE seq > ?"
+)
+
+
 def _key_id() -> str:
     """Which key this process holds, without keeping the key itself in a cache's key."""
     key = find_audit_key()
@@ -106,8 +111,20 @@ class AuditLog:
         an older event changed since then cannot change the answer (a new process, and
         ``plangate audit verify``, read them all again).
         No events at all, where the key's seal says there were some, or where the log has
-        gaps, is deletion, refused like an edit.
+        gaps, is deletion, refused like an edit. The events and their seal are read in separate
+        statements: a problem seen while another process appended is looked at again.
         """
+        newest = "SELECT COALESCE(MAX(seq), 0) FROM events"
+        for _ in range(3):
+            before = self._exec(newest).fetchone()[0]
+            try:
+                return self._verified_events(kind)
+            except StoreError:
+                if self._exec(newest).fetchone()[0] == before:  # nobody wrote meanwhile: the problem is in the log
+                    raise
+        return self._verified_events(kind)
+
+    def _verified_events(self, kind: str) -> list[Event]:
         sealed_row = self._exec("SELECT value FROM settings WHERE key = ?", (f"tail:{kind}",)).fetchone()
         sealed = sealed_row and sealed_row[0]
         cached = self._verified_before(kind)
@@ -122,7 +139,7 @@ class AuditLog:
         bad = audit.verify_plan(rows, chain, before)
         last = (rows[-1][0], rows[-1][9]) if rows else (after, before)
         problem = f"event {bad[0]}: {bad[1]}" if bad else audit.tail_problem(chain, f"~{kind}", last, sealed)
-        if problem := problem or self._follows(last):
+        if problem := problem or self._follows(last, (None, kind)):
             raise StoreError(f"the {kind} events were changed outside plangate ({problem}); see plangate audit verify")
         events = (*known, *(_event(r) for r in rows))
         _VERIFIED[(self.url, _key_id(), kind)] = (last[0], last[1], events)
@@ -153,9 +170,8 @@ class AuditLog:
 
     def _gaps(self) -> str | None:
         """Whether events were deleted: plangate numbers them 1, 2, 3... with no gaps, up to the head it keeps."""
-        count, top = self._exec("SELECT COUNT(*), COALESCE(MAX(seq), 0) FROM events").fetchone()
-        head = self.audit_head()[0]
-        if count != top or head > top:
+        count, top, head = self._exec(_COUNT_AFTER, (0,)).fetchone()  # one statement: one snapshot
+        if count != top or (head or 0) > top:
             return f"the log holds {count} events numbered up to {top}, its head is event {head}: events were deleted"
         return None
 
@@ -269,28 +285,32 @@ class AuditLog:
         last = (rows[-1][0], rows[-1][9]) if rows and sealed else None  # no row: the tables' check says so
         if problem := audit.tail_problem(self._chain, plan_id, last, sealed[0] if sealed else None):
             return [], problem
-        if last is not None and (problem := self._follows(last)):
+        if last is not None and (problem := self._follows(last, (plan_id, None))):
             return [], problem
         return [_event(r) for r in rows], None
 
-    def _follows(self, last: tuple[int, str]) -> str | None:
+    def _follows(self, last: tuple[int, str], chain: tuple[str | None, str | None]) -> str | None:
         """The log goes on from a chain's newest event, whole, and the chain does not go on elsewhere.
 
         Cheap checks against a chain's newest events cut out of the log (or given another
         kind or plan) with an older seal put back: the next event links to the newest; no
         event after it is missing (plangate numbers events with no gaps, up to the head it
         keeps; counting the events after one reads only those); and no event after it
-        continues the chain under another name. ``plangate audit verify`` checks everything.
+        continues the chain under another name (``chain``: the plan, or the kind of a plan-less
+        chain, whose newer events are just newer). ``plangate audit verify`` checks everything.
         """
         seq, digest = last
         after = self._exec("SELECT seq, prev FROM events WHERE seq > ? ORDER BY seq LIMIT 1", (seq,)).fetchone()
         if after is not None and (after[0], after[1]) != (seq + 1, digest):
             return f"the log does not go on from the chain's newest event {seq}: events after it were cut out"
-        count, top = self._exec("SELECT COUNT(*), COALESCE(MAX(seq), 0) FROM events WHERE seq > ?", (seq,)).fetchone()
-        if count != max(top - seq, 0) or self.audit_head()[0] > max(top, seq):
+        count, top, head = self._exec(_COUNT_AFTER, (seq,)).fetchone()  # one statement: one snapshot
+        if count != max(top - seq, 0) or (head or 0) > max(top, seq):
             return f"events after event {seq} were deleted: the log numbers them with gaps"
-        moved = self._exec("SELECT seq FROM events WHERE plan_prev = ? AND seq > ? LIMIT 1", (digest, seq)).fetchone()
-        if moved is not None:
+        moved = self._exec(
+            "SELECT seq, plan_id, kind FROM events WHERE plan_prev = ? AND seq > ? LIMIT 1", (digest, seq)
+        ).fetchone()
+        plan_id, kind = chain
+        if moved is not None and (moved[1] != plan_id or (plan_id is None and moved[2] != kind)):
             return f"event {moved[0]} continues the chain of event {seq} under another kind or plan: it was relabelled"
         return None
 
