@@ -22,6 +22,7 @@ instead of timing it.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from fnmatch import translate
 from functools import lru_cache
@@ -32,15 +33,21 @@ from typing import NamedTuple
 class Meter:
     """Work done by matches: each piece searched (a glob), each character read and each state built (a regex).
 
-    With a ``budget``, a match that would do more work than that stops with :class:`TooCostlyError`.
+    With a ``budget``, a match that would do more work than that stops with :class:`TooCostlyError`;
+    ``grow``, if given, works out a larger budget once the first is spent (only then).
     """
 
     steps: int = 0
     budget: int | None = None
+    grow: Callable[[], int] | None = None
 
     def spend(self, steps: int) -> None:
         self.steps += steps
         if self.budget is not None and self.steps > self.budget:
+            if self.grow is not None:
+                self.budget, self.grow = max(self.budget, self.grow()), None
+                if self.steps <= self.budget:
+                    return
             raise TooCostlyError(f"more than {self.budget:,} steps")
 
 

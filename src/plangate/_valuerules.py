@@ -10,7 +10,7 @@ call; a ``require`` rule leaves a value that takes a reference to that second lo
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Literal
 
 from pydantic import Field, field_validator
@@ -155,9 +155,12 @@ def _texts(value: Any, path: tuple[Any, ...]) -> Iterator[tuple[tuple[Any, ...],
         yield from references.walk(value, path)
 
 
-def plan_meter(characters: int, rules: int) -> Meter:
-    """One budget for every deny rule over a whole plan: each rule may read each character a few times."""
-    return Meter(budget=BASE_STEPS + PLAN_STEPS_PER_CHARACTER * characters * max(rules, 1))
+def plan_meter(characters: Callable[[], int], rules: int) -> Meter:
+    """One budget for every deny rule over a whole plan: each rule may read each character a few times.
+
+    The plan's length is only measured if a small first budget runs out (most plans never do).
+    """
+    return Meter(budget=BASE_STEPS, grow=lambda: BASE_STEPS + PLAN_STEPS_PER_CHARACTER * characters() * max(rules, 1))
 
 
 def _meter(characters: int) -> Meter:

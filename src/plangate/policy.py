@@ -452,7 +452,7 @@ class _Evaluation:
 
     def _deny(self, resources: list[str | None]) -> None:
         policy = self.policy
-        meter = plan_meter(len(self.plan.canonical_json()), len(policy.deny))  # the whole plan shares one budget
+        meter = plan_meter(lambda: len(self.plan.canonical_json()), len(policy.deny))  # one budget for the plan
         for step, resource in zip(self.plan.steps, resources, strict=True):
             self.violations.extend(
                 value_violations(policy.deny, policy.require, step, step.params, resource, resolved=False, meter=meter)
