@@ -194,3 +194,39 @@ def test_accepts_a_plan_object_text_or_dict() -> None:
 def test_expected_output_against_declared_output(expected: str, ok: bool) -> None:
     result = check(plan({"id": 1, "tool": "fetch", "params": {"invoice_id": "1"}, "expected_output": expected}), CAT)
     assert result.ok is ok
+
+
+@pytest.mark.parametrize(
+    ("condition", "why"),
+    [
+        ('${1.total} > "100"', "cannot compare number > string"),
+        ("${1.id} - 1 > 0", "cannot compute string - integer"),
+        ("not ${1.total}", "'not' takes boolean, not number"),
+        ("${1.total} and true", "'and' takes true or false, not number"),
+        ("${1.total} in ${1.id}", "'in' on a string needs a string on its left"),
+        ("${1.total} + 1", "it gives integer or number, never true or false"),
+    ],
+)
+def test_condition_types_are_checked_before_anyone_approves(condition: str, why: str) -> None:
+    result = check(
+        plan(
+            {"id": 1, "tool": "fetch", "params": {"invoice_id": "1"}},
+            {"id": 2, "tool": "label", "params": {"text": "x"}, "condition": condition},
+        ),
+        CAT,
+    )
+    assert rules(result) == [(2, "condition-type")]
+    assert why in result.violations[0].message
+
+
+@pytest.mark.parametrize(
+    "condition",
+    ["${1.total} > 100", '${1.id} + "x" == "1x"', "'a' in ${1.id}", "${1} != null", "${2} == 1 or ${1.total} >= 1"],
+)
+def test_conditions_that_can_work_pass(condition: str) -> None:
+    steps = [
+        {"id": 1, "tool": "fetch", "params": {"invoice_id": "1"}},
+        {"id": 2, "tool": "anything", "params": {"x": 1}},
+        {"id": 3, "tool": "label", "params": {"text": "x"}, "condition": condition},
+    ]
+    assert rules(check(plan(*steps), CAT)) == []

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from plangate import _jsontypes as jt
-from plangate import references
+from plangate import condtypes, references
 from plangate.errors import PlanError
 from plangate.graph import PlanGraph
 from plangate.plan import Plan, Step, expected_types
@@ -36,6 +36,7 @@ RULES: dict[str, str] = {
     "cycle": "steps that depend on each other in a circle",
     "expected-output": "expected_output cannot match what the tool returns",
     "condition-syntax": "a condition that does not parse",
+    "condition-type": "a condition that no values of the types it reads could make work (a number > a string)",
 }
 
 
@@ -195,8 +196,11 @@ class _Checker:
         if analysis.condition_error is not None:
             self.flag(step, "condition-syntax", f"condition {step.condition!r}: {analysis.condition_error}")
         elif analysis.condition is not None:
-            for ref in analysis.condition.refs:
-                self.output_at(index, step, ref, "condition")
+            located = {ref: self.output_at(index, step, ref, "condition") for ref in analysis.condition.refs}
+            if all(found is not None for found in located.values()):  # a bad reference is flagged already
+                why = condtypes.problem(analysis.condition.tree, lambda ref: located[ref].types)  # type: ignore[union-attr]
+                if why is not None:
+                    self.flag(step, "condition-type", f"condition {step.condition!r}: {why}")
 
     def params(self, step: Step, tool: Tool) -> None:
         by_param: dict[str, list[str]] = {}

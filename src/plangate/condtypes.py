@@ -1,0 +1,100 @@
+"""A condition's types, worked out before it runs: `${2.restarts} > "1"` is refused by the checker.
+
+Types are JSON types (:mod:`plangate._jsontypes`), as the checker knows them for each
+reference; an unknown type (``None``) could be anything and is never refused. A condition
+is refused only when no values of the types it reads could make it work: a comparison of a
+number with a string, arithmetic on text, ``and`` over a number, a result that cannot be
+true or false. At run time the same rules hold (:mod:`plangate.expr`), so a plan that
+passes here fails there only on a value its output schema did not rule out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from plangate._jsontypes import Types, describe, value_type
+from plangate.expr import Binary, ListNode, Literal, Node, RefNode, Unary
+from plangate.references import Ref
+
+NUMBERS = frozenset({"number", "integer"})
+TEXT = frozenset({"string"})
+BOOLEAN = frozenset({"boolean"})
+CONTAINERS = frozenset({"array", "string", "object"})
+
+
+class ConditionTypeError(Exception):
+    """What no values of these types could make work, in plain words."""
+
+
+def problem(tree: Node, types_of: Callable[[Ref], Types]) -> str | None:
+    """Why the condition cannot work whatever the values of its types, or None if it may."""
+    try:
+        result = _infer(tree, types_of)
+        if not _may_be(result, BOOLEAN):
+            raise ConditionTypeError(f"it gives {describe(result)}, never true or false")
+    except ConditionTypeError as exc:
+        return str(exc)
+    return None
+
+
+def _may_be(types: Types, wanted: frozenset[str]) -> bool:
+    if types is None:
+        return True
+    return bool(types & wanted) or ("integer" in types and "number" in wanted)
+
+
+def _infer(node: Node, types_of: Callable[[Ref], Types]) -> Types:
+    if isinstance(node, Literal):
+        return frozenset({value_type(node.value)})
+    if isinstance(node, RefNode):
+        return types_of(node.ref)
+    if isinstance(node, ListNode):
+        for item in node.items:
+            _infer(item, types_of)
+        return frozenset({"array"})
+    if isinstance(node, Unary):
+        operand = _infer(node.operand, types_of)
+        wanted = BOOLEAN if node.op == "not" else NUMBERS
+        if not _may_be(operand, wanted):
+            raise ConditionTypeError(f"'{node.op}' takes {describe(wanted)}, not {describe(operand)}")
+        return wanted if node.op == "not" else (operand & NUMBERS if operand is not None else NUMBERS)
+    return _binary(node, _infer(node.left, types_of), _infer(node.right, types_of))
+
+
+def _binary(node: Binary, left: Types, right: Types) -> Types:
+    op = node.op
+    if op in ("and", "or"):
+        for side in (left, right):
+            if not _may_be(side, BOOLEAN):
+                raise ConditionTypeError(f"'{op}' takes true or false, not {describe(side)}")
+        return BOOLEAN
+    if op in ("==", "!="):
+        return BOOLEAN
+    if op in ("in", "not in"):
+        return _membership(op, left, right)
+    return _arithmetic(op, left, right)
+
+
+def _membership(op: str, left: Types, right: Types) -> Types:
+    if not _may_be(right, CONTAINERS):
+        raise ConditionTypeError(f"'{op}' needs a list, string or object on its right, not {describe(right)}")
+    if right == TEXT and not _may_be(left, TEXT):
+        raise ConditionTypeError(f"'{op}' on a string needs a string on its left, not {describe(left)}")
+    return BOOLEAN
+
+
+def _arithmetic(op: str, left: Types, right: Types) -> Types:
+    """Comparisons and arithmetic: numbers with numbers, or strings with strings (``+`` and comparisons)."""
+    numbers = _may_be(left, NUMBERS) and _may_be(right, NUMBERS)
+    text = _may_be(left, TEXT) and _may_be(right, TEXT)
+    if op in ("<", "<=", ">", ">="):
+        if not (numbers or text):
+            raise ConditionTypeError(
+                f"cannot compare {describe(left)} {op} {describe(right)}: compare numbers or strings"
+            )
+        return BOOLEAN
+    if op == "+" and text:
+        return TEXT | NUMBERS if numbers else TEXT
+    if not numbers:
+        raise ConditionTypeError(f"cannot compute {describe(left)} {op} {describe(right)}: both sides must be numbers")
+    return NUMBERS
