@@ -191,7 +191,7 @@ async def _temporal_chains(address: str, repeat: int) -> tuple[float, float]:
                 raw_samples.append((time.perf_counter() - start) * 1000 / n)
                 record = rt.submit(chain(n), "bench")
                 rt.approve(record.id, "reviewer", record.hash)
-                args = workflow_args(db, __file__, rt.start(record.id, actor="bench"))
+                args = workflow_args(db, __file__, rt.start(record.id, actor="bench"), rt.catalogue)
                 start = time.perf_counter()
                 await client.execute_workflow(PlanWorkflow.run, args, id=record.id, task_queue=TASK_QUEUE)
                 our_samples.append((time.perf_counter() - start) * 1000 / n)

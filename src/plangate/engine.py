@@ -37,6 +37,7 @@ from plangate import lifecycle, references
 from plangate._clock import Clock, iso, parse_iso
 from plangate._jsontypes import value_type
 from plangate.errors import ConditionError, LeaseLostError, ParamsError, RefError
+from plangate.graph import run_deps
 from plangate.plan import Plan, Step, expected_types
 from plangate.policy import Policy
 from plangate.store import DONE, StepRow, StepStatus, Store
@@ -143,6 +144,7 @@ class _Run:
         self.halt: tuple[int, str, str | None] | None = None
         self.now = ""
         self.kwargs: dict[int, dict[str, Any]] = {}  # validated arguments, from _prepare to the call
+        self.deps = run_deps(plan, lambda name: engine.catalogue[name].effect if name in engine.catalogue else None)
 
     # -- the loop ------------------------------------------------------------------------
     async def go(self) -> RunResult:
@@ -193,7 +195,7 @@ class _Run:
                 self._unknown_outcome(row)
                 if self.halt is not None:
                     return "outcome_unknown"
-            if not self.steps[step_id].refs.depends_on <= self.outputs.keys():
+            if not self.deps[step_id] <= self.outputs.keys():
                 return "blocked"
             self.ready = [(0, step_id)]
             self._check_lease()
@@ -238,7 +240,7 @@ class _Run:
             else:
                 self.waiting.add(step_id)
         for step_id in self.waiting:
-            self.blockers[step_id] = set(self.steps[step_id].refs.depends_on) - self.outputs.keys()
+            self.blockers[step_id] = set(self.deps[step_id]) - self.outputs.keys()
             for dep in self.blockers[step_id]:
                 self.dependents[dep].append(step_id)
             if not self.blockers[step_id]:

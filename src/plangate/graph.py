@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from plangate.plan import Plan
+
+EFFECTS = ("write", "irreversible")
 
 
 @dataclass(frozen=True)
@@ -38,3 +41,31 @@ class PlanGraph:
     def ordered(self, a: int, b: int) -> bool:
         """True when one of the two steps depends, directly or not, on the other."""
         return a in self.ancestors.get(b, ()) or b in self.ancestors.get(a, ())
+
+
+def run_deps(plan: Plan, effect_of: Callable[[str], str | None]) -> dict[int, frozenset[int]]:
+    """What each step waits for before it starts: the steps it reads, and the plan's listed order around effects.
+
+    A reviewer reads a plan top to bottom and approves that story, so effects are barriers:
+    a step whose tool writes or is irreversible (or whose effect is unknown) starts only
+    after every step listed before it has finished, and no step starts before every such
+    step listed before it has finished. Reads between two effects still run at the same
+    time. ``effect_of`` gives a tool's effect by name.
+    """
+    deps: dict[int, frozenset[int]] = {}
+    last_effect: int | None = None  # it waited for everything before it: waiting for it is enough
+    since: list[int] = []  # the steps listed since that effect
+    for step in plan.steps:
+        if step.id in deps:
+            continue
+        effect = effect_of(step.tool) != "read"  # an unknown effect counts as one
+        waits = set(step.refs.depends_on & deps.keys())
+        if last_effect is not None:
+            waits.add(last_effect)
+        if effect:
+            waits.update(since)
+            last_effect, since = step.id, []
+        else:
+            since.append(step.id)
+        deps[step.id] = frozenset(waits)
+    return deps

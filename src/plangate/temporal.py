@@ -134,11 +134,14 @@ class PlanWorkflow:
         )
 
 
-def workflow_args(db: str, tools: str, claim: Claim) -> dict[str, Any]:
-    """The workflow's input for a claimed run: the approved text and hash travel in Temporal's history."""
-    from plangate.graph import PlanGraph
+def workflow_args(db: str, tools: str, claim: Claim, catalogue: Catalogue) -> dict[str, Any]:
+    """The workflow's input for a claimed run: the approved text and hash travel in Temporal's history.
 
-    graph = PlanGraph.of(claim.body)
+    The steps' order is the engine's (:func:`plangate.graph.run_deps`): data flow, and effects as barriers.
+    """
+    from plangate.graph import run_deps
+
+    deps = run_deps(claim.body, lambda name: catalogue[name].effect if name in catalogue else None)
     return {
         "db": db,
         "tools": tools,
@@ -147,8 +150,8 @@ def workflow_args(db: str, tools: str, claim: Claim) -> dict[str, Any]:
         "body": claim.body.canonical_json(),
         "hash": claim.body.hash,
         "owner": claim.owner,
-        "order": list(graph.order),
-        "deps": {str(k): sorted(v) for k, v in graph.deps.items()},
+        "order": [step.id for step in claim.body.steps],
+        "deps": {str(k): sorted(v) for k, v in deps.items()},
     }
 
 
@@ -198,7 +201,7 @@ async def serve(
                 try:
                     await client.execute_workflow(
                         PlanWorkflow.run,
-                        workflow_args(db, tools, claim),
+                        workflow_args(db, tools, claim, catalogue),
                         id=plan_id,
                         task_queue=TASK_QUEUE,
                         id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,

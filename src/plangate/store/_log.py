@@ -115,7 +115,7 @@ class AuditLog:
         statements: a problem seen while another process appended is looked at again.
         """
         newest = "SELECT COALESCE(MAX(seq), 0) FROM events"
-        for _ in range(3):
+        for _ in range(20):  # each look costs little; a log that grows all the time is looked at again
             before = self._exec(newest).fetchone()[0]
             try:
                 return self._verified_events(kind)

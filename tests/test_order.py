@@ -1,0 +1,131 @@
+"""In what order steps run: the story a reviewer reads top to bottom, with effects as barriers."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from plangate import Catalogue, Policy, tool
+from plangate.graph import run_deps
+from plangate.plan import Plan
+from plangate.runtime import Runtime
+from tests.helpers import FixedClock, plan
+
+LOG: list[str] = []
+TOGETHER = threading.Barrier(10, timeout=10)
+
+
+@tool
+def look_up(user: str) -> str:
+    """Find a user; fails for one nobody knows."""
+    if user == "nobody":
+        raise LookupError("User not found")
+    LOG.append(f"look_up:{user}")
+    return user
+
+
+@tool(effect="write")
+def cancel(order: str) -> str:
+    """Cancel an order."""
+    LOG.append(f"cancel:{order}")
+    return order
+
+
+@tool(effect="write")
+def ship(order: str) -> str:
+    """Ship an order; fails for a broken one."""
+    if order == "broken":
+        raise RuntimeError("the carrier refused it")
+    LOG.append(f"ship:{order}")
+    return order
+
+
+@tool(effect="irreversible", external=True)
+def notify(text: str) -> str:
+    """Tell the customer."""
+    LOG.append(f"notify:{text}")
+    return text
+
+
+@tool
+def wait_for_all(n: int) -> int:
+    """A read that finishes only when ten of them run at the same time."""
+    TOGETHER.wait()
+    return n
+
+
+CAT = Catalogue([look_up, cancel, ship, notify, wait_for_all])
+
+
+@pytest.fixture
+def rt(tmp_path: Path) -> Runtime:
+    LOG.clear()
+    policy = Policy.from_yaml("version: 1\nname: p\napproval: {human: [ops]}\n")
+    return Runtime(CAT, policy, db=f"sqlite:///{tmp_path}/order.db", clock=FixedClock(), max_concurrency=16)
+
+
+def run(rt: Runtime, *steps: dict[str, Any]) -> Any:
+    record = rt.submit(plan(*steps, category="ops"), "ann")
+    rt.approve(record.id, "ben", record.hash)
+    return rt.execute(record.id, actor="ops")
+
+
+def test_a_failed_lookup_listed_before_a_write_stops_the_write(rt: Runtime) -> None:
+    result = run(
+        rt,
+        {"id": 1, "tool": "look_up", "params": {"user": "nobody"}},
+        {"id": 2, "tool": "look_up", "params": {"user": "ada"}},
+        {"id": 3, "tool": "cancel", "params": {"order": "A1"}},  # references nothing
+    )
+    assert result.status == "halted" and result.failed_step == 1
+    assert not [entry for entry in LOG if entry.startswith("cancel")], "the write never ran"
+
+
+def test_a_message_listed_after_a_write_waits_for_it_and_never_tells_a_falsehood(rt: Runtime) -> None:
+    done = run(
+        rt,
+        {"id": 1, "tool": "ship", "params": {"order": "A1"}},
+        {"id": 2, "tool": "notify", "params": {"text": "your order shipped"}},
+    )
+    assert done.ok and LOG == ["ship:A1", "notify:your order shipped"]
+    LOG.clear()
+    failed = run(
+        rt,
+        {"id": 1, "tool": "ship", "params": {"order": "broken"}},
+        {"id": 2, "tool": "notify", "params": {"text": "your order shipped"}},
+    )
+    assert failed.status == "halted" and LOG == [], "the customer is not told of a shipment that failed"
+
+
+def test_reads_between_effects_still_run_at_the_same_time(rt: Runtime) -> None:
+    """Ten reads meet at a barrier that opens only when all ten are running: run one by one, they would time out."""
+    steps = [{"id": i, "tool": "wait_for_all", "params": {"n": i}} for i in range(1, 11)]
+    result = run(rt, {"id": 20, "tool": "cancel", "params": {"order": "A1"}}, *steps)
+    assert result.ok and LOG == ["cancel:A1"]
+
+
+def test_the_order_a_plan_is_run_in() -> None:
+    body = Plan.parse(
+        plan(
+            {"id": 1, "tool": "look_up", "params": {"user": "a"}},
+            {"id": 2, "tool": "look_up", "params": {"user": "b"}},
+            {"id": 3, "tool": "ship", "params": {"order": "${1}"}},
+            {"id": 4, "tool": "look_up", "params": {"user": "c"}},
+            {"id": 5, "tool": "look_up", "params": {"user": "d"}},
+            {"id": 6, "tool": "notify", "params": {"text": "${5}"}},
+            {"id": 7, "tool": "mystery", "params": {}},
+        )
+    )
+    deps = run_deps(body, lambda name: CAT[name].effect if name in CAT else None)
+    assert deps == {  # the edges that matter: an effect waited for all before it, so waiting for it is enough
+        1: frozenset(),
+        2: frozenset(),
+        3: {1, 2},  # a write waits for everything listed before it
+        4: {3},  # a read waits for the effects listed before it
+        5: {3},
+        6: {3, 4, 5},  # so does an irreversible one (and for 1 and 2 through 3)
+        7: {6},  # a tool whose effect is unknown counts as an effect
+    }
