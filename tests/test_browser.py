@@ -135,7 +135,7 @@ def test_review_edit_approve_execute(server: dict[str, Any], browser: Browser) -
     expect(dave.locator("table")).to_contain_text(plan["task"])
     dave.screenshot(path=str(SHOTS / "queue.png"), full_page=True)
     dave.click(f"a[href='/plans/{plan['id']}']")
-    expect(dave.locator("svg[aria-label='dependency graph']")).to_be_visible()
+    expect(dave.locator("svg[aria-label='the order steps run in']")).to_be_visible()
     expect(dave.locator("body")).to_contain_text("1 step(s) that change something that can be undone")
     dave.screenshot(path=str(SHOTS / "plan.png"), full_page=True)
 

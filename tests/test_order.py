@@ -129,3 +129,23 @@ def test_the_order_a_plan_is_run_in() -> None:
         6: {3, 4, 5},  # so does an irreversible one (and for 1 and 2 through 3)
         7: {6},  # a tool whose effect is unknown counts as an effect
     }
+
+
+def test_the_review_page_shows_the_order_edges(tmp_path: Path) -> None:
+    from plangate.record import PlanRecord
+    from plangate.server.views import graph_svg
+
+    body = Plan.parse(
+        plan(
+            {"id": 1, "tool": "look_up", "params": {"user": "a"}},
+            {"id": 2, "tool": "ship", "params": {"order": "${1}"}},
+            {"id": 3, "tool": "notify", "params": {"text": "shipped"}},
+        )
+    )
+    record = PlanRecord(
+        id="p", version=1, hash=body.hash, status="pending_approval", task="t", category="c",
+        requested_by="ann", role=None, plan=body,
+    )  # fmt: skip
+    svg = graph_svg(record, CAT)
+    assert svg.count('class="data-edge"') == 1, "2 reads 1's output"
+    assert svg.count('class="order-edge"') == 1, "3 waits for 2, the write listed before it, without reading it"

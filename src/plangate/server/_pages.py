@@ -104,7 +104,7 @@ def plan_page(
         flash=config.flashed(flash, sig),
         steps=views.steps(record, config.catalogue),
         touch=views.touch(record, config.catalogue),
-        graph=views.graph_svg(record),
+        graph=views.graph_svg(record, config.catalogue),
         can_decide=user.may_approve(record.category) and not same_person(user.name, record.requested_by),
         can_edit=not user.read_only,
         can_execute=not user.read_only,

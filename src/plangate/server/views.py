@@ -8,7 +8,7 @@ from html import escape
 from typing import Any
 
 from plangate.accounts import User
-from plangate.graph import PlanGraph
+from plangate.graph import PlanGraph, run_deps
 from plangate.plan import Plan
 from plangate.record import PlanRecord
 from plangate.runtime import Runtime
@@ -84,14 +84,16 @@ def touch(record: PlanRecord, catalogue: Catalogue) -> list[str]:
     return lines
 
 
-def graph_svg(record: PlanRecord) -> str:
-    """The dependency graph as an inline SVG: one column per depth, arrows from inputs to users."""
+def graph_svg(record: PlanRecord, catalogue: Catalogue) -> str:
+    """The order steps run in, as an inline SVG: one column per depth; solid arrows carry data from
+    a step to the steps that read it, dashed ones are the plan's listed order around effects."""
     if record.plan is None:
         return ""
     graph = PlanGraph.of(record.plan)
+    run = run_deps(record.plan, lambda name: catalogue[name].effect if name in catalogue else None)
     depth: dict[int, int] = {}
     for step_id in graph.order:
-        depth[step_id] = 1 + max((depth[d] for d in graph.deps[step_id]), default=-1)
+        depth[step_id] = 1 + max((depth[d] for d in run[step_id]), default=-1)
     columns: dict[int, list[int]] = {}
     for step_id in graph.order:
         columns.setdefault(depth[step_id], []).append(step_id)
@@ -106,16 +108,18 @@ def graph_svg(record: PlanRecord) -> str:
     tools = {s.id: s.tool for s in record.plan.steps}
     parts = [
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" role="img" '
-        f'aria-label="dependency graph"><defs><marker id="arrow" markerWidth="8" markerHeight="8" refX="8" '
+        f'aria-label="the order steps run in"><defs><marker id="arrow" markerWidth="8" markerHeight="8" refX="8" '
         f'refY="4" orient="auto"><path d="M0,0 L8,4 L0,8 z" fill="#5b6577"/></marker></defs>'
     ]
-    for step_id, deps in graph.deps.items():
+    for step_id, waits in run.items():
         x2, y2 = where[step_id]
-        for dep in deps:
+        for dep in sorted(waits):
             x1, y1 = where[dep]
+            listed = dep not in graph.deps[step_id]  # waits for it because of the listed order, not its data
             parts.append(
                 f'<line x1="{x1 + box_w}" y1="{y1 + box_h / 2}" x2="{x2}" y2="{y2 + box_h / 2}" '
-                f'stroke="#5b6577" marker-end="url(#arrow)"/>'
+                f'stroke="#5b6577" marker-end="url(#arrow)"'
+                + (' stroke-dasharray="5 4" class="order-edge"/>' if listed else ' class="data-edge"/>')
             )
     for step_id, (x, y) in where.items():
         parts.append(
