@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from plangate import ledger
+from plangate._keys import SECRET_KEY
 from plangate.accounts import Accounts, User, duration
 from plangate.errors import GovernanceError, NotFoundError, SelfApprovalError, StoreError, UsageError
 from plangate.names import canonical, new_name, same_person
@@ -253,13 +254,13 @@ def test_the_signing_secret_lives_outside_the_database(accounts: Accounts, db: s
                                                        monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
     path = tmp_path / "keys" / "secret.key"
     monkeypatch.setenv("PLANGATE_SECRET_KEY_FILE", str(path))
-    secret = accounts.secret()
+    secret = SECRET_KEY.get()
     assert len(secret) >= 32 and stat.S_IMODE(path.stat().st_mode) == 0o600
-    assert accounts.secret() == secret
+    assert SECRET_KEY.get() == secret
     rows = accounts.store.query("SELECT key FROM settings")
     assert all("secret" not in key for (key,) in rows)
     monkeypatch.setenv("PLANGATE_SECRET_KEY", "s" * 40)
-    assert accounts.secret() == b"s" * 40
+    assert SECRET_KEY.get() == b"s" * 40
 
 
 # -- who acts: local mode, token mode ----------------------------------------------------------------

@@ -36,7 +36,6 @@ from typing import Any, Literal, get_args
 
 from plangate._clock import Clock, SystemClock, iso, parse_iso
 from plangate._input import check_text
-from plangate._keys import SECRET_KEY
 from plangate._patterns import matches_any
 from plangate.errors import GovernanceError, NotFoundError, UsageError
 from plangate.names import canonical, new_name, skeleton
@@ -392,10 +391,6 @@ class Accounts:
 
     def _now(self) -> str:
         return iso(self.clock.now())
-
-    def secret(self) -> bytes:
-        """The server's signing secret: from ``PLANGATE_SECRET_KEY`` or its key file, never from the database."""
-        return SECRET_KEY.get()
 
 
 def _saved(accounts: dict[str, _Account], name: str, data: dict[str, Any], at: str) -> None:

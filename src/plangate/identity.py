@@ -94,14 +94,14 @@ def actor(
     claimed (:class:`~plangate.errors.NotPermittedError`).
     """
     accounts = Accounts(store, clock)
-    if not accounts.any():
+    user = accounts.by_token(token) if token else None  # a live token proves accounts exist: one fold, not two
+    if user is None and not accounts.any():
         name = claimed if claimed is not None else default
         if name is None or not canonical(name):
             raise UsageError("say who you are with --as NAME")
         return Actor(canonical(name))
     if not token:
         raise SignInRequiredError(f"this store has accounts: {SIGN_IN}")
-    user = accounts.by_token(token)
     if user is None:
         raise SignInRequiredError(f"the token is unknown, expired or revoked, or its account is disabled: {SIGN_IN}")
     if claimed is not None and canonical(claimed) != user.name:

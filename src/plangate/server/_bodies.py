@@ -20,7 +20,7 @@ from plangate import _input
 from plangate.errors import RefusedInputError
 from plangate.server._errors import describe
 
-MAX_DEPTH = 64
+MAX_DEPTH = _input.MAX_DEPTH
 MAX_FIELDS = 64
 T = TypeVar("T")
 
