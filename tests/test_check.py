@@ -230,3 +230,97 @@ def test_conditions_that_can_work_pass(condition: str) -> None:
         {"id": 3, "tool": "label", "params": {"text": "x"}, "condition": condition},
     ]
     assert rules(check(plan(*steps), CAT)) == []
+
+
+@tool(effect="write")
+def refund(invoice_id: str) -> str:
+    return invoice_id
+
+
+@tool
+def find(email: str) -> str:
+    return email
+
+
+@tool
+def note(text: str | None) -> str:
+    return text or ""
+
+
+ORDERED = Catalogue([fetch, pay, label, refund, find, note])
+
+
+@pytest.mark.parametrize(
+    ("after", "why"),
+    [
+        ([2], "names this step itself"),
+        ([9], "names step 9, which does not exist"),
+        ([3], "names step 3, which comes later; a step may wait only for steps listed before it"),
+        ([1, 1], "names step 1 twice"),
+    ],
+)
+def test_after_names_earlier_steps_only(after: list[int], why: str) -> None:
+    result = check(
+        plan(
+            {"id": 1, "tool": "find", "params": {"email": "a@x"}},
+            {"id": 2, "tool": "find", "params": {"email": "b@x"}, "after": after},
+            {"id": 3, "tool": "find", "params": {"email": "c@x"}},
+        ),
+        ORDERED,
+    )
+    assert rules(result) == [(2, "after-step")]
+    assert result.violations[0].message == f"after: {why}"
+
+
+def test_after_that_closes_a_circle_is_a_cycle() -> None:
+    result = check(
+        plan(
+            {"id": 1, "tool": "find", "params": {"email": "a@x"}, "after": [2]},
+            {"id": 2, "tool": "find", "params": {"email": "${1}"}},
+        ),
+        ORDERED,
+    )
+    assert rules(result) == [(1, "after-step"), (1, "cycle")]
+    assert "1 -> 2 -> 1" in result.violations[1].message
+
+
+def test_only_reads_may_fail_and_let_the_plan_go_on() -> None:
+    result = check(
+        plan(
+            {"id": 1, "tool": "find", "params": {"email": "a@x"}, "on_failure": "continue"},
+            {"id": 2, "tool": "refund", "params": {"invoice_id": "42"}, "on_failure": "continue"},
+        ),
+        ORDERED,
+    )
+    assert rules(result) == [(2, "optional-effect")]
+    assert "'refund' is a write tool" in result.violations[0].message
+
+
+def optional_lookup_then(*later: dict[str, Any]) -> Any:
+    first = {"id": 1, "tool": "find", "params": {"email": "a@x"}, "on_failure": "continue"}
+    return check(plan(first, *later), ORDERED)
+
+
+def test_an_optional_steps_output_is_nullable_until_a_condition_guards_it() -> None:
+    unguarded = optional_lookup_then({"id": 2, "tool": "refund", "params": {"invoice_id": "${1}"}})
+    assert rules(unguarded) == [(2, "ref-optional")]
+    assert unguarded.violations[0].message == (
+        "param 'invoice_id' takes string, but ${1} is null when step 1 fails (its on_failure is 'continue'); "
+        "give this step the condition '${1} != null'"
+    )
+    in_text = optional_lookup_then({"id": 2, "tool": "label", "params": {"text": "found ${1}"}})
+    assert rules(in_text) == [(2, "ref-optional")] and "would read 'null' in its text" in in_text.violations[0].message
+    for guard in ("${1} != null", "null != ${1}", "${1} != null and 1 < 2"):
+        guarded = optional_lookup_then(
+            {"id": 2, "tool": "refund", "params": {"invoice_id": "${1}"}, "condition": guard}
+        )
+        assert guarded.ok, (guard, rules(guarded))
+    for not_a_guard in ("${1} != null or 1 < 2", "${1} == null", "not (${1} == null)"):
+        loose = optional_lookup_then(
+            {"id": 2, "tool": "refund", "params": {"invoice_id": "${1}"}, "condition": not_a_guard}
+        )
+        assert rules(loose) == [(2, "ref-optional")], not_a_guard
+    takes_null = optional_lookup_then({"id": 2, "tool": "note", "params": {"text": "${1}"}})
+    assert takes_null.ok, "a parameter that takes null needs no guard"
+    fallback = optional_lookup_then({"id": 2, "tool": "find", "params": {"email": "b@x"}, "condition": "${1} == null"})
+    assert fallback.ok, "a condition may test the optional step's output for null"

@@ -365,7 +365,7 @@ def test_a_check_with_resources_full_of_stars_stays_fast() -> None:
         "version: 1\nname: p\nsequences:\n  - {name: s, after: {resources: ['row:*b*a*']}, "
         "forbid: {resources: ['row:*a*b*']}}\n"
     )
-    result = check({"task": "t", "category": "c", "steps": steps}, Catalogue([put]), policy)
+    result = check({"task": "t", "category": "c", "order": "dataflow", "steps": steps}, Catalogue([put]), policy)
     assert [v.rule for v in result.violations].count("resource-conflict") == 39  # one per step that clashes
 
 

@@ -12,6 +12,7 @@ from plangate import Catalogue, Policy, tool
 from plangate.graph import run_deps
 from plangate.plan import Plan
 from plangate.runtime import Runtime
+from plangate.story import tell
 from tests.helpers import FixedClock, plan
 
 LOG: list[str] = []
@@ -57,7 +58,34 @@ def wait_for_all(n: int) -> int:
     return n
 
 
-CAT = Catalogue([look_up, cancel, ship, notify, wait_for_all])
+MET = threading.Event()
+
+
+@tool
+def wait_to_meet(n: int) -> str:
+    """A read that waits a little for ``meet`` to run beside it: 'met' when it did, else 'alone'."""
+    return "met" if MET.wait(timeout=0.5) else "alone"
+
+
+@tool
+def meet(n: int) -> int:
+    """A read that says it has run."""
+    MET.set()
+    return n
+
+
+PAIR = threading.Barrier(2, timeout=10)
+
+
+@tool(effect="write")
+def write_in_pair(key: str) -> str:
+    """A write that finishes only when another runs at the same time."""
+    PAIR.wait()
+    LOG.append(f"write:{key}")
+    return key
+
+
+CAT = Catalogue([look_up, cancel, ship, notify, wait_for_all, wait_to_meet, meet, write_in_pair])
 
 
 @pytest.fixture
@@ -67,8 +95,10 @@ def rt(tmp_path: Path) -> Runtime:
     return Runtime(CAT, policy, db=f"sqlite:///{tmp_path}/order.db", clock=FixedClock(), max_concurrency=16)
 
 
-def run(rt: Runtime, *steps: dict[str, Any]) -> Any:
-    record = rt.submit(plan(*steps, category="ops"), "ann")
+def run(rt: Runtime, *steps: dict[str, Any], order: str = "listed") -> Any:
+    MET.clear()
+    record = rt.submit({**plan(*steps, category="ops"), "order": order}, "ann")
+    assert record.status == "pending_approval", record
     rt.approve(record.id, "ben", record.hash)
     return rt.execute(record.id, actor="ops")
 
@@ -149,3 +179,102 @@ def test_the_review_page_shows_the_order_edges(tmp_path: Path) -> None:
     svg = graph_svg(record, CAT)
     assert svg.count('class="data-edge"') == 1, "2 reads 1's output"
     assert svg.count('class="order-edge"') == 1, "3 waits for 2, the write listed before it, without reading it"
+
+
+def test_after_makes_a_step_wait_for_one_it_does_not_read(rt: Runtime) -> None:
+    side_by_side = run(
+        rt,
+        {"id": 1, "tool": "wait_to_meet", "params": {"n": 1}},
+        {"id": 2, "tool": "meet", "params": {"n": 2}},
+    )
+    assert side_by_side.outputs[1] == "met", "two reads with nothing between them run at the same time"
+    ordered = run(
+        rt,
+        {"id": 1, "tool": "wait_to_meet", "params": {"n": 1}},
+        {"id": 2, "tool": "meet", "params": {"n": 2}, "after": [1]},
+    )
+    assert ordered.ok and ordered.outputs[1] == "alone", "step 2 started only once step 1 had finished"
+
+
+def test_dataflow_order_runs_what_reads_nothing_at_the_same_time(rt: Runtime) -> None:
+    """Two writes that finish only when both run at once: in dataflow order they do."""
+    result = run(
+        rt,
+        {"id": 1, "tool": "write_in_pair", "params": {"key": "a"}},
+        {"id": 2, "tool": "write_in_pair", "params": {"key": "b"}},
+        order="dataflow",
+    )
+    assert result.ok and sorted(LOG) == ["write:a", "write:b"]
+    LOG.clear()
+    chained = run(
+        rt,
+        {"id": 1, "tool": "ship", "params": {"order": "broken"}},
+        {"id": 2, "tool": "notify", "params": {"text": "shipped"}, "after": [1]},
+        order="dataflow",
+    )
+    assert chained.status == "halted" and LOG == [], "after still orders steps in dataflow order"
+
+
+def test_an_optional_lookup_that_fails_lets_the_fallback_run(rt: Runtime) -> None:
+    result = run(
+        rt,
+        {"id": 1, "tool": "look_up", "params": {"user": "nobody"}, "on_failure": "continue"},
+        {"id": 2, "tool": "look_up", "params": {"user": "ada"}, "condition": "${1} == null"},
+        {"id": 3, "tool": "cancel", "params": {"order": "${1}"}, "condition": "${1} != null"},
+        {"id": 4, "tool": "cancel", "params": {"order": "${2}"}, "condition": "${2} != null"},
+    )
+    assert result.ok and result.failed_optional == (1,) and result.skipped == (3,)
+    assert result.outputs == {1: None, 2: "ada", 4: "ada"}
+    assert LOG == ["look_up:ada", "cancel:ada"]
+    row = rt.store.steps(result.plan_id)[1]
+    assert (row.status, row.output, row.error) == ("failed_optional", None, "LookupError: User not found")
+    story = "\n".join(tell(rt.trace(result.plan_id)))
+    assert "step 1 failed, and is optional (on_failure: continue)" in story
+    assert rt.store.verify_audit().ok
+    again = rt.execute(result.plan_id, actor="ops")
+    assert again.failed_optional == (1,) and again.outputs == result.outputs, "the record tells the same story"
+
+
+def test_an_optional_lookup_that_succeeds_takes_the_first_branch(rt: Runtime) -> None:
+    result = run(
+        rt,
+        {"id": 1, "tool": "look_up", "params": {"user": "bea"}, "on_failure": "continue"},
+        {"id": 2, "tool": "look_up", "params": {"user": "ada"}, "condition": "${1} == null"},
+        {"id": 3, "tool": "cancel", "params": {"order": "${1}"}, "condition": "${1} != null"},
+    )
+    assert result.ok and result.failed_optional == () and result.skipped == (2,)
+    assert LOG == ["look_up:bea", "cancel:bea"]
+
+
+def test_the_order_of_after_and_dataflow_plans() -> None:
+    steps = (
+        {"id": 1, "tool": "look_up", "params": {"user": "a"}},
+        {"id": 2, "tool": "ship", "params": {"order": "x"}},
+        {"id": 3, "tool": "notify", "params": {"text": "${1}"}, "after": [2]},
+        {"id": 4, "tool": "look_up", "params": {"user": "b"}},
+    )
+    dataflow = Plan.parse({**plan(*steps), "order": "dataflow"})
+    assert run_deps(dataflow, lambda name: CAT[name].effect) == {1: set(), 2: set(), 3: {1, 2}, 4: set()}
+    listed = Plan.parse(plan(*steps))
+    assert run_deps(listed, lambda name: CAT[name].effect) == {1: set(), 2: {1}, 3: {1, 2}, 4: {3}}
+
+
+def test_the_review_page_shows_after_edges_and_says_when_listed_order_is_not_execution_order(tmp_path: Path) -> None:
+    from tests import serverkit
+
+    setup = serverkit.setup(tmp_path, CAT, Policy.from_yaml("version: 1\nname: p\napproval: {human: [ops]}\n"))
+    client, _ = serverkit.browser(setup, "alice")
+    steps = (
+        {"id": 1, "tool": "look_up", "params": {"user": "a"}, "on_failure": "continue"},
+        {"id": 2, "tool": "look_up", "params": {"user": "b"}, "after": [1]},
+    )
+    pages = {}
+    for order in ("listed", "dataflow"):
+        made = serverkit.api(setup, "alice").post("/api/plans", json={**plan(*steps), "order": order})
+        assert made.status_code == 201, made.text
+        pages[order] = client.get(f"/plans/{made.json()['id']}").text
+    listed, dataflow = pages["listed"], pages["dataflow"]
+    assert listed.count('class="after-edge"') == 1 and 'class="data-edge"' not in listed
+    assert "after step 1" in listed and "optional: a failure gives null" in listed
+    assert 'id="dataflow-order"' not in listed
+    assert 'id="dataflow-order"' in dataflow and "the listed order is not the execution order" in dataflow

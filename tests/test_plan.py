@@ -123,3 +123,21 @@ def test_a_copy_with_changes_gets_a_new_hash(refund_plan: dict[str, Any]) -> Non
     changed = plan.model_copy(update={"task": "something else"})
     assert changed.hash != original
     assert changed.hash == Plan.parse({**refund_plan, "task": "something else"}).hash
+
+
+def test_later_fields_at_their_default_leave_the_hash_as_it_was() -> None:
+    """A plan written before `order`, `after` and `on_failure` existed keeps its hash; using them changes it."""
+    base = {"task": "t", "category": "c", "steps": [{"id": 1, "tool": "ping", "rationale": "r"}]}
+    before = "23c25fdc0be948e926aa592680e6344b9e3a7925a668f34e3c9dd15a33471765"  # its hash before they existed
+    plain = Plan.parse(base)
+    spelled = Plan.parse(
+        {**base, "order": "listed", "steps": [{**base["steps"][0], "after": [], "on_failure": "halt"}]}  # type: ignore[dict-item]
+    )
+    assert spelled.hash == plain.hash
+    assert "after" not in plain.canonical_json() and "order" not in plain.canonical_json()
+    assert plain.hash == before
+    for changed in (
+        {**base, "order": "dataflow"},
+        {**base, "steps": [{**base["steps"][0], "on_failure": "continue"}]},  # type: ignore[dict-item]
+    ):
+        assert Plan.parse(changed).hash != plain.hash

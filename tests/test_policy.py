@@ -41,8 +41,10 @@ def policy(body: str = "") -> Policy:
     return Policy.from_yaml("version: 1\nname: test\n" + textwrap.dedent(body))
 
 
-def plan(*steps: dict[str, Any], category: str = "c") -> Plan:
-    return Plan.parse({"task": "t", "category": category, "steps": [{"rationale": "r", **s} for s in steps]})
+def plan(*steps: dict[str, Any], category: str = "c", order: str = "listed") -> Plan:
+    return Plan.parse(
+        {"task": "t", "category": category, "order": order, "steps": [{"rationale": "r", **s} for s in steps]}
+    )
 
 
 def hits(decision: Any) -> list[tuple[int | None, str]]:
@@ -118,34 +120,33 @@ def test_deny_patterns_look_into_nested_values_and_match_resources() -> None:
     assert "param 'options.after' matches the denied pattern" in decision.violations[1].message
 
 
-def test_resource_conflicts_need_an_order() -> None:
+def test_resource_conflicts_need_an_order_in_dataflow_plans() -> None:
     p = policy()
-    clash = p.evaluate(
-        plan(
-            {"id": 1, "tool": "put", "params": {"key": "a", "value": "1"}},
-            {"id": 2, "tool": "put", "params": {"key": "a", "value": "2"}},
-            {"id": 3, "tool": "put", "params": {"key": "b", "value": "3"}},
-            {"id": 4, "tool": "put", "params": {"key": "${9.k}", "value": "4"}},
-            {"id": 9, "tool": "ping"},
-        ),
-        CAT,
+    writes = (
+        {"id": 1, "tool": "put", "params": {"key": "a", "value": "1"}},
+        {"id": 2, "tool": "put", "params": {"key": "a", "value": "2"}},
+        {"id": 3, "tool": "put", "params": {"key": "b", "value": "3"}},
+        {"id": 4, "tool": "put", "params": {"key": "${9.k}", "value": "4"}},
+        {"id": 9, "tool": "ping"},
     )
+    clash = p.evaluate(plan(*writes, order="dataflow"), CAT)
     assert hits(clash) == [(2, "resource-conflict"), (4, "resource-conflict")]  # one per step, however many clashes
     assert "steps 1 (and 2 more) and 4 both write" in [v.message for v in clash.violations][-1]
-    ordered = p.evaluate(
-        plan(
-            {"id": 1, "tool": "put", "params": {"key": "a", "value": "1"}},
-            {"id": 2, "tool": "put", "params": {"key": "a", "value": "after ${1}"}},
-        ),
-        CAT,
-    )
-    assert hits(ordered) == []
+    assert hits(p.evaluate(plan(*writes), CAT)) == []  # listed order runs every write after the steps before it
+    for second in ({"value": "after ${1}"}, {"after": [1]}):  # a reference, or an explicit order
+        step = {"id": 2, "tool": "put", "params": {"key": "a", "value": "2"}}
+        step = {**step, "params": {**step["params"], **second}} if "value" in second else {**step, **second}
+        ordered = p.evaluate(
+            plan({"id": 1, "tool": "put", "params": {"key": "a", "value": "1"}}, step, order="dataflow"), CAT
+        )
+        assert hits(ordered) == [], second
     assert (
         hits(
             policy("resources: {exclusive_writes: false}").evaluate(
                 plan(
                     {"id": 1, "tool": "put", "params": {"key": "a", "value": "1"}},
                     {"id": 2, "tool": "put", "params": {"key": "a", "value": "2"}},
+                    order="dataflow",
                 ),
                 CAT,
             )

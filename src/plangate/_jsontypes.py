@@ -16,6 +16,7 @@ JSON_TYPES = ("string", "number", "integer", "boolean", "object", "array", "null
 
 Schema = Mapping[str, Any]
 Types = frozenset[str] | None  # None: any type (unknown, or an unconstrained schema)
+NULL: frozenset[str] = frozenset({"null"})
 
 
 def deref(schema: Schema, root: Schema) -> Schema:

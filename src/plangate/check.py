@@ -37,6 +37,10 @@ RULES: dict[str, str] = {
     "expected-output": "expected_output cannot match what the tool returns",
     "condition-syntax": "a condition that does not parse",
     "condition-type": "a condition that no values of the types it reads could make work (a number > a string)",
+    "after-step": "an 'after' entry that does not name an earlier step of the plan",
+    "optional-effect": "'on_failure: continue' on a step whose tool writes or cannot be undone (only reads may fail)",
+    "ref-optional": "a use of an optional step's output, null when that step fails, where null does not fit and "
+    "no condition '${N} != null' guards it",
 }
 
 
@@ -134,7 +138,42 @@ class _Checker:
         if tool is not None:
             self.params(step, tool)
             self.expected_output(step, tool)
+            if step.on_failure == "continue" and tool.effect != "read":
+                self.flag(
+                    step,
+                    "optional-effect",
+                    f"on_failure 'continue' is for read steps only, and {tool.name!r} is a {tool.effect} tool: "
+                    "a write that fails must stop the plan",
+                )
         self.rollback(index, step)
+        self.after(index, step)
+
+    def after(self, index: int, step: Step) -> None:
+        seen: set[int] = set()
+        for other in step.after:
+            at = self.position.get(other)
+            if other in seen:
+                why = f"names step {other} twice"
+            elif other == step.id:
+                why = "names this step itself"
+            elif at is None:
+                why = f"names step {other}, which does not exist"
+            elif at > index:
+                why = f"names step {other}, which comes later; a step may wait only for steps listed before it"
+                self.forward.append((step.id, other))
+            else:
+                seen.add(other)
+                continue
+            seen.add(other)
+            self.flag(step, "after-step", f"after: {why}")
+
+    def optional(self, step: Step, ref: references.Ref) -> bool:
+        """True when ``ref`` may be null because the step it reads may fail, and nothing guards it."""
+        at = self.position.get(ref.step)
+        if at is None or self.plan.steps[at].on_failure != "continue":
+            return False
+        condition = step.refs.condition
+        return condition is None or ref.step not in condtypes.not_null(condition.tree)
 
     def target(self, index: int, step: Step, ref: references.Ref, where: str) -> Tool | bool | None:
         """The referenced step's tool (None: unknown tool), or False when the reference is bad."""
@@ -175,6 +214,15 @@ class _Checker:
             if wanted.error is not None:
                 continue  # an unknown parameter: reported by the parameter check
             accepted = wanted.types
+            if self.optional(step, found.ref) and (not found.whole or jt.not_accepted(jt.NULL, accepted)):
+                use = f"takes {jt.describe(accepted)}" if found.whole else "would read 'null' in its text"
+                self.flag(
+                    step,
+                    "ref-optional",
+                    f"{where} {use}, but {found.ref} is null when step {found.ref.step} fails "
+                    f"(its on_failure is 'continue'); give this step the condition '${{{found.ref.step}}} != null'",
+                )
+                continue
             if not found.whole:
                 if jt.not_accepted(frozenset({"string"}), accepted):
                     self.flag(
@@ -245,7 +293,7 @@ class _Checker:
             return
         edges: dict[int, set[int]] = {}
         for step in self.plan.steps:
-            targets = step.refs.depends_on & self.position.keys()
+            targets = (step.refs.depends_on | set(step.after)) & self.position.keys()
             edges.setdefault(step.id, set()).update(targets - {step.id})
         reported: set[frozenset[int]] = set()
         for source, later in self.forward:

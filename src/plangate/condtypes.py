@@ -98,3 +98,19 @@ def _arithmetic(op: str, left: Types, right: Types) -> Types:
     if not numbers:
         raise ConditionTypeError(f"cannot compute {describe(left)} {op} {describe(right)}: both sides must be numbers")
     return NUMBERS
+
+
+def not_null(tree: Node) -> frozenset[int]:
+    """The steps whose output the condition, when true, shows is not null.
+
+    A conjunct ``${N} != null`` (or ``${N.field} != null``: every field of a null output
+    is null) at the top of the condition's ``and`` chain guards step N: the step under
+    that condition runs only when step N gave a value.
+    """
+    if isinstance(tree, Binary) and tree.op == "and":
+        return not_null(tree.left) | not_null(tree.right)
+    if isinstance(tree, Binary) and tree.op == "!=":
+        for ref_side, other in ((tree.left, tree.right), (tree.right, tree.left)):
+            if isinstance(ref_side, RefNode) and isinstance(other, Literal) and other.value is None:
+                return frozenset({ref_side.ref.step})
+    return frozenset()

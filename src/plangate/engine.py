@@ -51,7 +51,7 @@ _SKIPPED = object()
 class Progress:
     """What the engine reports as it goes (for a progress display)."""
 
-    kind: Literal["started", "succeeded", "failed", "skipped", "reused", "outcome_unknown"]
+    kind: Literal["started", "succeeded", "failed", "failed_optional", "skipped", "reused", "outcome_unknown"]
     step_id: int
     tool: str
     done: int
@@ -69,6 +69,8 @@ class RunResult:
     status: Literal["succeeded", "halted"]
     outputs: dict[int, Any] = field(default_factory=dict)
     skipped: tuple[int, ...] = ()
+    failed_optional: tuple[int, ...] = ()
+    """Optional steps (``on_failure: continue``) that failed: their output is null."""
     ran: tuple[int, ...] = ()
     failed_step: int | None = None
     tool: str | None = None
@@ -82,7 +84,11 @@ class RunResult:
 
     def __str__(self) -> str:
         if self.ok:
-            return f"succeeded: {len(self.outputs)} steps done, {len(self.skipped)} skipped, {len(self.ran)} run now"
+            optional = f", {len(self.failed_optional)} optional failed" if self.failed_optional else ""
+            return (
+                f"succeeded: {len(self.outputs)} steps done, {len(self.skipped)} skipped{optional}, "
+                f"{len(self.ran)} run now"
+            )
         lines = [f"halted at step {self.failed_step} ({self.tool}): {self.error}"]
         if self.rationale:
             lines.append(f"  the step's rationale: {self.rationale}")
@@ -132,6 +138,7 @@ class _Run:
         self.steps = {s.id: s for s in plan.steps}
         self.order = [s.id for s in plan.steps]
         self.outputs: dict[int, Any] = {}
+        self.nulls: set[int] = set()  # optional steps that failed: null, and every field of theirs too
         self.rows: dict[int, StepRow] = {}
         self.position = {step_id: index for index, step_id in enumerate(self.order)}
         self.waiting: set[int] = set()  # not started yet in this run
@@ -190,7 +197,7 @@ class _Run:
             self._reload()
             row = self.rows.get(step_id)
             if row is not None and row.status in DONE:
-                return row.status
+                return row.status  # already done: the same answer again
             if row is not None and row.status in ("started", "outcome_unknown"):
                 self._unknown_outcome(row)
                 if self.halt is not None:
@@ -206,7 +213,7 @@ class _Run:
             self._tick()
             self.finished = [outcome]
             self._record_finished()
-        return "succeeded" if outcome.ok else "failed"
+        return self.rows[step_id].status
 
     def finish(self) -> RunResult:
         """Record how the run ended, from what the steps recorded."""
@@ -225,7 +232,7 @@ class _Run:
         for sid in self.order:
             row = self.rows.get(sid)
             if row is not None and row.status in DONE:
-                self.outputs[sid] = row.output if row.status == "succeeded" else _SKIPPED
+                self._recorded(row)
 
     def _load(self) -> None:
         """Load what earlier runs recorded; decide what an unknown outcome means."""
@@ -233,7 +240,7 @@ class _Run:
         for step_id in self.order:
             row = self.rows.get(step_id)
             if row is not None and row.status in DONE and row.version <= self.version:
-                self.outputs[step_id] = row.output if row.status == "succeeded" else _SKIPPED
+                self._recorded(row)
                 self._report("reused", step_id, row.status)
             elif row is not None and row.status in ("started", "outcome_unknown"):
                 self._unknown_outcome(row)
@@ -245,6 +252,12 @@ class _Run:
                 self.dependents[dep].append(step_id)
             if not self.blockers[step_id]:
                 heapq.heappush(self.ready, (self.position[step_id], step_id))
+
+    def _recorded(self, row: StepRow) -> None:
+        """What a finished step's row says it gave: its output, null (an optional failure) or a skip."""
+        if row.status == "failed_optional":
+            self.nulls.add(row.step_id)
+        self.outputs[row.step_id] = _SKIPPED if row.status == "skipped" else row.output
 
     def _done(self, step_id: int, output: Any) -> None:
         """Record an output (or a skip) and make ready the steps that waited only for it."""
@@ -285,16 +298,20 @@ class _Run:
     def _record_finished(self) -> None:
         for outcome in self.finished:
             step, now = self.steps[outcome.step_id], self._now()
-            status: StepStatus = "succeeded" if outcome.ok else "failed"
+            optional = not outcome.ok and step.on_failure == "continue"
+            status: StepStatus = "succeeded" if outcome.ok else "failed_optional" if optional else "failed"
+            output = outcome.output if outcome.ok else None
             self.rows[step.id] = replace(
-                self.rows[step.id], status=status, output=outcome.output, error=outcome.error, finished_at=now
+                self.rows[step.id], status=status, output=output, error=outcome.error, finished_at=now
             )
-            self.store.finish_step(
-                self.plan_id, step.id, status=status, output=outcome.output, error=outcome.error, at=now
-            )
+            self.store.finish_step(self.plan_id, step.id, status=status, output=output, error=outcome.error, at=now)
             if outcome.ok:
                 self._done(step.id, outcome.output)
                 self._event("step.succeeded", step.id, {"output": outcome.output, "ms": round(outcome.ms, 3)})
+            elif optional:
+                self.nulls.add(step.id)
+                self._done(step.id, None)
+                self._event("step.failed_optional", step.id, {"error": outcome.error, "ms": round(outcome.ms, 3)})
             else:
                 self._event("step.failed", step.id, {"error": outcome.error, "ms": round(outcome.ms, 3)})
                 self.halt = self.halt or (step.id, outcome.error or "failed", None)
@@ -321,7 +338,7 @@ class _Run:
         try:
             if step.refs.condition is not None and not step.refs.condition.evaluate(self._lookup):
                 return self._skip(step, f"its condition is false: {step.condition}")
-            params = references.resolve(step.params, self.outputs)
+            params = references.resolve(step.params, self.outputs, self.nulls)
             kwargs = self._tool(step_id).validate_params(params)
         except (ConditionError, RefError, ParamsError) as exc:
             return self._fail_before_call(step, str(exc))
@@ -392,7 +409,7 @@ class _Run:
     def _lookup(self, ref: references.Ref) -> Any:
         if self.outputs.get(ref.step) is _SKIPPED:
             raise RefError(f"{ref}: step {ref.step} was skipped")
-        return references.lookup(ref, self.outputs)
+        return references.lookup(ref, self.outputs, self.nulls)
 
     # -- calling tools -------------------------------------------------------------------
     def _context(self, step_id: int) -> RunContext:
@@ -455,6 +472,7 @@ class _Run:
     # -- ending --------------------------------------------------------------------------
     def _end(self) -> RunResult:
         skipped = tuple(s for s in self.order if self.outputs.get(s) is _SKIPPED)
+        failed_optional = tuple(s for s in self.order if s in self.nulls)
         outputs = {s: v for s, v in self.outputs.items() if v is not _SKIPPED}
         if self.halt is None:
             self._move("succeeded", "run.succeeded", {"steps": len(outputs), "skipped": list(skipped)})
@@ -464,6 +482,7 @@ class _Run:
                 status="succeeded",
                 outputs=outputs,
                 skipped=skipped,
+                failed_optional=failed_optional,
                 ran=tuple(self.ran),
             )
         step_id, error, next_step = self.halt
@@ -480,6 +499,7 @@ class _Run:
             status="halted",
             outputs=outputs,
             skipped=skipped,
+            failed_optional=failed_optional,
             ran=tuple(self.ran),
             failed_step=step_id,
             tool=step.tool,
@@ -563,10 +583,18 @@ def _ms(start: float) -> float:
 
 def recorded_result(plan_id: str, version: int, plan: Plan, rows: Mapping[int, StepRow], status: str) -> RunResult:
     """The result of a finished run, rebuilt from the store (executing it again repeats nothing)."""
-    outputs = {s: r.output for s, r in rows.items() if r.status == "succeeded"}
+    outputs = {s: r.output for s, r in rows.items() if r.status in ("succeeded", "failed_optional")}
     skipped = tuple(s.id for s in plan.steps if rows.get(s.id) and rows[s.id].status == "skipped")
+    optional = tuple(s.id for s in plan.steps if rows.get(s.id) and rows[s.id].status == "failed_optional")
     if status == "succeeded":
-        return RunResult(plan_id=plan_id, version=version, status="succeeded", outputs=outputs, skipped=skipped)
+        return RunResult(
+            plan_id=plan_id,
+            version=version,
+            status="succeeded",
+            outputs=outputs,
+            skipped=skipped,
+            failed_optional=optional,
+        )
     failed = next((r for r in rows.values() if r.status in ("failed", "outcome_unknown")), None)
     step = plan.step(failed.step_id) if failed else None
     return RunResult(
@@ -575,6 +603,7 @@ def recorded_result(plan_id: str, version: int, plan: Plan, rows: Mapping[int, S
         status="halted",
         outputs=outputs,
         skipped=skipped,
+        failed_optional=optional,
         failed_step=failed.step_id if failed else None,
         tool=step.tool if step else None,
         rationale=step.rationale if step else None,

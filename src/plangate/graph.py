@@ -1,4 +1,4 @@
-"""The dependency graph a plan's references draw between its steps."""
+"""The dependency graph a plan's references draw between its steps, and the order its steps run in."""
 
 from __future__ import annotations
 
@@ -14,8 +14,9 @@ EFFECTS = ("write", "irreversible")
 class PlanGraph:
     """Which steps each step depends on, directly (``deps``) and transitively (``ancestors``).
 
-    Only references to earlier steps are edges: anything else is a check error, so the
-    graph is acyclic by construction and ``order`` is a valid execution order.
+    A step depends on the steps it reads (and, with ``after=True``, those its ``after``
+    names: order without data). Only earlier steps are edges: anything else is a check
+    error, so the graph is acyclic by construction and ``order`` is a valid execution order.
     """
 
     order: tuple[int, ...]
@@ -23,7 +24,7 @@ class PlanGraph:
     ancestors: dict[int, frozenset[int]]
 
     @classmethod
-    def of(cls, plan: Plan) -> PlanGraph:
+    def of(cls, plan: Plan, *, after: bool = False) -> PlanGraph:
         seen: set[int] = set()
         order: list[int] = []
         deps: dict[int, frozenset[int]] = {}
@@ -31,7 +32,7 @@ class PlanGraph:
         for step in plan.steps:
             if step.id in seen:
                 continue
-            direct = step.refs.depends_on & seen
+            direct = (step.refs.depends_on | set(step.after) if after else step.refs.depends_on) & seen
             deps[step.id] = direct
             ancestors[step.id] = direct.union(*(ancestors[d] for d in direct))
             seen.add(step.id)
@@ -44,22 +45,28 @@ class PlanGraph:
 
 
 def run_deps(plan: Plan, effect_of: Callable[[str], str | None]) -> dict[int, frozenset[int]]:
-    """What each step waits for before it starts: the steps it reads, and the plan's listed order around effects.
+    """What each step waits for before it starts: the steps it reads or names in ``after``, and the listed order.
 
-    A reviewer reads a plan top to bottom and approves that story, so effects are barriers:
-    a step whose tool writes or is irreversible (or whose effect is unknown) starts only
-    after every step listed before it has finished, and no step starts before every such
-    step listed before it has finished. Reads between two effects still run at the same
-    time. ``effect_of`` gives a tool's effect by name.
+    A reviewer reads a plan top to bottom and approves that story, so by default effects
+    are barriers: a step whose tool writes or is irreversible (or whose effect is unknown)
+    starts only after every step listed before it has finished, and no step starts before
+    every such step listed before it has finished. Reads between two effects still run at
+    the same time. A plan with ``"order": "dataflow"`` asked for the data flow alone.
+    ``effect_of`` gives a tool's effect by name.
     """
     deps: dict[int, frozenset[int]] = {}
+    if plan.order == "dataflow":
+        for step in plan.steps:
+            if step.id not in deps:
+                deps[step.id] = frozenset((step.refs.depends_on | set(step.after)) & deps.keys())
+        return deps
     last_effect: int | None = None  # it waited for everything before it: waiting for it is enough
     since: list[int] = []  # the steps listed since that effect
     for step in plan.steps:
         if step.id in deps:
             continue
         effect = effect_of(step.tool) != "read"  # an unknown effect counts as one
-        waits = set(step.refs.depends_on & deps.keys())
+        waits = set((step.refs.depends_on | set(step.after)) & deps.keys())
         if last_effect is not None:
             waits.add(last_effect)
         if effect:

@@ -152,6 +152,7 @@ _STEP_STATUS = {
     "step.started": "started",
     "step.succeeded": "succeeded",
     "step.failed": "failed",
+    "step.failed_optional": "failed_optional",
     "step.skipped": "skipped",
     "step.outcome_unknown": "outcome_unknown",
     "compensation.step_started": "started",

@@ -51,7 +51,7 @@ def template_from(plan: Plan, name: str, *, source_plan: str, created_by: str, c
             "could not fill it; the library keeps plans whose task names what varies"
         )
     pattern = plan.task
-    body: Any = json.loads(plan.canonical_json())
+    body: Any = plan.data()
     for text, slot in sorted(slots.items(), key=lambda item: -len(item[0])):
         pattern = _word(text).sub(_MARK % slot["name"], pattern)
         body = _replace(body, slot["example"], slot["name"])

@@ -4,6 +4,11 @@ A plan is data: JSON on the wire and on disk, a validated pydantic model in memo
 Its identity is the SHA-256 of its canonical JSON form (keys sorted, no white space,
 UTF-8, defaults filled in), so two plans that say the same thing have the same hash
 whatever their layout, and any change to what a plan says changes the hash.
+
+Fields added to the format after its first release (``order``, a step's ``after`` and
+``on_failure``) appear in the canonical form only when they differ from their default:
+a plan that does not use them has the hash it always had, and one that does cannot be
+mistaken for one that does not.
 """
 
 from __future__ import annotations
@@ -122,6 +127,18 @@ class Step(Frozen):
     rollback: str | None = Field(
         default=None, description="How to undo this step, or why it cannot be undone (for the reviewer)."
     )
+    after: list[int] = Field(
+        default_factory=list,
+        max_length=LIMITS.max_steps,
+        description="Ids of earlier steps that must finish before this one starts, though it reads nothing "
+        "from them (e.g. notify only after the shipment).",
+    )
+    on_failure: Literal["halt", "continue"] = Field(
+        default="halt",
+        description="'halt' (the default) stops the plan when the step fails. 'continue', for read steps "
+        "only: a failure is recorded, the step's output is null and the plan goes on (guard later uses "
+        "with a condition such as '${N} != null').",
+    )
 
     @cached
     def refs(self) -> StepRefs:
@@ -141,6 +158,12 @@ class Plan(Frozen):
     )
 
     schema_version: Literal[1] = Field(default=1, description="Version of this plan format.")
+    order: Literal["listed", "dataflow"] = Field(
+        default="listed",
+        description="'listed' (the default): steps that write or cannot be undone run in the order listed, "
+        "with every step before them finished. 'dataflow': steps wait only for the steps they read or name "
+        "in 'after'.",
+    )
     task: str = Field(min_length=1, description="What the plan achieves, in one sentence.")
     category: str = Field(
         min_length=1, max_length=100, description="Kind of work (e.g. refunds); the policy decides approval by it."
@@ -184,8 +207,16 @@ class Plan(Frozen):
             raise PlanError(f"{path}: {exc.summary}", list(exc.problems)) from None
 
     def canonical_json(self) -> str:
-        """Keys sorted, no white space, UTF-8 text, every default filled in."""
-        return canonical(self.model_dump(mode="json"))
+        """Keys sorted, no white space, UTF-8 text, every default filled in (but those of later fields)."""
+        return canonical(self.data())
+
+    def data(self) -> dict[str, Any]:
+        """The plan as JSON data, as it is hashed: later fields (see the module) only when not at their default."""
+        data = self.model_dump(mode="json")
+        _drop_defaults(data, _LATER_PLAN_FIELDS)
+        for step in data["steps"]:
+            _drop_defaults(step, _LATER_STEP_FIELDS)
+        return data
 
     @cached
     def hash(self) -> str:
@@ -197,6 +228,16 @@ class Plan(Frozen):
             if step.id == step_id:
                 return step
         raise KeyError(f"plan has no step {step_id}")
+
+
+_LATER_PLAN_FIELDS: dict[str, Any] = {"order": "listed"}
+_LATER_STEP_FIELDS: dict[str, Any] = {"after": [], "on_failure": "halt"}
+
+
+def _drop_defaults(data: dict[str, Any], defaults: Mapping[str, Any]) -> None:
+    for name, default in defaults.items():
+        if data.get(name) == default:
+            del data[name]
 
 
 def canonical(value: Any) -> str:

@@ -38,7 +38,7 @@ POLICY_RULES: dict[str, str] = {
     "unknown-role": "the requester has no role, or one the policy does not define",
     "tool-not-allowed": "the requester's role may not use the step's tool",
     "missing-scope": "the tool needs a scope the requester's role does not hold",
-    "resource-conflict": "two steps write the same resource and neither depends on the other",
+    "resource-conflict": "in a dataflow-order plan, two steps write the same resource and neither waits for the other",
     "deny:NAME": "a parameter value matches the deny rule NAME's pattern",
     "require:NAME": "a parameter value fails the require rule NAME's check (sql: read-only, decided by SQLite)",
     "sequence:NAME": "a step the sequence rule NAME forbids comes after (or uses) a step it names",
@@ -459,6 +459,9 @@ class _Evaluation:
             )
 
     def _resource_conflicts(self, tools: list[Tool | None], resources: list[str | None]) -> None:
+        if self.plan.order != "dataflow":
+            return  # in listed order every write waits for the steps before it: two never overlap
+        ordering = PlanGraph.of(self.plan, after=True)
         writers = [
             (step.id, resource)
             for step, tool, resource in zip(self.plan.steps, tools, resources, strict=True)
@@ -466,14 +469,14 @@ class _Evaluation:
         ]
         for index, (later, res_b) in enumerate(writers):
             clashes = [
-                e for e, res_a in writers[:index] if _resources_clash(res_a, res_b) and not self.graph.ordered(e, later)
+                e for e, res_a in writers[:index] if _resources_clash(res_a, res_b) and not ordering.ordered(e, later)
             ]
             if clashes:  # one violation per step, however many it clashes with: a plan's size never squares
                 others = f" (and {len(clashes) - 1} more)" if len(clashes) > 1 else ""
                 self._flag(
                     "resource-conflict",
                     f"steps {clashes[0]}{others} and {later} both write {res_b!r} and neither depends on the other, "
-                    "so they could run at the same time; make one reference the other",
+                    "so they could run at the same time; list one in the other's 'after'",
                     later,
                 )
 

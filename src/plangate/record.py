@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -73,7 +72,7 @@ class PlanRecord:
             "needs": list(self.needs),
             "violations": [v.to_dict() for v in self.violations],
             "policy": self.decision,
-            "plan": json.loads(self.plan.canonical_json()) if self.plan else None,
+            "plan": self.plan.data() if self.plan else None,
             "action": self.action,
         }
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from typing import Any, NamedTuple
 
 from plangate.errors import RefError
@@ -134,10 +134,16 @@ def _collect(out: list[Found | tuple[Loc, RefError]], here: Loc, text: str) -> N
         out.append((here, exc))
 
 
-def lookup(ref: Ref, outputs: Mapping[int, Any]) -> Any:
-    """The value ``ref`` points at in the recorded ``outputs`` (step id -> JSON output)."""
+def lookup(ref: Ref, outputs: Mapping[int, Any], nulls: Collection[int] = ()) -> Any:
+    """The value ``ref`` points at in the recorded ``outputs`` (step id -> JSON output).
+
+    ``nulls``: steps that gave null in place of an output (an optional step that failed);
+    every field of theirs is null too.
+    """
     if ref.step not in outputs:
         raise RefError(f"{ref}: step {ref.step} has no recorded output")
+    if ref.step in nulls:
+        return None
     value = outputs[ref.step]
     for depth, key in enumerate(ref.path):
         where = ".".join((str(ref.step), *ref.path[:depth])) or str(ref.step)
@@ -155,23 +161,23 @@ def lookup(ref: Ref, outputs: Mapping[int, Any]) -> Any:
     return value
 
 
-def resolve(value: Any, outputs: Mapping[int, Any]) -> Any:
-    """``value`` with every reference replaced by what it points at in ``outputs``."""
+def resolve(value: Any, outputs: Mapping[int, Any], nulls: Collection[int] = ()) -> Any:
+    """``value`` with every reference replaced by what it points at in ``outputs`` (``nulls``: see :func:`lookup`)."""
     if isinstance(value, str):
-        return _resolve_text(value, outputs)
+        return _resolve_text(value, outputs, nulls)
     if isinstance(value, Mapping):
-        return {k: resolve(v, outputs) for k, v in value.items()}
+        return {k: resolve(v, outputs, nulls) for k, v in value.items()}
     if isinstance(value, list):
-        return [resolve(v, outputs) for v in value]
+        return [resolve(v, outputs, nulls) for v in value]
     return value
 
 
-def _resolve_text(text: str, outputs: Mapping[int, Any]) -> Any:
+def _resolve_text(text: str, outputs: Mapping[int, Any], nulls: Collection[int]) -> Any:
     if not has_refs(text):
         return text
     ref = whole_ref(text)
     if ref is not None:
-        return lookup(ref, outputs)
+        return lookup(ref, outputs, nulls)
 
     def render(match: re.Match[str]) -> str:
         if match.group(0) == "$${":
@@ -179,7 +185,7 @@ def _resolve_text(text: str, outputs: Mapping[int, Any]) -> Any:
         body = match.group(1)
         if body is None:
             raise RefError(f"unclosed reference at column {match.start() + 1}")
-        return as_text(lookup(_parse_body(body), outputs))
+        return as_text(lookup(_parse_body(body), outputs, nulls))
 
     return _TOKEN.sub(render, text)
 

@@ -60,6 +60,8 @@ def _step(verb: str) -> Teller:
             return f"step {step} succeeded in {d['ms']:.1f} ms: {_short(d['output'])}"
         if verb == "failed":
             return f"step {step} FAILED: {d['error']}"
+        if verb == "failed_optional":
+            return f"step {step} failed, and is optional (on_failure: continue): its output is null: {d['error']}"
         return f"step {step} {verb}: {d.get('reason') or d.get('error')}"
 
     return tell_step
@@ -97,6 +99,7 @@ _TELLERS: dict[str, Teller] = {
     "step.started": _step("started"),
     "step.succeeded": _step("succeeded"),
     "step.failed": _step("failed"),
+    "step.failed_optional": _step("failed_optional"),
     "step.skipped": _step("skipped"),
     "step.retrying": _step("retrying"),
     "step.outcome_unknown": _step("outcome unknown"),

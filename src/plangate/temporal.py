@@ -122,7 +122,7 @@ class PlanWorkflow:
                 )
             )
             for step_id, status in zip(ready, results, strict=True):
-                if status in ("succeeded", "skipped"):
+                if status in ("succeeded", "skipped", "failed_optional"):
                     done.add(step_id)
                 else:
                     halted = True

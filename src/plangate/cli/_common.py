@@ -178,7 +178,7 @@ def print_progress(event: Any) -> None:
         click.echo(f"  [{event.done}/{event.total}] step {event.step_id} {event.tool}: started")
     elif event.kind == "succeeded":
         click.echo(f"  [{event.done}/{event.total}] step {event.step_id} {event.tool}: succeeded in {event.ms:.1f} ms")
-    elif event.kind in ("failed", "outcome_unknown", "skipped"):
+    elif event.kind in ("failed", "failed_optional", "outcome_unknown", "skipped"):
         click.echo(f"  [{event.done}/{event.total}] step {event.step_id} {event.tool}: {event.kind}: {event.detail}")
     elif event.kind == "reused":
         click.echo(f"  [{event.done}/{event.total}] step {event.step_id} {event.tool}: already {event.detail}, kept")

@@ -109,7 +109,7 @@ def plan_command(
         click.echo(
             json.dumps(
                 {
-                    "plan": json.loads(result.plan.canonical_json()),
+                    "plan": result.plan.data(),
                     "planning": result.record(),
                     "check": checked.to_dict(),
                 },
@@ -117,7 +117,7 @@ def plan_command(
             )
         )
     else:
-        click.echo(json.dumps(json.loads(result.plan.canonical_json()), indent=2, ensure_ascii=False))
+        click.echo(json.dumps(result.plan.data(), indent=2, ensure_ascii=False))
         click.echo(_planning_summary(result))
         for violation in checked.violations:
             click.echo(str(violation))

@@ -133,7 +133,7 @@ def submit_command(
     """
     plan = read_plan(plan_file)
     if server:
-        record = _remote.submit(_remote.client(server, token), json.loads(plan.canonical_json()))
+        record = _remote.submit(_remote.client(server, token), plan.data())
     else:
         if not tools_spec:
             raise UsageError("give --tools (or PLANGATE_TOOLS): the module whose tools the plan calls")

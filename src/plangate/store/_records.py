@@ -16,8 +16,9 @@ PlanStatus = Literal[
     "compensated",
     "compensation_incomplete",
 ]
-StepStatus = Literal["started", "succeeded", "failed", "skipped", "outcome_unknown"]
-DONE: frozenset[str] = frozenset({"succeeded", "skipped"})
+StepStatus = Literal["started", "succeeded", "failed", "failed_optional", "skipped", "outcome_unknown"]
+"""``failed_optional``: a step whose ``on_failure`` is ``continue`` failed; its output is null and the plan went on."""
+DONE: frozenset[str] = frozenset({"succeeded", "skipped", "failed_optional"})
 
 
 @dataclass(frozen=True, kw_only=True)
