@@ -54,6 +54,8 @@ def steps(record: PlanRecord, catalogue: Catalogue) -> list[dict[str, Any]]:
                 "rationale": step.rationale,
                 "rollback": step.rollback,
                 "condition": step.condition,
+                "after": step.after,
+                "optional": step.on_failure == "continue",
             }
         )
     return out
@@ -86,7 +88,8 @@ def touch(record: PlanRecord, catalogue: Catalogue) -> list[str]:
 
 def graph_svg(record: PlanRecord, catalogue: Catalogue) -> str:
     """The order steps run in, as an inline SVG: one column per depth; solid arrows carry data from
-    a step to the steps that read it, dashed ones are the plan's listed order around effects."""
+    a step to the steps that read it, dotted ones are a step's ``after``, dashed ones the plan's
+    listed order around effects."""
     if record.plan is None:
         return ""
     graph = PlanGraph.of(record.plan)
@@ -115,11 +118,9 @@ def graph_svg(record: PlanRecord, catalogue: Catalogue) -> str:
         x2, y2 = where[step_id]
         for dep in sorted(waits):
             x1, y1 = where[dep]
-            listed = dep not in graph.deps[step_id]  # waits for it because of the listed order, not its data
             parts.append(
                 f'<line x1="{x1 + box_w}" y1="{y1 + box_h / 2}" x2="{x2}" y2="{y2 + box_h / 2}" '
-                f'stroke="#5b6577" marker-end="url(#arrow)"'
-                + (' stroke-dasharray="5 4" class="order-edge"/>' if listed else ' class="data-edge"/>')
+                f'stroke="#5b6577" marker-end="url(#arrow)"{_EDGE[_why_waits(record.plan, graph, step_id, dep)]}/>'
             )
     for step_id, (x, y) in where.items():
         parts.append(
@@ -131,12 +132,26 @@ def graph_svg(record: PlanRecord, catalogue: Catalogue) -> str:
     return "".join(parts)
 
 
+_EDGE = {
+    "data": ' class="data-edge"',
+    "after": ' stroke-dasharray="2 3" class="after-edge"',
+    "listed": ' stroke-dasharray="5 4" class="order-edge"',
+}
+
+
+def _why_waits(plan: Plan, graph: PlanGraph, step_id: int, dep: int) -> str:
+    """Why a step waits for another: it reads its output, its ``after`` names it, or the listed order."""
+    if dep in graph.deps[step_id]:
+        return "data"
+    return "after" if dep in plan.step(step_id).after else "listed"
+
+
 def pretty(record: PlanRecord) -> str:
     return pretty_plan(record.plan) if record.plan else ""
 
 
 def pretty_plan(plan: Plan) -> str:
-    body = json.loads(plan.canonical_json())
+    body = plan.data()
     return json.dumps(body, indent=2, ensure_ascii=False)
 
 
