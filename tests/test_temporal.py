@@ -32,6 +32,24 @@ def test_plans_run_as_workflows_with_the_same_story(
     rt.approve(good.id, "carol", good.hash)
     bad = rt.submit(load_plan("halt"), "alice")
     rt.approve(bad.id, "dave", bad.hash)
+    fallback = rt.submit(
+        {
+            "task": "Find a customer by one id, else by another",
+            "category": "refunds",
+            "steps": [
+                {"id": 1, "tool": "lookup_customer", "params": {"customer_id": "c-404"}, "on_failure": "continue",
+                 "rationale": "The id the customer gave."},
+                {"id": 2, "tool": "lookup_customer", "params": {"customer_id": "c-9"}, "condition": "${1} == null",
+                 "rationale": "The id on file."},
+                {"id": 3, "tool": "get_invoice", "params": {"invoice_id": "43"}, "condition": "${2} != null",
+                 "after": [1], "rationale": "Their invoice."},
+            ],
+        },
+        "alice",
+    )  # fmt: skip
+    for approver in ("dave", "carol"):
+        if rt.get(fallback.id).status == "pending_approval":
+            rt.approve(fallback.id, approver, fallback.hash)
     env = {**os.environ, "PLANGATE_DB": db}
     done = subprocess.run(
         [
@@ -54,7 +72,7 @@ def test_plans_run_as_workflows_with_the_same_story(
         check=False,
     )
     assert done.returncode == 0, done.stderr[-2000:]
-    assert "2 plans run" in done.stderr
+    assert "3 plans run" in done.stderr
     assert rt.get(good.id).status == "succeeded" and rt.get(bad.id).status == "halted"
     kinds = [e.kind for e in rt.trace(good.id)]
     run = kinds[kinds.index("run.started") :]
@@ -67,6 +85,9 @@ def test_plans_run_as_workflows_with_the_same_story(
     assert 3 not in rt.store.steps(bad.id), "a halt stops new steps"
     keys = {r.idempotency_key for r in rt.store.steps(good.id).values()}
     assert keys == {f"{good.id}:{n}" for n in (1, 2, 3, 4)}
+    found = rt.execute(fallback.id)
+    assert found.ok and found.failed_optional == (1,) and found.outputs[3]["id"] == "43"
+    assert rt.store.steps(fallback.id)[1].status == "failed_optional"
     assert rt.store.verify_audit().ok
     from examples import business
 
