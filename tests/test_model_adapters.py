@@ -7,7 +7,7 @@ from tests/recordings and keeps the requests for inspection. Nothing leaves the 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +16,7 @@ import httpx2 as httpx
 import openai
 import pytest
 
-from plangate.models import Message, ModelError, ModelRequest, ToolSpec
+from plangate.models import Message, ModelError, ModelRequest, ToolCall, ToolSpec
 from plangate.models.anthropic import AnthropicModel
 from plangate.models.openai import OpenAIModel
 from plangate.planner import parse_answer
@@ -33,10 +33,14 @@ REQUEST = ModelRequest(
 
 
 class Recorder:
-    """An httpx transport that answers every request with one recorded response (or raises)."""
+    """An httpx transport that answers with recorded responses, in order, the last one again and again
+    (or raises)."""
 
-    def __init__(self, recording: str | None, status: int = 200, error: Exception | None = None) -> None:
-        self.body = (RECORDINGS / recording).read_text() if recording else "{}"
+    def __init__(
+        self, recording: str | Sequence[str] | None, status: int = 200, error: Exception | None = None
+    ) -> None:
+        names = [recording] if isinstance(recording, str) else list(recording or [])
+        self.bodies = [(RECORDINGS / name).read_text() for name in names] or ["{}"]
         self.status, self.error = status, error
         self.requests: list[dict[str, Any]] = []
 
@@ -45,7 +49,8 @@ class Recorder:
         self.requests.append(json.loads(request.content))
         if self.error is not None:
             raise self.error
-        return httpx.Response(self.status, content=self.body, headers={"content-type": "application/json"})
+        body = self.bodies[min(len(self.requests), len(self.bodies)) - 1]
+        return httpx.Response(self.status, content=body, headers={"content-type": "application/json"})
 
 
 def claude(recorder: Recorder) -> AnthropicModel:
@@ -166,3 +171,82 @@ def test_openai_failures_are_clear(recorder: Callable[[], Recorder], message: st
     with pytest.raises(ModelError, match=message) as err:
         gpt(recorder()).complete(REQUEST)
     assert err.value.retryable is retryable
+
+
+# -- several tool calls in one turn: one reply per call id, in the message the API expects --------
+TURN = (
+    Message(role="user", content="q"),
+    Message(
+        role="assistant",
+        content="Looking both up.",
+        tool_calls=(
+            ToolCall(id="a", name="get_invoice", arguments={"invoice_id": "42"}),
+            ToolCall(id="b", name="get_invoice", arguments={"invoice_id": "43"}),
+        ),
+    ),
+    Message(role="tool", content="980 EUR", tool_call_id="a"),
+    Message(role="tool", content="120 EUR", tool_call_id="b"),
+)
+
+
+def test_openai_answers_each_tool_call_with_its_own_tool_message() -> None:
+    recorder = Recorder("openai_parallel_tool_calls.json")
+    response = gpt(recorder).complete(ModelRequest(system="s", messages=TURN))
+    assert recorder.requests[0]["messages"][1:] == [
+        {"role": "user", "content": "q"},
+        {
+            "role": "assistant",
+            "content": "Looking both up.",
+            "tool_calls": [
+                {
+                    "id": "a",
+                    "type": "function",
+                    "function": {"name": "get_invoice", "arguments": '{"invoice_id": "42"}'},
+                },
+                {
+                    "id": "b",
+                    "type": "function",
+                    "function": {"name": "get_invoice", "arguments": '{"invoice_id": "43"}'},
+                },
+            ],
+        },
+        {"role": "tool", "tool_call_id": "a", "content": "980 EUR"},
+        {"role": "tool", "tool_call_id": "b", "content": "120 EUR"},
+    ]
+    assert [(c.name, c.arguments) for c in response.tool_calls] == [
+        ("get_invoice", {"invoice_id": "42"}),
+        ("flag_invoice", {"invoice_id": "42"}),
+        ("get_invoice", {"invoice_id": "43"}),
+    ]
+
+
+def test_anthropic_answers_all_tool_uses_of_a_turn_in_one_user_message() -> None:
+    recorder = Recorder("anthropic_parallel_tool_use.json")
+    response = claude(recorder).complete(
+        ModelRequest(system="s", messages=(*TURN, Message(role="user", content="more")))
+    )
+    assert recorder.requests[0]["messages"] == [
+        {"role": "user", "content": "q"},
+        {
+            "role": "assistant",
+            "content": [
+                {"type": "text", "text": "Looking both up."},
+                {"type": "tool_use", "id": "a", "name": "get_invoice", "input": {"invoice_id": "42"}},
+                {"type": "tool_use", "id": "b", "name": "get_invoice", "input": {"invoice_id": "43"}},
+            ],
+        },
+        {
+            "role": "user",
+            "content": [
+                {"type": "tool_result", "tool_use_id": "a", "content": "980 EUR"},
+                {"type": "tool_result", "tool_use_id": "b", "content": "120 EUR"},
+            ],
+        },
+        {"role": "user", "content": "more"},
+    ]
+    assert [c.id for c in response.tool_calls] == [
+        "toolu_01Kq8sW3mTfZ6yNcV2hRb7Xp",
+        "toolu_01Bn4dJ9wLe5uQaG7tYk1MzC",
+        "toolu_01Pv6xH2cRg8oWsE3jFn9LaT",
+    ]
+    assert response.text == "I'll fetch both invoices and flag 42." and response.stop_reason == "tool_use"
