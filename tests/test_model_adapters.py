@@ -16,10 +16,15 @@ import httpx2 as httpx
 import openai
 import pytest
 
+from plangate import Catalogue, tool
 from plangate.models import Message, ModelError, ModelRequest, ToolCall, ToolSpec
 from plangate.models.anthropic import AnthropicModel
 from plangate.models.openai import OpenAIModel
 from plangate.planner import parse_answer
+from plangate.react import ReActAgent
+from plangate.runtime import Runtime
+from plangate.store import open_store
+from tests.helpers import FixedClock
 
 RECORDINGS = Path(__file__).with_name("recordings")
 REQUEST = ModelRequest(
@@ -250,3 +255,67 @@ def test_anthropic_answers_all_tool_uses_of_a_turn_in_one_user_message() -> None
         "toolu_01Pv6xH2cRg8oWsE3jFn9LaT",
     ]
     assert response.text == "I'll fetch both invoices and flag 42." and response.stop_reason == "tool_use"
+
+
+FLAGGED: list[str] = []
+
+
+@tool()
+def get_invoice(invoice_id: str) -> str:
+    """Fetch one invoice."""
+    return f"invoice {invoice_id}: {980 if invoice_id == '42' else 120} EUR"
+
+
+@tool(effect="write")
+def flag_invoice(invoice_id: str) -> str:
+    """Flag an invoice for review."""
+    FLAGGED.append(invoice_id)
+    return "flagged"
+
+
+INVOICES = Catalogue([get_invoice, flag_invoice])
+
+
+def openai_replies(sent: dict[str, Any]) -> tuple[list[str], list[str]]:
+    """(the call ids the assistant asked for, the tool_call_id of each tool message), in order."""
+    messages = sent["messages"]
+    asked = [c["id"] for m in messages if m["role"] == "assistant" for c in m.get("tool_calls") or ()]
+    assert [m["role"] for m in messages] == ["system", "user", "assistant", "tool", "tool", "tool"]
+    return asked, [m["tool_call_id"] for m in messages if m["role"] == "tool"]
+
+
+def anthropic_replies(sent: dict[str, Any]) -> tuple[list[str], list[str]]:
+    """The same for Claude: tool_use blocks, and the tool_result blocks of the user message right after them."""
+    messages = sent["messages"]
+    turn = next(i for i, m in enumerate(messages) if m["role"] == "assistant")
+    asked = [b["id"] for b in messages[turn]["content"] if b["type"] == "tool_use"]
+    assert messages[turn + 1]["role"] == "user" and turn + 2 == len(messages), "one user message answers the turn"
+    return asked, [b["tool_use_id"] for b in messages[turn + 1]["content"] if b["type"] == "tool_result"]
+
+
+@pytest.mark.parametrize(
+    ("build", "recordings", "read"),
+    [
+        (gpt, ["openai_parallel_tool_calls.json", "openai_answer.json"], openai_replies),
+        (claude, ["anthropic_parallel_tool_use.json", "anthropic_answer.json"], anthropic_replies),
+    ],
+    ids=["openai", "anthropic"],
+)
+def test_a_react_turn_of_several_calls_paused_for_approval_answers_each_call_id_once(
+    tmp_path: Path,
+    build: Callable[[Recorder], Any],
+    recordings: list[str],
+    read: Callable[[dict[str, Any]], tuple[list[str], list[str]]],
+) -> None:
+    FLAGGED.clear()
+    recorder = Recorder(recordings)
+    store = open_store(f"sqlite:///{tmp_path}/r.db")
+    react = ReActAgent(build(recorder), INVOICES, store, mode="native", clock=FixedClock(), user="ann")
+    paused = react.run("Check invoices 42 and 43, and flag 42")
+    assert paused.status == "paused" and FLAGGED == [] and len(recorder.requests) == 1
+    Runtime(INVOICES, None, db=store, clock=FixedClock()).approve(paused.run_id, "ben", paused.pending_hash or "")
+    result = react.resume(paused.run_id)
+    assert result.status == "answered" and result.answer == "Invoice 42 (980 EUR) is flagged; invoice 43 is 120 EUR."
+    assert FLAGGED == ["42"] and len(recorder.requests) == 2
+    asked, answered = read(recorder.requests[1])
+    assert len(asked) == 3 and answered == asked, "each call id answered once, in order"
