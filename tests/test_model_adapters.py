@@ -7,7 +7,7 @@ from tests/recordings and keeps the requests for inspection. Nothing leaves the 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -16,10 +16,15 @@ import httpx2 as httpx
 import openai
 import pytest
 
-from plangate.models import Message, ModelError, ModelRequest, ToolSpec
+from plangate import Catalogue, tool
+from plangate.models import Message, ModelError, ModelRequest, ToolCall, ToolSpec
 from plangate.models.anthropic import AnthropicModel
 from plangate.models.openai import OpenAIModel
 from plangate.planner import parse_answer
+from plangate.react import ReActAgent
+from plangate.runtime import Runtime
+from plangate.store import open_store
+from tests.helpers import FixedClock
 
 RECORDINGS = Path(__file__).with_name("recordings")
 REQUEST = ModelRequest(
@@ -33,10 +38,14 @@ REQUEST = ModelRequest(
 
 
 class Recorder:
-    """An httpx transport that answers every request with one recorded response (or raises)."""
+    """An httpx transport that answers with recorded responses, in order, the last one again and again
+    (or raises)."""
 
-    def __init__(self, recording: str | None, status: int = 200, error: Exception | None = None) -> None:
-        self.body = (RECORDINGS / recording).read_text() if recording else "{}"
+    def __init__(
+        self, recording: str | Sequence[str] | None, status: int = 200, error: Exception | None = None
+    ) -> None:
+        names = [recording] if isinstance(recording, str) else list(recording or [])
+        self.bodies = [(RECORDINGS / name).read_text() for name in names] or ["{}"]
         self.status, self.error = status, error
         self.requests: list[dict[str, Any]] = []
 
@@ -45,7 +54,8 @@ class Recorder:
         self.requests.append(json.loads(request.content))
         if self.error is not None:
             raise self.error
-        return httpx.Response(self.status, content=self.body, headers={"content-type": "application/json"})
+        body = self.bodies[min(len(self.requests), len(self.bodies)) - 1]
+        return httpx.Response(self.status, content=body, headers={"content-type": "application/json"})
 
 
 def claude(recorder: Recorder) -> AnthropicModel:
@@ -166,3 +176,146 @@ def test_openai_failures_are_clear(recorder: Callable[[], Recorder], message: st
     with pytest.raises(ModelError, match=message) as err:
         gpt(recorder()).complete(REQUEST)
     assert err.value.retryable is retryable
+
+
+# -- several tool calls in one turn: one reply per call id, in the message the API expects --------
+TURN = (
+    Message(role="user", content="q"),
+    Message(
+        role="assistant",
+        content="Looking both up.",
+        tool_calls=(
+            ToolCall(id="a", name="get_invoice", arguments={"invoice_id": "42"}),
+            ToolCall(id="b", name="get_invoice", arguments={"invoice_id": "43"}),
+        ),
+    ),
+    Message(role="tool", content="980 EUR", tool_call_id="a"),
+    Message(role="tool", content="120 EUR", tool_call_id="b"),
+)
+
+
+def test_openai_answers_each_tool_call_with_its_own_tool_message() -> None:
+    recorder = Recorder("openai_parallel_tool_calls.json")
+    response = gpt(recorder).complete(ModelRequest(system="s", messages=TURN))
+    assert recorder.requests[0]["messages"][1:] == [
+        {"role": "user", "content": "q"},
+        {
+            "role": "assistant",
+            "content": "Looking both up.",
+            "tool_calls": [
+                {
+                    "id": "a",
+                    "type": "function",
+                    "function": {"name": "get_invoice", "arguments": '{"invoice_id": "42"}'},
+                },
+                {
+                    "id": "b",
+                    "type": "function",
+                    "function": {"name": "get_invoice", "arguments": '{"invoice_id": "43"}'},
+                },
+            ],
+        },
+        {"role": "tool", "tool_call_id": "a", "content": "980 EUR"},
+        {"role": "tool", "tool_call_id": "b", "content": "120 EUR"},
+    ]
+    assert [(c.name, c.arguments) for c in response.tool_calls] == [
+        ("get_invoice", {"invoice_id": "42"}),
+        ("flag_invoice", {"invoice_id": "42"}),
+        ("get_invoice", {"invoice_id": "43"}),
+    ]
+
+
+def test_anthropic_answers_all_tool_uses_of_a_turn_in_one_user_message() -> None:
+    recorder = Recorder("anthropic_parallel_tool_use.json")
+    response = claude(recorder).complete(
+        ModelRequest(system="s", messages=(*TURN, Message(role="user", content="more")))
+    )
+    assert recorder.requests[0]["messages"] == [
+        {"role": "user", "content": "q"},
+        {
+            "role": "assistant",
+            "content": [
+                {"type": "text", "text": "Looking both up."},
+                {"type": "tool_use", "id": "a", "name": "get_invoice", "input": {"invoice_id": "42"}},
+                {"type": "tool_use", "id": "b", "name": "get_invoice", "input": {"invoice_id": "43"}},
+            ],
+        },
+        {
+            "role": "user",
+            "content": [
+                {"type": "tool_result", "tool_use_id": "a", "content": "980 EUR"},
+                {"type": "tool_result", "tool_use_id": "b", "content": "120 EUR"},
+            ],
+        },
+        {"role": "user", "content": "more"},
+    ]
+    assert [c.id for c in response.tool_calls] == [
+        "toolu_01Kq8sW3mTfZ6yNcV2hRb7Xp",
+        "toolu_01Bn4dJ9wLe5uQaG7tYk1MzC",
+        "toolu_01Pv6xH2cRg8oWsE3jFn9LaT",
+    ]
+    assert response.text == "I'll fetch both invoices and flag 42." and response.stop_reason == "tool_use"
+
+
+FLAGGED: list[str] = []
+
+
+@tool()
+def get_invoice(invoice_id: str) -> str:
+    """Fetch one invoice."""
+    return f"invoice {invoice_id}: {980 if invoice_id == '42' else 120} EUR"
+
+
+@tool(effect="write")
+def flag_invoice(invoice_id: str) -> str:
+    """Flag an invoice for review."""
+    FLAGGED.append(invoice_id)
+    return "flagged"
+
+
+INVOICES = Catalogue([get_invoice, flag_invoice])
+
+
+def openai_replies(sent: dict[str, Any]) -> tuple[list[str], list[str]]:
+    """(the call ids the assistant asked for, the tool_call_id of each tool message), in order."""
+    messages = sent["messages"]
+    asked = [c["id"] for m in messages if m["role"] == "assistant" for c in m.get("tool_calls") or ()]
+    assert [m["role"] for m in messages] == ["system", "user", "assistant", "tool", "tool", "tool"]
+    return asked, [m["tool_call_id"] for m in messages if m["role"] == "tool"]
+
+
+def anthropic_replies(sent: dict[str, Any]) -> tuple[list[str], list[str]]:
+    """The same for Claude: tool_use blocks, and the tool_result blocks of the user message right after them."""
+    messages = sent["messages"]
+    turn = next(i for i, m in enumerate(messages) if m["role"] == "assistant")
+    asked = [b["id"] for b in messages[turn]["content"] if b["type"] == "tool_use"]
+    assert messages[turn + 1]["role"] == "user" and turn + 2 == len(messages), "one user message answers the turn"
+    return asked, [b["tool_use_id"] for b in messages[turn + 1]["content"] if b["type"] == "tool_result"]
+
+
+@pytest.mark.parametrize(
+    ("build", "recordings", "read"),
+    [
+        (gpt, ["openai_parallel_tool_calls.json", "openai_answer.json"], openai_replies),
+        (claude, ["anthropic_parallel_tool_use.json", "anthropic_answer.json"], anthropic_replies),
+    ],
+    ids=["openai", "anthropic"],
+)
+def test_a_react_turn_of_several_calls_paused_for_approval_answers_each_call_id_once(
+    tmp_path: Path,
+    build: Callable[[Recorder], Any],
+    recordings: list[str],
+    read: Callable[[dict[str, Any]], tuple[list[str], list[str]]],
+) -> None:
+    FLAGGED.clear()
+    recorder = Recorder(recordings)
+    store = open_store(f"sqlite:///{tmp_path}/r.db")
+    react = ReActAgent(build(recorder), INVOICES, store, mode="native", clock=FixedClock(), user="ann")
+    paused = react.run("Check invoices 42 and 43, and flag 42")
+    assert paused.status == "paused" and FLAGGED == [] and len(recorder.requests) == 1
+    Runtime(INVOICES, None, db=store, clock=FixedClock()).approve(paused.run_id, "ben", paused.pending_hash or "")
+    result = react.resume(paused.run_id)
+    assert result.status == "answered" and result.answer == "Invoice 42 (980 EUR) is flagged; invoice 43 is 120 EUR."
+    assert FLAGGED == ["42"] and len(recorder.requests) == 2
+    asked, answered = read(recorder.requests[1])
+    assert len(asked) == 3 and answered == asked, "each call id answered once, in order"

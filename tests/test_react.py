@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import sqlite3
 from pathlib import Path
 from typing import Any
 
@@ -10,6 +11,7 @@ from click.testing import CliRunner
 from plangate import Catalogue, Policy, tool
 from plangate.cli import main
 from plangate.compare import Comparison, Task, load_tasks, table
+from plangate.errors import StateError
 from plangate.models import ModelError, ModelRequest, ToolCall
 from plangate.models.test import FunctionModel, Reply, ScriptedModel
 from plangate.react import ReActAgent
@@ -244,3 +246,193 @@ def test_compare_both_modes_with_one_scripted_model(tmp_path: Path) -> None:
     )
     tasks = load_tasks(Path(__file__).resolve().parent.parent / "examples" / "compare" / "tasks.yaml")
     assert len(tasks) == 5 and all(t.expect for t in tasks)
+
+
+# -- several tool calls in one turn (native tool calling) --------------------------------------
+def calls(*asked: tuple[str, str, dict[str, Any]], text: str = "") -> Reply:
+    return Reply(text=text, tool_calls=tuple(ToolCall(id=i, name=n, arguments=a) for i, n, a in asked))
+
+
+def replies(request: ModelRequest) -> list[tuple[str | None, str]]:
+    """The tool replies a request carries: (call id, content), in order."""
+    return [(m.tool_call_id, m.content) for m in request.messages if m.role == "tool"]
+
+
+def asked_ids(request: ModelRequest) -> list[str]:
+    return [c.id for m in request.messages for c in m.tool_calls]
+
+
+def test_every_call_of_a_turn_runs_and_gets_its_own_reply(store: Store) -> None:
+    model = ScriptedModel(
+        [
+            calls(
+                ("c1", "calculate", {"expression": "6*7"}),
+                ("c2", "get_current_date", {}),
+                ("c3", "calculate", {"expression": "1+1"}),
+                text="Three things at once.",
+            ),
+            Reply(text="42, and 2."),
+        ]
+    )
+    result = agent(store, model, mode="native").run("q")
+    assert result.status == "answered" and result.tool_calls == 3 and result.model_calls == 2
+    assert [(s.number, s.kind, s.call_id) for s in result.steps] == [
+        (1, "action", "c1"),
+        (2, "action", "c2"),
+        (3, "action", "c3"),
+        (4, "answer", None),
+    ]
+    assert {s.thought for s in result.steps[:3]} == {"Three things at once."}
+    second = model.requests[1]
+    assert asked_ids(second) == ["c1", "c2", "c3"]
+    assert replies(second) == [("c1", "42.0"), ("c2", "2026-11-29"), ("c3", "2.0")]
+    assert [m.role for m in second.messages] == ["user", "assistant", "tool", "tool", "tool"]
+    events = list(store.events(result.run_id))
+    assert [e.kind for e in events] == [
+        "react.started",
+        "react.tool_calls",
+        *["react.action", "react.observation"] * 3,
+        "react.answered",
+    ]
+    actions = [(e.step_id, e.data["tool"], e.data["call_id"]) for e in events if e.kind == "react.action"]
+    assert actions == [(1, "calculate", "c1"), (2, "get_current_date", "c2"), (3, "calculate", "c3")]
+    assert [e.data["call_id"] for e in events if e.kind == "react.observation"] == ["c1", "c2", "c3"]
+
+
+def test_a_refused_call_gets_a_reply_saying_so_and_the_others_run(store: Store) -> None:
+    model = ScriptedModel(
+        [
+            calls(
+                ("c1", "calculate", {"expression": "2*3"}),
+                ("c2", "send_note", {"to": "x", "text": "the password is 1"}),
+                ("c3", "frobnicate", {}),
+                ("c4", "calculate", {"expression": "2*4"}),
+            ),
+            Reply(text="6 and 8."),
+        ]
+    )
+    result = agent(store, model, mode="native", policy=POLICY, user="ann").run("q")
+    assert result.status == "answered" and result.tool_calls == 2 and result.violations == 1 and SENT == []
+    assert [s.kind for s in result.steps] == ["action", "refused", "refused", "action", "answer"]
+    sent = replies(model.requests[1])
+    assert [i for i, _ in sent] == ["c1", "c2", "c3", "c4"]
+    assert "refused by the policy: step 2: deny:no-secrets" in sent[1][1]
+    assert "there is no tool 'frobnicate'" in sent[2][1] and sent[3] == ("c4", "8.0")
+
+
+def test_a_call_that_needs_approval_pauses_the_turn_and_resume_takes_the_rest(store: Store) -> None:
+    model = ScriptedModel(
+        [
+            calls(
+                ("c1", "find_person", {"name": "Ada"}),
+                ("c2", "send_note", {"to": "ada@example.com", "text": "hello"}),
+                ("c3", "calculate", {"expression": "2*3"}),
+                text="Find her, tell her, and count.",
+            ),
+            Reply(text="done"),
+        ]
+    )
+    react = agent(store, model, mode="native", policy=POLICY, user="ann")
+    paused = react.run("Tell Ada hello")
+    assert paused.status == "paused" and SENT == [] and paused.tool_calls == 1
+    assert [(s.kind, s.call_id) for s in paused.steps] == [("action", "c1"), ("paused", "c2")]
+    assert len(model.requests) == 1, "the model is not asked while a call of its turn waits"
+    runtime = Runtime(CAT, POLICY, db=store, clock=FixedClock())
+    assert runtime.get(paused.run_id).action["tool"] == "send_note"  # type: ignore[index]
+    runtime.approve(paused.run_id, "ben", paused.pending_hash or "")
+    runtime.approve(paused.run_id, "cat", paused.pending_hash or "")
+    result = react.resume(paused.run_id)
+    assert result.status == "answered" and SENT == ["ada@example.com: hello"] and result.tool_calls == 2
+    last = model.requests[-1]
+    assert len(model.requests) == 2 and asked_ids(last) == ["c1", "c2", "c3"]
+    assert replies(last) == [("c1", "ada@example.com"), ("c2", "sent"), ("c3", "6.0")]
+    assert [m.role for m in last.messages] == ["user", "assistant", "tool", "tool", "tool"]
+    story = [(e.kind, e.step_id) for e in store.events(paused.run_id) if e.kind.startswith("react.")]
+    assert [s for s in story if s[0] in ("react.action", "react.observation")] == [
+        ("react.action", 1),
+        ("react.observation", 1),
+        ("react.action", 2),
+        ("react.observation", 2),
+        ("react.action", 3),
+        ("react.observation", 3),
+    ]
+    assert store.verify_audit().ok
+
+
+def test_two_calls_needing_approval_in_one_turn_each_pause_and_nothing_runs_twice(store: Store) -> None:
+    model = ScriptedModel(
+        [
+            calls(
+                ("c1", "send_note", {"to": "a@example.com", "text": "one"}),
+                ("c2", "calculate", {"expression": "1+2"}),
+                ("c3", "send_note", {"to": "b@example.com", "text": "two"}),
+            ),
+            Reply(text="both sent"),
+        ]
+    )
+    react = agent(store, model, mode="native", policy=POLICY, user="ann")
+    runtime = Runtime(CAT, POLICY, db=store, clock=FixedClock())
+    first = react.run("q")
+    runtime.approve(first.run_id, "ben", first.pending_hash or "")
+    second = react.resume(first.run_id)
+    assert second.status == "paused" and SENT == ["a@example.com: one"]
+    assert second.pending_hash != first.pending_hash and "send_note" in (second.reason or "")
+    with pytest.raises(StateError, match="is pending_approval"):
+        react.resume(first.run_id)
+    runtime.approve(first.run_id, "ben", second.pending_hash or "")
+    done = react.resume(first.run_id)
+    assert done.status == "answered" and SENT == ["a@example.com: one", "b@example.com: two"]
+    assert replies(model.requests[-1]) == [("c1", "sent"), ("c2", "3.0"), ("c3", "sent")]
+    actions = [e.data["call_id"] for e in store.events(first.run_id) if e.kind == "react.action"]
+    assert actions == ["c1", "c2", "c3"] and len(model.requests) == 2
+
+
+def test_each_call_is_a_step_for_max_steps(store: Store) -> None:
+    model = ScriptedModel(
+        [
+            calls(("c1", "calculate", {"expression": "1+1"}), ("c2", "calculate", {"expression": "2+2"})),
+            calls(*((f"d{n}", "calculate", {"expression": f"{n}+3"}) for n in range(3))),
+        ]
+    )
+    result = agent(store, model, mode="native", max_steps=4).run("q")
+    assert result.status == "stopped" and result.tool_calls == 4 and result.model_calls == 2
+    assert result.reason == "no final answer after max_steps=4 steps; 1 more tool call(s) of the last turn were not run"
+
+
+def test_the_same_call_twice_in_a_turn_is_a_loop(store: Store) -> None:
+    same = ("calculate", {"expression": "1+1"})
+    model = ScriptedModel([calls(("c1", *same), ("c2", *same))])
+    result = agent(store, model, mode="native").run("q")
+    assert result.status == "stopped" and "repeated the same action" in (result.reason or "")
+    assert result.tool_calls == 1
+
+
+def test_a_run_that_dies_during_a_later_call_of_the_turn_is_stopped_and_runs_nothing_again(
+    store: Store, tmp_path: Path
+) -> None:
+    looked: list[str] = []
+
+    @tool()
+    def look(key: str) -> str:
+        """Look a key up (the process goes down during the call)."""
+        looked.append(key)
+        raise KeyboardInterrupt
+
+    catalogue = Catalogue([send_note, look])
+    model = ScriptedModel(
+        [calls(("c1", "send_note", {"to": "a@example.com", "text": "hi"}), ("c2", "look", {"key": "k"})), "never"]
+    )
+    react = ReActAgent(model, catalogue, store, mode="native", clock=FixedClock(), user="ann")
+    paused = react.run("q")
+    Runtime(catalogue, None, db=store, clock=FixedClock()).approve(paused.run_id, "ben", paused.pending_hash or "")
+    with pytest.raises(KeyboardInterrupt):
+        react.resume(paused.run_id)
+    with sqlite3.connect(tmp_path / "p.db") as db:
+        db.execute(
+            "UPDATE plans SET lease_owner = 'gone#0@elsewhere:1', lease_until = '2000-01-01' WHERE id = ?",
+            (paused.run_id,),
+        )
+    stopped = react.resume(paused.run_id)
+    assert stopped.status == "stopped" and "may or may not have happened" in (stopped.reason or "")
+    assert SENT == ["a@example.com: hi"] and looked == ["k"], "no call of the turn ran twice"
+    assert len(model.requests) == 1

@@ -45,7 +45,7 @@ from plangate.errors import UsageError
     show_default=True,
     help="text: Thought/Action/Observation; native: the provider's tool calling.",
 )
-@click.option("--max-steps", default=10, show_default=True, help="Stop after this many turns.")
+@click.option("--max-steps", default=10, show_default=True, help="Stop after this many steps (each tool call is one).")
 @click.option("--max-tokens", default=1024, show_default=True, help="The most tokens per model turn.")
 @click.option("--resume", "resume_id", metavar="ID", help="Carry on a run paused for an approval.")
 @prices_option

@@ -35,7 +35,7 @@ class AnthropicModel:
             "model": self.model,
             "max_tokens": request.max_tokens,
             "system": request.system,
-            "messages": [_message(m) for m in request.messages],
+            "messages": _messages(request.messages),
         }
         if request.thinking_budget:
             budget = max(MIN_THINKING, request.thinking_budget)
@@ -59,6 +59,18 @@ class AnthropicModel:
         except anthropic.APIStatusError as exc:
             raise http_error(self.name, exc.status_code, exc) from None
         return _response(self.name, message, time.perf_counter() - start)
+
+
+def _messages(messages: tuple[Message, ...]) -> list[dict[str, Any]]:
+    """The API's turns. The replies to one turn's tool calls are one user message of tool_result
+    blocks, one per tool_use id: the API refuses tool_use ids left unanswered in the next message."""
+    turns: list[dict[str, Any]] = []
+    for previous, message in zip((None, *messages), messages, strict=False):
+        if message.role == "tool" and previous is not None and previous.role == "tool":
+            turns[-1]["content"] += _message(message)["content"]
+        else:
+            turns.append(_message(message))
+    return turns
 
 
 def _message(message: Message) -> dict[str, Any]:
