@@ -341,7 +341,9 @@ def test_a_call_that_needs_approval_pauses_the_turn_and_resume_takes_the_rest(st
     assert runtime.get(paused.run_id).action["tool"] == "send_note"  # type: ignore[index]
     runtime.approve(paused.run_id, "ben", paused.pending_hash or "")
     runtime.approve(paused.run_id, "cat", paused.pending_hash or "")
-    result = react.resume(paused.run_id)
+    in_text_mode = agent(store, model, policy=POLICY, user="ann")  # as `react --resume` without --mode
+    result = in_text_mode.resume(paused.run_id)
+    assert in_text_mode.mode == "native", "a resumed run keeps the protocol it started with"
     assert result.status == "answered" and SENT == ["ada@example.com: hello"] and result.tool_calls == 2
     last = model.requests[-1]
     assert len(model.requests) == 2 and asked_ids(last) == ["c1", "c2", "c3"]

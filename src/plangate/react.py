@@ -189,6 +189,8 @@ class ReActAgent:
                 raise StateError(f"ReAct run {run_id} is {row.status}; only an approved pending action can go on")
             state = _State.load(self.store, row)  # the right to go on, from the audit log
             state.owner = owner
+            if state.mode is not None and state.mode != self.mode:
+                self.mode = state.mode  # its transcript is in the protocol it started with
             lifecycle.move(
                 self.store,
                 row,
@@ -595,6 +597,7 @@ class _State:
     pending: dict[str, Any] | None = None
     pending_call: str | None = None  # the provider's id of the pending action's call, in native mode
     queue: list[_Act] = field(default_factory=list)  # the calls of the last turn not taken yet, in order
+    mode: Mode | None = None  # as the run started: a run keeps its protocol when it is resumed
     started: float = field(default_factory=time.perf_counter)
 
     @property
@@ -656,7 +659,9 @@ class _State:
     def replay(self, event: Event) -> None:
         """One recorded event back into the transcript, the steps and the actions the policy sees."""
         data, number = event.data, event.step_id or 0
-        if event.kind == "react.tool_calls":
+        if event.kind == "react.started":
+            self.mode = data.get("mode", "text")
+        elif event.kind == "react.tool_calls":
             self.transcript.append(Message(role="assistant", content=data["text"], tool_calls=_calls(data["calls"])))
         elif event.kind == "react.action":
             self._replay_action(number, data)

@@ -43,7 +43,8 @@ from plangate.errors import UsageError
     type=click.Choice(["text", "native"]),
     default="text",
     show_default=True,
-    help="text: Thought/Action/Observation; native: the provider's tool calling.",
+    help="text: Thought/Action/Observation; native: the provider's tool calling. "
+    "A resumed run keeps the mode it started with.",
 )
 @click.option("--max-steps", default=10, show_default=True, help="Stop after this many steps (each tool call is one).")
 @click.option("--max-tokens", default=1024, show_default=True, help="The most tokens per model turn.")
