@@ -278,3 +278,27 @@ def test_the_review_page_shows_after_edges_and_says_when_listed_order_is_not_exe
     assert "after step 1" in listed and "optional: a failure gives null" in listed
     assert 'id="dataflow-order"' not in listed
     assert 'id="dataflow-order"' in dataflow and "the listed order is not the execution order" in dataflow
+
+
+def test_a_write_that_fails_halts_even_when_its_step_says_continue(tmp_path: Path) -> None:
+    """The checker refuses such a plan; the engine does not rely on it: here the tool became a write after the check."""
+    from plangate.engine import Engine
+
+    @tool(name="ship")
+    def ship_as_a_read(order: str) -> str:
+        """What 'ship' was when the plan was checked."""
+        return order
+
+    LOG.clear()
+    rt = Runtime(Catalogue([ship_as_a_read, notify]), db=f"sqlite:///{tmp_path}/o.db", clock=FixedClock())
+    steps = (
+        {"id": 1, "tool": "ship", "params": {"order": "broken"}, "on_failure": "continue"},
+        {"id": 2, "tool": "notify", "params": {"text": "shipped"}},
+    )
+    record = rt.submit(plan(*steps), "ann")
+    rt.approve(record.id, "ben", record.hash)
+    claim = rt.start(record.id, actor="ops")
+    engine = Engine(store=rt.store, catalogue=CAT, clock=FixedClock(), owner=claim.owner)
+    result = engine.run(record.id, 1, claim.body)
+    assert result.status == "halted" and result.failed_step == 1 and LOG == []
+    assert Runtime(CAT, db=rt.store).submit(plan(*steps), "ann").violations[0].rule == "optional-effect"

@@ -298,7 +298,8 @@ class _Run:
     def _record_finished(self) -> None:
         for outcome in self.finished:
             step, now = self.steps[outcome.step_id], self._now()
-            optional = not outcome.ok and step.on_failure == "continue"
+            # Only a read may fail quietly: the checker says so, and so does the engine, whatever it is given.
+            optional = not outcome.ok and step.on_failure == "continue" and self._tool(step.id).effect == "read"
             status: StepStatus = "succeeded" if outcome.ok else "failed_optional" if optional else "failed"
             output = outcome.output if outcome.ok else None
             self.rows[step.id] = replace(
