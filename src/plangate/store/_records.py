@@ -15,6 +15,7 @@ PlanStatus = Literal[
     "compensating",
     "compensated",
     "compensation_incomplete",
+    "closed",
 ]
 StepStatus = Literal["started", "succeeded", "failed", "skipped", "outcome_unknown"]
 DONE: frozenset[str] = frozenset({"succeeded", "skipped"})
