@@ -14,13 +14,14 @@ from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
-from plangate import _input, approval, drift, ledger, lifecycle, recovery
+from plangate import _input, approval, drift, ledger, lifecycle, plandiff, recovery
 from plangate._clock import Clock, SystemClock, iso
 from plangate.check import CheckResult, check
 from plangate.compensation import Compensation, CompensationResult
 from plangate.engine import DEFAULT_CONCURRENCY, Engine, Progress, RunResult, recorded_result
 from plangate.errors import GovernanceError, NotFoundError, StateError, UsageError
 from plangate.plan import Plan
+from plangate.plandiff import PlanDiff
 from plangate.planner import PlanningResult
 from plangate.policy import Policy
 from plangate.record import Claim, PlanRecord
@@ -476,6 +477,12 @@ class Runtime:
         waiting = plan.status == "pending_approval"
         approvals = self.store.approvals(plan.id, plan.version) if waiting else []
         return PlanRecord.of(plan, version, approval.missing(version.check.policy, approvals) if waiting else ())
+
+    def diff(self, plan_id: str, from_version: int | None = None, to_version: int | None = None) -> PlanDiff:
+        """What changed between two versions (default: the one before the latest, and the latest)."""
+        plan, _ = self._current(plan_id)
+        _not_react(plan)
+        return plandiff.between(self.store, plan, from_version, to_version)
 
     def list_plans(self, status: str | None = None, limit: int = 100) -> list[PlanRow]:
         return self.store.list_plans(status, limit)
