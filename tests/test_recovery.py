@@ -232,3 +232,15 @@ def test_an_edit_is_held_against_the_policy_the_plan_was_under(
     again = Runtime(catalogue, None, db=db, clock=FixedClock()).edit(record.id, edited, "bob")
     assert again.decision is not None and again.decision["policy"] == policy.name
     assert again.decision["policy_hash"] == policy.hash
+
+
+def test_a_closed_plan_is_stored_and_listed_on_every_store(any_db: str, catalogue: Catalogue, policy: Policy) -> None:
+    """The status is text with no constraint in SQLite and PostgreSQL alike: closing needs no migration."""
+    from plangate import ledger
+
+    rt = Runtime(catalogue, policy, db=any_db, clock=FixedClock())
+    plan_id = halted(rt, REFUND_THEN_FAIL)
+    rt.close_plan(plan_id, actor="dave", reason="done by hand")
+    assert [row.id for row in rt.list_plans("closed")] == [plan_id]
+    assert ledger.verify(rt.store).ok
+    rt.close()
