@@ -84,7 +84,8 @@ def test_a_remote_operator_runs_the_whole_path_without_the_database(server: dict
     assert code == 0 and ": approved" in out, err
     code, out, err = remote(server, tmp_path, "execute", plan["id"], "--token", carol)
     assert code == 0 and "succeeded: 4 steps done" in out, err
-    for command in (("show", plan["id"]), ("trace", plan["id"]), ("list",)):
+    tools = ("--tools", str(EXAMPLES / "business.py"))  # a plan sent to the API has no tools module on record
+    for command in (("show", plan["id"], *tools), ("trace", plan["id"]), ("list",)):
         code, out, err = remote(server, tmp_path, *command, "--token", carol)
         assert code == 0 and out == local(server, *command), f"{command}: the same output as on the server"
     code, out, _ = remote(server, tmp_path, "audit", "verify", "--token", token(server, tmp_path, "audrey"))
@@ -108,3 +109,45 @@ def test_the_server_refuses_and_the_command_line_says_so_plainly(server: dict[st
     assert code == 0 and "automatic approval off (by gina: audit)" in out, err
     code, _, err = remote(server, tmp_path, "list", "--server", "http://127.0.0.1:9")
     assert code == 2 and "cannot reach the plangate server at http://127.0.0.1:9" in err
+
+
+def test_edit_diff_close_and_show_print_the_same_remotely(server: dict[str, Any], tmp_path: Path) -> None:
+    """The commands added for halted plans and versions: the same output and exit codes as on the server."""
+    alice, dave, carol = (token(server, tmp_path, name) for name in ("alice", "dave", "carol"))
+    halting = str(EXAMPLES / "plans" / "halt.json")
+    code, out, err = remote(server, tmp_path, "submit", halting, "--json", "--token", alice)
+    assert code == 0, err
+    plan = json.loads(out)
+    code, out, err = remote(server, tmp_path, "diff", plan["id"], "--token", alice)
+    assert code == 2 and "has no version before v1" in err
+    body = json.loads(Path(halting).read_text())
+    body["steps"][1]["params"]["amount"] = 400.0
+    edited = tmp_path / "edited.json"
+    edited.write_text(json.dumps(body))
+    code, out, err = remote(server, tmp_path, "edit", plan["id"], str(edited), "--json", "--token", alice)
+    record = json.loads(out)
+    assert code == 0 and (record["version"], record["status"]) == (2, "pending_approval"), err
+    code, out, err = remote(server, tmp_path, "edit", plan["id"], str(edited), "--token", alice)
+    assert code == 4 and "does not change plan" in err
+    code, _, err = remote(server, tmp_path, "approve", plan["id"], "--hash", record["hash"], "--token", dave)
+    assert code == 0, err
+    code, out, err = remote(server, tmp_path, "execute", plan["id"], "--token", carol)
+    assert code == 3 and "halted at step 2" in out, err
+    code, _, err = remote(server, tmp_path, "close", plan["id"], "--reason", "refunded by hand", "--token", alice)
+    assert code == 4 and "may not decide" in err, "the requester does not close her own plan"
+    code, out, err = remote(server, tmp_path, "close", plan["id"], "--reason", "refunded by hand", "--token", dave)
+    assert code == 0 and out.endswith(": closed\n  closed: refunded by hand\n"), err
+    code, _, err = remote(server, tmp_path, "resume", plan["id"], "--token", carol)
+    assert code == 4 and "was closed by dave" in err and err.count("\n") == 1
+    tools = ("--tools", str(EXAMPLES / "business.py"))  # the server's: ignored remotely, where the server's count
+    for command in (
+        ("show", plan["id"], *tools),
+        ("diff", plan["id"]),
+        ("diff", plan["id"], "--from", "2", "--to", "1", "--json"),
+        ("trace", plan["id"]),
+        ("list", "--status", "closed"),
+    ):
+        code, out, err = remote(server, tmp_path, *command, "--token", carol)
+        assert code == 0 and out == local(server, *command), f"{command}: the same output as on the server"
+    shown = local(server, "show", plan["id"], *tools)
+    assert "effect: write" in shown and "status: failed: " in shown and "(closed)" in shown

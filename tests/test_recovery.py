@@ -10,8 +10,9 @@ from click.testing import CliRunner
 
 from plangate import Catalogue, Policy
 from plangate.cli import main
-from plangate.errors import StateError
+from plangate.errors import GovernanceError, StateError, UsageError
 from plangate.runtime import Runtime
+from plangate.story import tell
 from tests.conftest import EXAMPLES
 from tests.helpers import FixedClock, plan
 
@@ -152,3 +153,94 @@ def test_settled_as_not_done_runs_again(tmp_path: Path, monkeypatch: pytest.Monk
     result = rt.resume(plan_id)
     assert result.ok and result.ran == (4, 5)
     assert ledger()[2] == {4: 2}, "the person said it did not happen, so it ran again"
+
+
+def test_a_halted_plan_is_closed_for_good_with_who_and_why(rt: Runtime) -> None:
+    from examples import business
+
+    plan_id = halted(rt, REFUND_THEN_FAIL)
+    with pytest.raises(UsageError, match="say why"):
+        rt.close_plan(plan_id, actor="dave", reason=" ")
+    with pytest.raises(GovernanceError, match=r"bob requested plan .* and may not close it"):
+        rt.close_plan(plan_id, actor="bob", reason="not needed")
+    record = rt.close_plan(plan_id, actor="dave", reason="the customer was refunded by hand")
+    assert record.status == "closed" and rt.get(plan_id).status == "closed"
+    assert business.effect_counts() == {"refund": 1}, "closing undoes nothing and runs nothing"
+    closing = rt.trace(plan_id)[-1]
+    assert (closing.kind, closing.actor) == ("plan.closed", "dave")
+    assert closing.data == {
+        "reason": "the customer was refunded by hand",
+        "transition": {"from": "halted", "to": "closed"},
+    }
+    said = "was closed by dave at .*: 'the customer was refunded by hand'; it cannot"
+    for attempt in (
+        lambda: rt.resume(plan_id),
+        lambda: rt.execute(plan_id),
+        lambda: rt.approve(plan_id, "carol", rt.get(plan_id).hash),
+        lambda: rt.reject(plan_id, "carol", "no"),
+        lambda: rt.edit(plan_id, REFUND_THEN_FAIL | {"task": "again"}, "carol"),
+        lambda: rt.compensate(plan_id, actor="dave", reason="undo after all"),
+        lambda: rt.settle(plan_id, 3, done=False, actor="dave"),
+        lambda: rt.close_plan(plan_id, actor="dave", reason="twice"),
+        lambda: rt.start(plan_id, actor="engine"),
+    ):
+        with pytest.raises(StateError, match=said):
+            attempt()
+    assert business.effect_counts() == {"refund": 1}
+    from plangate import ledger
+
+    assert ledger.verify(rt.store).ok
+
+
+def test_only_a_halted_plan_with_known_outcomes_is_closed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests.test_crash import approved_plan, kill_during_step
+
+    monkeypatch.setenv("CRASH_DIR", str(tmp_path))
+    monkeypatch.setenv("CRASH_LEDGER", str(tmp_path / "ledger.db"))
+    rt, plan_id = approved_plan(tmp_path)
+    with pytest.raises(StateError, match="is approved; only a halted plan can be closed"):
+        rt.close_plan(plan_id, actor="dave", reason="r")
+    kill_during_step(tmp_path, plan_id, 4)
+    rt.resume(plan_id)
+    with pytest.raises(StateError, match="step 4's outcome is unknown: settle it first"):
+        rt.close_plan(plan_id, actor="dave", reason="r")
+    rt.settle(plan_id, 4, done=True, output=4, actor="dave", note="sent")
+    assert rt.close_plan(plan_id, actor="dave", reason="step 5 is not needed").status == "closed"
+
+
+def test_a_rollback_that_could_not_undo_everything_may_be_closed(rt: Runtime) -> None:
+    data = plan(
+        {"id": 1, "tool": "issue_refund", "params": {"invoice_id": "42", "amount": 20.0}},
+        {"id": 2, "tool": "send_email", "params": {"to": "ada@example.com", "subject": "s", "body": "b"}},
+        {"id": 3, "tool": "issue_refund", "params": {"invoice_id": "43", "amount": 5000.0}},
+        category="refunds",
+    )
+    plan_id = halted(rt, data)
+    assert rt.compensate(plan_id, actor="dave", reason="wrong customer").status == "compensation_incomplete"
+    record = rt.close_plan(plan_id, actor="dave", reason="apologised to the customer for the email")
+    assert record.status == "closed"
+    assert "CLOSED: 'apologised to the customer for the email'" in "\n".join(tell(rt.trace(plan_id)))
+
+
+def test_an_edit_is_held_against_the_policy_the_plan_was_under(
+    tmp_path: Path, catalogue: Catalogue, policy: Policy
+) -> None:
+    """An edit through a runtime given no policy (a command line without --policy) keeps the plan's policy."""
+    db = f"sqlite:///{tmp_path}/p.db"
+    record = Runtime(catalogue, policy, db=db, clock=FixedClock()).submit(REFUND_THEN_FAIL, "bob")
+    edited = dict(REFUND_THEN_FAIL, task="refund a little less")
+    again = Runtime(catalogue, None, db=db, clock=FixedClock()).edit(record.id, edited, "bob")
+    assert again.decision is not None and again.decision["policy"] == policy.name
+    assert again.decision["policy_hash"] == policy.hash
+
+
+def test_a_closed_plan_is_stored_and_listed_on_every_store(any_db: str, catalogue: Catalogue, policy: Policy) -> None:
+    """The status is text with no constraint in SQLite and PostgreSQL alike: closing needs no migration."""
+    from plangate import ledger
+
+    rt = Runtime(catalogue, policy, db=any_db, clock=FixedClock())
+    plan_id = halted(rt, REFUND_THEN_FAIL)
+    rt.close_plan(plan_id, actor="dave", reason="done by hand")
+    assert [row.id for row in rt.list_plans("closed")] == [plan_id]
+    assert ledger.verify(rt.store).ok
+    rt.close()

@@ -156,3 +156,48 @@ def test_after_a_halt_settle_resume_and_roll_back_from_the_dashboard(setup: dict
     assert api(setup, "audrey").get(f"/api/plans/{plan['id']}").json()["status"] == "compensated"
     kinds = [e["kind"] for e in api(setup, "audrey").get(f"/api/plans/{plan['id']}/trace").json()]
     assert "step.settled" in kinds and kinds[-1] == "compensation.finished"
+
+
+def test_closing_a_halted_plan_from_the_dashboard(setup: dict[str, Any]) -> None:
+    from tests.helpers import died_during
+
+    plan = api(setup, "alice").post("/api/plans", json=MAIL).json()
+    api(setup, "dave").post(f"/api/plans/{plan['id']}/approve", json={"hash": plan["hash"]})
+    store = open_store(setup["db"])
+    died_during(store, plan["id"], 1)
+    api(setup, "alice").post(f"/api/plans/{plan['id']}/execute")
+    api(setup, "dave").post(f"/api/plans/{plan['id']}/settle", json={"step": 1, "done": False})
+    client, csrf = browser(setup, "dave")
+    assert 'id="close"' in client.get(f"/plans/{plan['id']}/run").text
+    reason = {"reason": "the customer was told by phone"}
+    forged = client.post(f"/plans/{plan['id']}/close", data=reason)
+    assert forged.status_code == 403 and "CSRF" in forged.text
+    cross_site = client.post(
+        f"/plans/{plan['id']}/close", data={**reason, "csrf": csrf}, headers={"Sec-Fetch-Site": "cross-site"}
+    )
+    assert cross_site.status_code == 403
+    requester, alice_csrf = browser(setup, "alice")
+    assert requester.post(f"/plans/{plan['id']}/close", data={**reason, "csrf": alice_csrf}).status_code == 403
+    assert store.get_plan(plan["id"]).status == "halted"  # type: ignore[union-attr]
+    done = client.post(f"/plans/{plan['id']}/close", data={**reason, "csrf": csrf}, follow_redirects=False)
+    assert done.status_code == 303 and "Closed by dave" in urllib.parse.unquote_plus(done.headers["location"])
+    page = client.get(done.headers["location"]).text
+    assert "Closed by dave" in page and "was closed by dave" in page and "the customer was told by phone" in page
+    assert 'id="close"' not in client.get(f"/plans/{plan['id']}/run").text
+    again = client.post(f"/plans/{plan['id']}/resume", data={"csrf": csrf}, follow_redirects=False)
+    assert again.status_code == 303 and "was closed by dave" in urllib.parse.unquote_plus(again.headers["location"])
+    assert "CLOSED: &#39;the customer was told by phone&#39;" in client.get(f"/plans/{plan['id']}/trace").text
+    store.close()
+
+
+def test_the_plan_page_shows_what_changed_since_the_version_before(setup: dict[str, Any]) -> None:
+    plan = api(setup, "alice").post("/api/plans", json=MAIL).json()
+    client, _ = browser(setup, "dave")
+    assert 'id="changes"' not in client.get(f"/plans/{plan['id']}").text
+    edited = {**MAIL, "task": "Tell the customer, kindly"}
+    api(setup, "alice").post(f"/api/plans/{plan['id']}/edit", json={"plan": edited})
+    page = client.get(f"/plans/{plan['id']}").text
+    assert (
+        "Changes from version 1" in page
+        and "task: &#34;Tell the customer&#34; -&gt; &#34;Tell the customer, kindly&#34;" in page
+    )

@@ -138,3 +138,73 @@ def test_audit_verify_is_for_auditors_and_governance(setup: dict[str, Any]) -> N
     for who in ("audrey", "gina"):
         report = api(setup, who).get("/api/audit/verify").json()
         assert report["ok"] is True and report["events"] >= 1 and report["summary"].startswith("audit log intact")
+
+
+def test_close(setup: dict[str, Any]) -> None:
+    plan = halted(setup)
+    url = f"/api/plans/{plan['id']}"
+    before = state(setup)
+    for who in ("alice", "erin", "audrey"):  # the requester, an approver of another category, an auditor
+        assert api(setup, who).post(f"{url}/close", json={"reason": "done"}).status_code == 403, who
+    assert serverkit.TestClient(setup["app"]).post(f"{url}/close", json={"reason": "done"}).status_code == 401
+    assert api(setup, "dave").post(f"{url}/close", json={}).status_code == 422
+    no_reason = api(setup, "dave").post(f"{url}/close", json={"reason": " "})
+    assert no_reason.status_code == 422 and "say why" in no_reason.json()["error"]
+    unknown = api(setup, "dave").post(f"{url}/close", json={"reason": "done"})
+    assert unknown.status_code == 409 and "settle it first" in unknown.json()["error"]
+    assert state(setup) == before
+
+    api(setup, "dave").post(f"{url}/settle", json={"step": 1, "done": True, "output": "sent"})
+    closed = api(setup, "dave").post(f"{url}/close", json={"reason": "the email went out; nothing more to do"})
+    assert closed.status_code == 200 and closed.json()["status"] == "closed", closed.text
+    for action, body in (
+        ("resume", None),
+        ("execute", None),
+        ("compensate", {"reason": "r"}),
+        ("close", {"reason": "r"}),
+    ):
+        reply = api(setup, "carol").post(f"{url}/{action}", json=body)
+        assert reply.status_code == 409 and "was closed by dave" in reply.json()["error"], (action, reply.text)
+    event = api(setup, "audrey").get(f"{url}/trace").json()[-1]
+    assert (event["kind"], event["actor"], event["data"]["reason"]) == (
+        "plan.closed",
+        "dave",
+        "the email went out; nothing more to do",
+    )
+    assert [p["id"] for p in api(setup, "audrey").get("/api/plans?status=closed").json()] == [plan["id"]]
+
+
+def test_edit_and_diff(setup: dict[str, Any]) -> None:
+    plan = api(setup, "alice").post("/api/plans", json=MAIL).json()
+    url = f"/api/plans/{plan['id']}"
+    only_one = api(setup, "alice").get(f"{url}/diff")
+    assert only_one.status_code == 404 and "no version before v1" in only_one.json()["error"]
+    edited = {**MAIL, "steps": [{**MAIL["steps"][0], "params": {**MAIL["steps"][0]["params"], "subject": "Hello"}}]}
+    assert api(setup, "audrey").post(f"{url}/edit", json={"plan": edited}).status_code == 403
+    assert api(setup, "erin").post(f"{url}/edit", json={"plan": edited}).status_code == 403, "a plan erin cannot see"
+    reply = api(setup, "alice").post(f"{url}/edit", json={"plan": edited})
+    assert reply.status_code == 200 and (reply.json()["version"], reply.json()["status"]) == (2, "pending_approval")
+    diff = api(setup, "dave").get(f"{url}/diff").json()
+    assert (diff["from_version"], diff["to_version"]) == (1, 2)
+    assert diff["steps"] == [
+        {
+            "id": 1,
+            "kind": "changed",
+            "tool": "send_email",
+            "fields": [{"field": "params.subject", "old": "s", "new": "Hello"}],
+        }
+    ]
+    same = api(setup, "dave").get(f"{url}/diff?from=2&to=2").json()
+    assert same["steps"] == [] and same["fields"] == []
+    assert api(setup, "dave").get(f"{url}/diff?from=9").status_code == 404
+    assert api(setup, "dave").get(f"{url}/diff?from=0").status_code == 422
+    assert api(setup, "erin").get(f"{url}/diff").status_code == 403
+
+
+def test_review_says_what_show_prints(setup: dict[str, Any]) -> None:
+    plan = halted(setup)
+    review = api(setup, "dave").get(f"/api/plans/{plan['id']}/review").json()
+    assert review["reasons"] == api(setup, "dave").get(f"/api/plans/{plan['id']}").json()["policy"]["reasons"]
+    (step,) = review["steps"]
+    assert (step["effect"], step["external"], step["status"]) == ("irreversible", True, "outcome_unknown")
+    assert api(setup, "erin").get(f"/api/plans/{plan['id']}/review").status_code == 403

@@ -54,7 +54,15 @@ def role_of(policy: Policy | None, user: str) -> str | None:
 
 def check_can_decide(plan: PlanRow, actor: str, plan_hash: str | None) -> None:
     """Refuse a decision on a plan that is not waiting for one, or on a version that is not current."""
-    if plan.status in ("running", "succeeded", "halted", "compensating", "compensated", "compensation_incomplete"):
+    if plan.status in (
+        "running",
+        "succeeded",
+        "halted",
+        "compensating",
+        "compensated",
+        "compensation_incomplete",
+        "closed",
+    ):
         raise StateError(f"plan {plan.id} is {plan.status}: it was already executed, there is nothing to decide")
     if plan_hash is not None and plan_hash != plan.hash:
         raise StaleHashError(

@@ -14,8 +14,10 @@ was already left.
                  ▼   │ edit           │  │        └──▶ halted ─▶ running (resume)
               rejected ──────────────-┘  │               │
                                           │               ├──▶ pending_approval | approved | rejected (a correction)
+                                          │               ├──▶ closed (ended for good, with a reason)
                                           │               └──▶ compensating ─▶ compensated
                                           │                                  └▶ compensation_incomplete ─▶ compensating
+                                          │                                                            └▶ closed
                                           └──▶ pending_approval (an edit, or drift since approval)
 
 Starting a run is a *claim*: ``approved`` (or ``halted``, or ``running`` under a dead
@@ -46,15 +48,18 @@ TRANSITIONS: Mapping[PlanStatus, frozenset[PlanStatus]] = {
     "approved": frozenset({"running", "rejected", "pending_approval", "approved"}),
     "rejected": frozenset({"pending_approval", "approved", "rejected"}),
     "running": frozenset({"succeeded", "halted", "running", "pending_approval"}),
-    "halted": frozenset({"running", "pending_approval", "approved", "rejected", "compensating"}),
+    "halted": frozenset({"running", "pending_approval", "approved", "rejected", "compensating", "closed"}),
     "compensating": frozenset({"compensated", "compensation_incomplete", "compensating"}),
-    "compensation_incomplete": frozenset({"compensating"}),
+    "compensation_incomplete": frozenset({"compensating", "closed"}),
     "succeeded": frozenset(),
     "compensated": frozenset(),
+    "closed": frozenset(),
 }
 """From each state, the states a plan may move to. ``running -> pending_approval`` is a
 ReAct run pausing for an approval; a move to the same state is an edit that keeps the
-status, or a runner taking over a dead runner's lease."""
+status, or a runner taking over a dead runner's lease. ``closed`` ends a halted plan (or a
+rollback that could not undo everything) that nobody will resume: like ``succeeded`` and
+``compensated``, nothing leaves it."""
 
 Lease = tuple[str | None, str | None]
 NO_LEASE: Lease = (None, None)
@@ -164,7 +169,7 @@ def claim(
         raise StateError(f"plan {plan.id} is already running under {plan.lease_owner} (lease until {plan.lease_until})")
     if plan.status == "approved" and plan.lease_owner not in (None, owner) and lease_is_live(plan, at):
         raise StateError(f"plan {plan.id} is being started by {plan.lease_owner} (lease until {plan.lease_until})")
-    if plan.status in ("succeeded", "compensating", "compensated", "compensation_incomplete"):
+    if plan.status in ("succeeded", "compensating", "compensated", "compensation_incomplete", "closed"):
         raise StateError(f"plan {plan.id} has already run: it is {plan.status}")
     if plan.status not in ("approved", "halted", "running"):
         raise StateError(f"plan {plan.id} is {plan.status}, not approved")

@@ -1,8 +1,10 @@
-"""After a halt: settling a step whose outcome is unknown, and correcting a failed step.
+"""After a halt: settling a step whose outcome is unknown, correcting a failed step, closing the plan.
 
-Both change what a resumed run does, so both are decisions: the runtime checks who may
-make them (:func:`plangate.approval.check_may_decide`) and that no run holds the plan.
-Rolling back is :mod:`plangate.compensation`.
+Each is a decision: the runtime checks who may make it
+(:func:`plangate.approval.check_may_decide`) and that no run holds the plan. Rolling back
+is :mod:`plangate.compensation`. Closing ends a halted plan that nobody will resume; it is
+final, and whatever is later asked of a closed plan is refused with who closed it and why
+(:func:`refuse_closed`).
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from typing import Any
 from plangate import lifecycle
 from plangate.errors import StateError, UsageError
 from plangate.plan import Plan
-from plangate.store import DONE, PlanRow, Store, VersionRow
+from plangate.store import DONE, PlanRow, PlanStatus, Store, VersionRow
 from plangate.tools import Catalogue
 
 
@@ -31,6 +33,34 @@ def check_correction(store: Store, plan: PlanRow, old: VersionRow, corrected: Pl
                 f"step {step_id} already ran ({row.status}); a correction may change only steps "
                 "that have not succeeded, and keeps the others as they are"
             )
+
+
+def close(store: Store, plan: PlanRow, *, actor: str, reason: str, at: str) -> PlanRow:
+    """Close a halted plan for good (inside the caller's transaction): ``closed``, with who and why.
+
+    Every step's outcome must be known first, so that the closed plan's record says what
+    happened: a step whose outcome is unknown is settled before (``plangate settle``).
+    """
+    rows = sorted(store.steps(plan.id).items())
+    unknown = [step_id for step_id, row in rows if row.status in ("started", "outcome_unknown")]
+    if unknown:
+        raise StateError(f"step {unknown[0]}'s outcome is unknown: settle it first (plangate settle), then close")
+    return lifecycle.move(store, plan, "closed", actor=actor, at=at, data={"reason": reason})
+
+
+def refuse_closed(store: Store, plan_id: str, status: PlanStatus, doing: str) -> None:
+    """Refuse ``doing`` (such as ``be resumed``) to a closed plan, saying who closed it, when and why."""
+    if status == "closed":
+        raise StateError(f"{closed_note(store, plan_id)}; it cannot {doing}")
+
+
+def closed_note(store: Store, plan_id: str) -> str:
+    """Who closed the plan, when and why, as its audit log says."""
+    closing = [e for e in store.events(plan_id) if e.kind == "plan.closed"]
+    if not closing:
+        return f"plan {plan_id} is closed"
+    event = closing[-1]
+    return f"plan {plan_id} was closed by {event.actor} at {event.at[:19]}: {event.data.get('reason')!r}"
 
 
 def settle(

@@ -14,13 +14,14 @@ from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
-from plangate import _input, approval, drift, ledger, lifecycle, recovery
+from plangate import _input, approval, drift, ledger, lifecycle, plandiff, recovery
 from plangate._clock import Clock, SystemClock, iso
 from plangate.check import CheckResult, check
 from plangate.compensation import Compensation, CompensationResult
 from plangate.engine import DEFAULT_CONCURRENCY, Engine, Progress, RunResult, recorded_result
 from plangate.errors import GovernanceError, NotFoundError, StateError, UsageError
 from plangate.plan import Plan
+from plangate.plandiff import PlanDiff
 from plangate.planner import PlanningResult
 from plangate.policy import Policy
 from plangate.record import Claim, PlanRecord
@@ -114,7 +115,7 @@ class Runtime:
             if planning is not None:
                 self._record(row, "plan.planned", planning.model or "library", planning.record())
                 self.store.link_calls([call.id for call in planning.calls], plan_id)
-            row = self._new_version(row, parsed, requested_by, result)
+            row = self._new_version(row, parsed, requested_by, result, self.policy)
         return self._notified(self.get(plan_id))
 
     def approve(
@@ -127,6 +128,7 @@ class Runtime:
             _input.check_text(comment, "comment", what="approval")
         with self.store.transaction():
             plan, version = self._locked(plan_id)
+            recovery.refuse_closed(self.store, plan.id, plan.status, "be approved")
             approval.check_can_decide(plan, approver, plan_hash)
             approvals = self.store.approvals(plan.id, plan.version)
             approval.check_can_approve(plan, self._authors(plan), approver, approvals)
@@ -152,6 +154,7 @@ class Runtime:
             raise UsageError("a rejection needs a comment saying why")
         with self.store.transaction():
             plan, version = self._locked(plan_id)
+            recovery.refuse_closed(self.store, plan.id, plan.status, "be rejected")
             approval.check_can_decide(plan, approver, plan_hash)
             role = approval.role_of(self._policy_for(version), approver)
             self.store.insert_approval(
@@ -169,11 +172,16 @@ class Runtime:
         return self._record_of(plan, version)
 
     def edit(self, plan_id: str, new_plan: PlanInput, editor: str) -> PlanRecord:
-        """Make a new version: re-checked (its category too), and every earlier approval void."""
+        """Make a new version: re-checked (its category too), and every earlier approval void.
+
+        It is held against the policy in force: the runtime's, or else the one the current
+        version was checked against (an edit never drops the policy a plan was under).
+        """
         parsed = new_plan if isinstance(new_plan, Plan) else Plan.parse(new_plan)
         with self.store.transaction():
             plan, old = self._locked(plan_id)
             _not_react(plan)
+            recovery.refuse_closed(self.store, plan.id, plan.status, "be edited")
             if plan.status not in ("pending_approval", "approved", "rejected", "halted"):
                 raise StateError(
                     f"plan {plan.id} is {plan.status}; only a plan not yet executed, or halted, can be edited"
@@ -183,7 +191,8 @@ class Runtime:
                 recovery.check_correction(self.store, plan, old, parsed)
             if parsed.hash == plan.hash:
                 raise StateError(f"the edit does not change plan {plan.id} (same hash {plan.hash[:12]}…)")
-            result = check(parsed, self._catalogue(), self.policy, user=plan.requested_by, role=plan.role)
+            policy = self._policy_now(old)
+            result = check(parsed, self._catalogue(), policy, user=plan.requested_by, role=plan.role)
             voided = self.store.void_approvals(plan.id)
             number = plan.version + 1
             self.store.update_plan(
@@ -207,7 +216,7 @@ class Runtime:
                     "approvals_voided": voided,
                 },
             )
-            plan = self._new_version(plan, parsed, editor, result)
+            plan = self._new_version(plan, parsed, editor, result, policy)
         return self._notified(self.get(plan.id))
 
     def settle(
@@ -247,6 +256,22 @@ class Runtime:
         """
         return self._roll_back(plan_id, actor=actor, reason=reason, by_person=True)
 
+    def close_plan(self, plan_id: str, *, actor: str, reason: str) -> PlanRecord:
+        """End a halted plan that will not be resumed: ``closed``, for good, with who and why.
+
+        What ran stays as it is (to undo it, :meth:`compensate` instead). A decision like a
+        rollback: never the requester or an author, never during a run, and only once every
+        step's outcome is known. A rollback that could not undo everything may be closed too.
+        """
+        if not _input.check_text(reason, "reason", what="closing").strip():
+            raise UsageError("say why the plan is closed")
+        with self.store.transaction():
+            plan, version = self._locked(plan_id)
+            _not_react(plan)
+            self._check_after_halt(plan, version, actor, doing="close", allowed=("halted", "compensation_incomplete"))
+            plan = recovery.close(self.store, plan, actor=actor, reason=reason, at=self._now())
+        return self._record_of(plan, version)
+
     def _roll_back(self, plan_id: str, *, actor: str, reason: str, by_person: bool) -> CompensationResult:
         if not _input.check_text(reason, "reason", what="rollback").strip():
             raise UsageError("say why the plan is rolled back")
@@ -281,11 +306,13 @@ class Runtime:
     def _check_after_halt(
         self, plan: PlanRow, version: VersionRow, person: str | None, *, doing: str, allowed: tuple[str, ...]
     ) -> None:
-        """Settling or rolling back: a halted plan no run holds, a person who may decide (None: the
-        policy's own rollback), and rows that agree with the audit log."""
-        lifecycle.require_idle(plan, self._now(), f"to {doing} a step")
+        """Settling, rolling back or closing: a halted plan no run holds, a person who may decide (None:
+        the policy's own rollback), and rows that agree with the audit log."""
+        recovery.refuse_closed(self.store, plan.id, plan.status, _AFTER_HALT[doing])
+        lifecycle.require_idle(plan, self._now(), "closing it" if doing == "close" else f"to {doing} a step")
         if plan.status not in allowed:
-            raise StateError(f"plan {plan.id} is {plan.status}; only a halted plan's steps can be settled or undone")
+            what = " can be closed" if doing == "close" else "'s steps can be settled or undone"
+            raise StateError(f"plan {plan.id} is {plan.status}; only a halted plan{what}")
         if person is not None:
             approval.check_may_decide(plan, self._authors(plan), person, self._policy_for(version), doing)
         ledger.story(self.store, plan, "be rolled back" if doing == "compensate" else doing)
@@ -302,6 +329,7 @@ class Runtime:
         """Run an approved plan. A finished plan is not run again: its recorded result comes back."""
         plan, version = self._current(plan_id)
         _not_react(plan)
+        recovery.refuse_closed(self.store, plan.id, plan.status, "be executed")
         if plan.status in ("succeeded", "halted"):
             return self._recorded(plan, version)
         if plan.status == "running" and lifecycle.lease_is_live(plan, self._now()):
@@ -323,6 +351,7 @@ class Runtime:
         """Continue a halted or interrupted run: completed steps are loaded, never run again."""
         plan, version = self._current(plan_id)
         _not_react(plan)
+        recovery.refuse_closed(self.store, plan.id, plan.status, "be resumed")
         if plan.status == "succeeded":
             return self._recorded(plan, version)
         if plan.status not in ("running", "halted", "approved"):
@@ -344,6 +373,7 @@ class Runtime:
         with self.store.transaction():
             plan, version = self._locked(plan_id)
             _not_react(plan)
+            recovery.refuse_closed(self.store, plan.id, plan.status, "run")
             body, told = ledger.right_to_run(self.store, plan, version)
             drift.check_tools_module(plan, version, body, self._catalogue(), self.tools)
             policy = self._policy_now(version)
@@ -448,6 +478,12 @@ class Runtime:
         approvals = self.store.approvals(plan.id, plan.version) if waiting else []
         return PlanRecord.of(plan, version, approval.missing(version.check.policy, approvals) if waiting else ())
 
+    def diff(self, plan_id: str, from_version: int | None = None, to_version: int | None = None) -> PlanDiff:
+        """What changed between two versions (default: the one before the latest, and the latest)."""
+        plan, _ = self._current(plan_id)
+        _not_react(plan)
+        return plandiff.between(self.store, plan, from_version, to_version)
+
     def list_plans(self, status: str | None = None, limit: int = 100) -> list[PlanRow]:
         return self.store.list_plans(status, limit)
 
@@ -530,10 +566,12 @@ class Runtime:
             at=self._now(),
         )
 
-    def _new_version(self, plan: PlanRow, body: Plan, author: str, result: CheckResult) -> PlanRow:
-        """Record a version and its check, and move the plan to what the check and policy say."""
-        if self.policy is not None:
-            self.store.save_policy(self.policy.hash, self.policy.name, self.policy.canonical_json())
+    def _new_version(
+        self, plan: PlanRow, body: Plan, author: str, result: CheckResult, policy: Policy | None
+    ) -> PlanRow:
+        """Record a version and its check (against ``policy``), and move the plan to what they say."""
+        if policy is not None:
+            self.store.save_policy(policy.hash, policy.name, policy.canonical_json())
         checked = self._held_by_register(body.category, drift.record(result, self._catalogue(), body))
         decision = checked.policy
         self.store.insert_version(
@@ -545,7 +583,7 @@ class Runtime:
                 author=author,
                 created_at=self._now(),
                 check=checked,
-                policy_hash=self.policy.hash if self.policy else None,
+                policy_hash=policy.hash if policy else None,
             )
         )
         self._record(plan, "plan.checked", "checker", checked.to_dict())
@@ -616,6 +654,9 @@ class Runtime:
 
     def _now(self) -> str:
         return iso(self.clock.now())
+
+
+_AFTER_HALT = {"settle": "have a step settled", "compensate": "be rolled back", "close": "be closed again"}
 
 
 def _not_react(plan: PlanRow) -> None:

@@ -90,6 +90,7 @@ _TELLERS: dict[str, Teller] = {
     "plan.edited": lambda d, _: (
         f"edited: new version (hash {d['hash'][:12]}), {d['approvals_voided']} approval(s) void"
     ),
+    "plan.closed": lambda d, _: f"CLOSED: {d['reason']!r}; it will not be resumed",
     "run.started": lambda d, _: f"run started ({d['steps']} steps)",
     "run.resumed": lambda d, _: "run resumed: finished steps are kept, not run again",
     "run.succeeded": lambda d, _: (

@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
 
 from plangate.check import CheckResult
+from plangate.cli._errors import EXIT_VIOLATIONS
 from plangate.errors import UsageError
 from plangate.plan import Plan
 from plangate.policy import Policy
+from plangate.review import short
 from plangate.tools import Catalogue
 
 if TYPE_CHECKING:
@@ -184,18 +187,68 @@ def print_progress(event: Any) -> None:
         click.echo(f"  [{event.done}/{event.total}] step {event.step_id} {event.tool}: already {event.detail}, kept")
 
 
-def show_record(record: Any) -> None:
-    """A plan (or a paused ReAct action) as a reviewer reads it before deciding."""
+def show_recorded(record: Any, as_json: bool) -> None:
+    """What ``submit`` and ``edit`` print about the version just recorded; exit 1 when it was rejected."""
+    if as_json:
+        click.echo(json.dumps(record.to_dict(), indent=2))
+    else:
+        click.echo(str(record))
+        for violation in record.violations:
+            click.echo(f"  {violation}")
+        if record.status == "pending_approval":
+            click.echo(f"  approve with: plangate approve {record.id[:8]} --as APPROVER --hash {record.hash}")
+    if record.status == "rejected":
+        sys.exit(EXIT_VIOLATIONS)
+
+
+def show_record(record: Any, described: dict[str, Any] | None = None) -> None:
+    """A plan (or a paused ReAct action) as a reviewer reads it before deciding.
+
+    With ``described`` (:func:`plangate.review.review`, computed here or by the server): the
+    policy's reasons, and each step's effect, rollback and, once it ran, where it stands.
+    """
     what = "ReAct run" if record.kind == "react" else "plan"
     click.echo(f"{what} {record.id} v{record.version} ({record.status}), requested by {record.requested_by}")
     click.echo(f"  task: {record.task} [{record.category}]  hash: {record.hash}")
+    if record.plan is not None and record.plan.order == "dataflow":
+        click.echo("  order: dataflow: a step starts once the steps it reads or names in 'after' are done;")
+        click.echo("         the listed order is not the execution order")
+    if described is not None:
+        _show_policy(record.decision, described["reasons"])
+    for violation in record.violations:
+        click.echo(f"  violation: {violation}")
     if record.action is not None:
         action = record.action
         click.echo(f"  pending action {action['number']}: {action['tool']}({json.dumps(action['arguments'])})")
         click.echo(f"     why: {action['thought']}")
+    about = {step["id"]: step for step in (described or {}).get("steps", ())}
     for step in record.plan.steps if record.plan is not None else ():
         when = f" if {step.condition}" if step.condition else ""
+        when += f" after {', '.join(str(other) for other in step.after)}" if step.after else ""
+        when += " [optional: if it fails, its output is null]" if step.on_failure == "continue" else ""
         click.echo(f"  {step.id}. {step.tool}({json.dumps(step.params, ensure_ascii=False)}){when}")
+        if step.id in about:
+            _show_step(about[step.id])
         click.echo(f"     why: {step.rationale}")
+        if step.id in about and about[step.id]["status"] is not None:
+            detail = about[step.id]["detail"]
+            click.echo(f"     status: {about[step.id]['status']}" + (f": {short(detail)}" if detail else ""))
     if record.needs:
         click.echo(f"  needs approval by {' and by '.join(record.needs)}")
+
+
+def _show_policy(decision: dict[str, Any] | None, reasons: list[str]) -> None:
+    if decision is None:
+        click.echo("  policy: none (checked without a policy)")
+        return
+    named = "".join(f" and by {name}" for name in decision.get("required_approvals") or ())
+    says = "may be approved automatically" if decision["approval"] == "auto" else "needs approval by a person"
+    click.echo(f"  policy {decision['policy']!r}: {says}{named}")
+    for reason in reasons:
+        click.echo(f"    - {reason}")
+
+
+def _show_step(step: dict[str, Any]) -> None:
+    effect = step["effect"] + (", external" if step["external"] else "")
+    approvals = f"  approval: {', '.join(step['approvals'])}" if step["approvals"] else ""
+    click.echo(f"     effect: {effect}  rollback: {step['rollback'] or 'none given'}{approvals}")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import click
 
@@ -20,16 +20,18 @@ from plangate.cli._common import (
     policy_option,
     read_plan,
     show_record,
+    show_recorded,
     summary,
     token_option,
     tools_option,
 )
 from plangate.cli._errors import EXIT_VIOLATIONS
 from plangate.cli._remote import server_option
-from plangate.errors import UsageError
-from plangate.lifecycle import TRANSITIONS
+from plangate.errors import PlangateError, UsageError
 from plangate.plan import plan_json_schema
 from plangate.policy import POLICY_RULES, Policy
+from plangate.review import review
+from plangate.store import PlanStatus
 from plangate.tools import Catalogue
 
 
@@ -140,15 +142,7 @@ def submit_command(
         runtime = open_runtime(db, tools_spec, policy_file)
         requester = acting(runtime, user, token, "submit")
         record = runtime.submit(plan, requested_by=requester, role=role)
-    if as_json:
-        click.echo(json.dumps(record.to_dict(), indent=2))
-    else:
-        click.echo(str(record))
-        for violation in record.violations:
-            click.echo(f"  {violation}")
-        if record.status == "pending_approval":
-            click.echo(f"  approve with: plangate approve {record.id[:8]} --as APPROVER --hash {record.hash}")
-    sys.exit(EXIT_VIOLATIONS if record.status == "rejected" else 0)
+    show_recorded(record, as_json)
 
 
 @click.command("approve")
@@ -230,7 +224,7 @@ def reject_command(
 @click.command("list")
 @click.option(
     "--status",
-    type=click.Choice(sorted(TRANSITIONS)),
+    type=click.Choice(sorted(get_args(PlanStatus))),
     help="Only plans in this state.",
 )
 @db_option
@@ -253,12 +247,43 @@ def list_command(*, status: str | None, db: str | None, server: str | None, toke
 
 @click.command("show")
 @click.argument("plan_id", metavar="ID")
+@click.option(
+    "--tools",
+    "tools_spec",
+    envvar="PLANGATE_TOOLS",
+    metavar="MODULE",
+    help="Tools module for the steps' effects (default: the one on record; not with --server, whose tools count).",
+)
 @db_option
 @server_option
 @token_option
-def show_command(*, plan_id: str, db: str | None, server: str | None, token: str | None) -> None:
-    """Show plan ID: its steps, why each is there, its status and what it still needs."""
-    show_record(_remote.record(_remote.client(server, token), plan_id) if server else open_runtime(db).get(plan_id))
+def show_command(
+    *, plan_id: str, tools_spec: str | None, db: str | None, server: str | None, token: str | None
+) -> None:
+    """Show plan ID: its steps, why each is there, its status and what it still needs.
+
+    Each step's effect (read, write, irreversible; unknown without the tools) and rollback,
+    the policy's reasons, and once the plan has run, each step's status and output.
+    """
+    if server:
+        api = _remote.client(server, token)
+        record = _remote.record(api, plan_id)
+        show_record(record, api.call("GET", api.plan_path(record.id, "review")))
+        return
+    runtime = open_runtime(db)
+    record = runtime.get(plan_id)
+    show_record(record, review(runtime.store, record, _catalogue(runtime, record.id, tools_spec)))
+
+
+def _catalogue(runtime: Any, plan_id: str, tools_spec: str | None) -> Catalogue | None:
+    """The tools to describe the steps with: --tools, else the module on record, if it can be loaded."""
+    if tools_spec:
+        return Catalogue.from_module(tools_spec)
+    try:
+        spec = runtime.recorded_tools(plan_id)
+        return Catalogue.from_module(spec) if spec else None
+    except PlangateError:  # showing a plan does not need its tools: its effects are then "unknown"
+        return None
 
 
 @click.command("trace")

@@ -13,6 +13,7 @@ from typing import Any
 import click
 
 from plangate.client import SERVER_VARIABLE, Client
+from plangate.plandiff import PlanDiff
 from plangate.record import PlanRecord
 from plangate.store import Event, PlanRow
 
@@ -55,3 +56,12 @@ def run(api: Client, plan_id: str, method: str) -> tuple[bool, str]:
     """Execute or resume on the server and wait: whether it succeeded, and the result's summary."""
     reply = api.call("POST", api.plan_path(plan_id, method))
     return bool(reply["ok"]), str(reply["summary"])
+
+
+def edit(api: Client, plan_id: str, plan: dict[str, Any]) -> PlanRecord:
+    return PlanRecord.from_dict(api.call("POST", api.plan_path(plan_id, "edit"), {"plan": plan}))
+
+
+def diff(api: Client, plan_id: str, from_version: int | None, to_version: int | None) -> PlanDiff:
+    versions: dict[str, Any] = {"from": from_version, "to": to_version}
+    return PlanDiff.from_dict(api.call("GET", api.plan_path(plan_id, "diff"), **versions))

@@ -1,4 +1,4 @@
-"""Running approved plans and putting halted ones right: execute, resume, settle, compensate, worker."""
+"""Running approved plans and putting halted ones right: execute, resume, settle, compensate, close, worker."""
 
 from __future__ import annotations
 
@@ -179,6 +179,31 @@ def compensate_command(
     sys.exit(0 if result.status == "compensated" else EXIT_HALTED)
 
 
+@click.command("close")
+@click.argument("plan_id", metavar="ID")
+@identity_options
+@click.option("--reason", required=True, help="Why the plan ends here (required, recorded).")
+@db_option
+@server_option
+def close_command(
+    *, plan_id: str, user: str | None, token: str | None, reason: str, db: str | None, server: str | None
+) -> None:
+    """Close halted plan ID for good: it will not be resumed, and nothing of it runs again.
+
+    What ran stays as it is (to undo it, use compensate). A decision like a rollback: never
+    the requester or an author. A step whose outcome is unknown is settled first. A rollback
+    that could not undo everything (compensation_incomplete) may be closed too.
+    """
+    if server:
+        record = _remote.decide(_remote.client(server, token), plan_id, "close", {"reason": reason})
+    else:
+        runtime = open_runtime(db)
+        record = runtime.get(plan_id)
+        person = acting(runtime, user, token, "decide", category=record.category)
+        record = runtime.close_plan(record.id, actor=person, reason=reason)
+    click.echo(f"{record}\n  closed: {reason}")
+
+
 @click.command("worker")
 @recorded_tools_option
 @policy_option
@@ -248,4 +273,4 @@ def worker_command(
     click.echo(f"worker {worker.name}: {ran} plans run", err=True)
 
 
-COMMANDS = (execute, resume, settle_command, compensate_command, worker_command)
+COMMANDS = (execute, resume, settle_command, compensate_command, close_command, worker_command)

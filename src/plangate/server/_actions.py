@@ -9,6 +9,7 @@ from typing import Any
 
 from starlette.exceptions import HTTPException
 
+from plangate import recovery
 from plangate.accounts import User
 from plangate.compensation import CompensationResult
 from plangate.engine import RunResult
@@ -22,7 +23,7 @@ from plangate.tools import Catalogue
 
 
 def may_decide(user: User, record: PlanRecord) -> None:
-    """Approving, rejecting, settling and rolling back are decisions: only for approvers of the plan's category."""
+    """Approving, rejecting, settling, rolling back and closing are decisions: only for approvers of the category."""
     permit(user, "decide", record.category)
 
 
@@ -72,9 +73,22 @@ def compensate(rt: Runtime, user: User, plan_id: str, reason: str) -> Compensati
     return rt.compensate(plan_id, actor=user.name, reason=reason)
 
 
+def close(rt: Runtime, user: User, plan_id: str, reason: str) -> PlanRecord:
+    may_decide(user, visible(rt, user, plan_id))
+    return rt.close_plan(plan_id, actor=user.name, reason=reason)
+
+
+def edit(rt: Runtime, user: User, plan_id: str, plan: Any) -> PlanRecord:
+    """A new version, by anyone who may see the plan and change things."""
+    record = visible(rt, user, plan_id)
+    permit(user, "edit", record.category, requested_by=record.requested_by)
+    return rt.edit(record.id, plan, editor=user.name)
+
+
 def halted(rt: Runtime, user: User, plan_id: str) -> PlanRecord:
     """The plan, if it is halted: only a halted plan is resumed by a person here."""
     record = visible(rt, user, plan_id)
+    recovery.refuse_closed(rt.store, record.id, record.status, "be resumed")
     if record.status != "halted":
         raise GovernanceError(f"plan {record.id} is {record.status}; only a halted plan resumes here")
     return record
@@ -85,6 +99,7 @@ def start(rt: Runtime, record: PlanRecord, user: User) -> PlanRecord:
 
     The thread has its own store connection; the run page follows it.
     """
+    recovery.refuse_closed(rt.store, record.id, record.status, "run")
     if record.status not in ("approved", "halted"):
         raise GovernanceError(f"plan {record.id} is {record.status}, not approved")
     claim = rt.start(record.id, actor=user.name)

@@ -19,6 +19,7 @@ from plangate.server._deps import Config, Reader, Rt, Writer, json_of
 
 router = APIRouter(prefix="/api")
 JSON = Any
+MAX_VERSION = 1_000_000_000
 
 
 class _Body(BaseModel):
@@ -51,6 +52,10 @@ class Settle(_Body):
 
 class Compensate(_Body):
     reason: str
+
+
+class Close(_Body):
+    reason: str = Field(description="why the plan ends here, unresumed")
 
 
 class RegisterChange(_Body):
@@ -105,8 +110,8 @@ def reject(plan_id: str, rt: Rt, caller: Writer, body: Annotated[Reject, json_of
 
 @router.post("/plans/{plan_id}/edit", openapi_extra=_documented(Edit))
 def edit(plan_id: str, rt: Rt, caller: Writer, body: Annotated[Edit, json_of(Edit)]) -> dict[str, Any]:
-    record = _actions.visible(rt, caller.user, plan_id)
-    return rt.edit(record.id, body.plan, editor=caller.user.name).to_dict()
+    """A new version: checked again, every earlier approval void; back for approval as the policy says."""
+    return _actions.edit(rt, caller.user, plan_id, body.plan).to_dict()
 
 
 @router.post("/plans/{plan_id}/execute")
@@ -136,6 +141,34 @@ def compensate(
 ) -> dict[str, Any]:
     """Roll back a halted plan's completed steps, last first (a decision: approvers of the category)."""
     return _actions.compensation_result(_actions.compensate(rt, caller.user, plan_id, body.reason))
+
+
+@router.post("/plans/{plan_id}/close", openapi_extra=_documented(Close))
+def close(plan_id: str, rt: Rt, caller: Writer, body: Annotated[Close, json_of(Close)]) -> dict[str, Any]:
+    """Close a halted plan for good, saying why (a decision: approvers of the category)."""
+    return _actions.close(rt, caller.user, plan_id, body.reason).to_dict()
+
+
+@router.get("/plans/{plan_id}/diff")
+def diff(
+    plan_id: str,
+    rt: Rt,
+    caller: Reader,
+    from_version: Annotated[int | None, Query(alias="from", ge=1, le=MAX_VERSION)] = None,
+    to_version: Annotated[int | None, Query(alias="to", ge=1, le=MAX_VERSION)] = None,
+) -> dict[str, Any]:
+    """What changed between two versions, step by step (default: the one before the latest, and the latest)."""
+    record = _actions.visible(rt, caller.user, plan_id)
+    return rt.diff(record.id, from_version, to_version).to_dict()
+
+
+@router.get("/plans/{plan_id}/review")
+def review(plan_id: str, rt: Rt, caller: Reader) -> dict[str, Any]:
+    """What `plangate show` prints beside the plan: the policy's reasons, each step's effect and rollback, and
+    once it ran, where each step stands."""
+    from plangate.review import review as described
+
+    return described(rt.store, _actions.visible(rt, caller.user, plan_id), rt.catalogue)
 
 
 @router.get("/plans/{plan_id}/trace")

@@ -16,6 +16,7 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException
 
+from plangate import recovery, review
 from plangate.check import check
 from plangate.errors import PlanError
 from plangate.names import same_person
@@ -102,6 +103,9 @@ def plan_page(
         caller,
         record=record,
         flash=config.flashed(flash, sig),
+        reasons=review.reasons(record),
+        closed=recovery.closed_note(rt.store, record.id) if record.status == "closed" else "",
+        changes=rt.diff(record.id).lines()[1:] if record.version > 1 and record.kind == "plan" else [],
         steps=views.steps(record, config.catalogue),
         touch=views.touch(record, config.catalogue),
         graph=views.graph_svg(record, config.catalogue),
@@ -188,6 +192,10 @@ class CompensateForm(_Form):
     reason: str = ""
 
 
+class CloseForm(_Form):
+    reason: str = ""
+
+
 class RegisterForm(_Form):
     category: str = ""
     state: Literal["on", "off"] = "off"
@@ -258,6 +266,14 @@ def compensate_form(
 ) -> Response:
     result = _actions.compensate(rt, caller.user, plan_id, form.reason)
     return back(request, f"/plans/{plan_id}", flash=str(result).splitlines()[0])
+
+
+@router.post("/plans/{plan_id}/close")
+def close_form(
+    request: Request, plan_id: str, rt: Rt, caller: FormWriter, form: Annotated[CloseForm, form_of(CloseForm)]
+) -> Response:
+    record = _actions.close(rt, caller.user, plan_id, form.reason)
+    return back(request, f"/plans/{record.id}", flash=f"Closed by {caller.user.name}")
 
 
 @router.post("/plans/{plan_id}/resume")

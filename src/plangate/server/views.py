@@ -7,6 +7,7 @@ from collections import Counter
 from html import escape
 from typing import Any
 
+from plangate import review
 from plangate.accounts import User
 from plangate.graph import PlanGraph, run_deps
 from plangate.plan import Plan
@@ -41,24 +42,7 @@ def queue(
 
 
 def steps(record: PlanRecord, catalogue: Catalogue) -> list[dict[str, Any]]:
-    out = []
-    for step in record.plan.steps if record.plan else ():
-        tool = catalogue.get(step.tool)
-        out.append(
-            {
-                "id": step.id,
-                "tool": step.tool,
-                "effect": tool.effect if tool else "unknown",
-                "external": bool(tool and tool.external),
-                "params": json.dumps(step.params, indent=1, ensure_ascii=False),
-                "rationale": step.rationale,
-                "rollback": step.rollback,
-                "condition": step.condition,
-                "after": step.after,
-                "optional": step.on_failure == "continue",
-            }
-        )
-    return out
+    return review.steps(record, catalogue)
 
 
 def touch(record: PlanRecord, catalogue: Catalogue) -> list[str]:
@@ -156,15 +140,5 @@ def pretty_plan(plan: Plan) -> str:
 
 
 def progress(rt: Runtime, record: PlanRecord) -> dict[str, Any]:
-    rows = rt.store.steps(record.id)
-    settled = {e.step_id: e.actor for e in rt.trace(record.id) if e.kind == "step.settled"}
-    steps: dict[str, dict[str, Any]] = {}
-    for step in record.plan.steps if record.plan else ():
-        row = rows.get(step.id)
-        detail = ""
-        if row is not None:
-            detail = row.error or ("" if row.output is None else json.dumps(row.output, ensure_ascii=False)[:300])
-            if step.id in settled and row.status == "succeeded":  # an output a person gave, not a tool
-                detail = f"settled as done by {settled[step.id]}: {detail}"
-        steps[str(step.id)] = {"status": row.status if row else "waiting", "detail": detail}
+    steps = review.progress(record, rt.store.steps(record.id), rt.trace(record.id))
     return {"status": rt.get(record.id).status, "steps": steps}

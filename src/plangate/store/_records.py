@@ -15,6 +15,7 @@ PlanStatus = Literal[
     "compensating",
     "compensated",
     "compensation_incomplete",
+    "closed",
 ]
 StepStatus = Literal["started", "succeeded", "failed", "failed_optional", "skipped", "outcome_unknown"]
 """``failed_optional``: a step whose ``on_failure`` is ``continue`` failed; its output is null and the plan went on."""

@@ -1,0 +1,81 @@
+"""What a reviewer reads about a plan beside its text: each step's effect and rollback, the policy's
+reasons, and, once it has run, where each step stands.
+
+One answer for ``plangate show`` (on a local store and through the JSON API, so both print the
+same) and for the dashboard's plan and run pages.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from plangate.record import PlanRecord
+from plangate.store import Event, StepRow, Store
+from plangate.tools import Catalogue
+
+DETAIL = 300
+"""How much of a step's output or error the run page and the API show."""
+
+
+def reasons(record: PlanRecord) -> list[str]:
+    """Why the policy wants what it wants of this version (approval by a person, automatic, named roles)."""
+    return [str(reason) for reason in (record.decision or {}).get("reasons", ())]
+
+
+def steps(record: PlanRecord, catalogue: Catalogue | None) -> list[dict[str, Any]]:
+    """Each step as a reviewer reads it: its effect (``unknown`` without the tools), rollback and named approvals."""
+    named: dict[int, list[str]] = {}
+    for step_id, role in (record.decision or {}).get("step_approvals", ()):
+        named.setdefault(int(step_id), []).append(str(role))
+    out = []
+    for step in record.plan.steps if record.plan else ():
+        tool = catalogue.get(step.tool) if catalogue is not None else None
+        out.append(
+            {
+                "id": step.id,
+                "tool": step.tool,
+                "effect": tool.effect if tool else "unknown",
+                "external": bool(tool and tool.external),
+                "params": json.dumps(step.params, indent=1, ensure_ascii=False),
+                "rationale": step.rationale,
+                "rollback": step.rollback,
+                "condition": step.condition,
+                "after": step.after,
+                "optional": step.on_failure == "continue",
+                "approvals": named.get(step.id, []),
+            }
+        )
+    return out
+
+
+def progress(record: PlanRecord, rows: Mapping[int, StepRow], events: Iterable[Event]) -> dict[str, dict[str, str]]:
+    """Where each step stands (``waiting`` before it starts), with its output or error, cut to :data:`DETAIL`."""
+    settled = {e.step_id: e.actor for e in events if e.kind == "step.settled"}
+    out: dict[str, dict[str, str]] = {}
+    for step in record.plan.steps if record.plan else ():
+        row = rows.get(step.id)
+        detail = ""
+        if row is not None:
+            detail = row.error or ("" if row.output is None else json.dumps(row.output, ensure_ascii=False)[:DETAIL])
+            if step.id in settled and row.status == "succeeded":  # an output a person gave, not a tool
+                detail = f"settled as done by {settled[step.id]}: {detail}"
+        out[str(step.id)] = {"status": row.status if row else "waiting", "detail": detail}
+    return out
+
+
+def review(store: Store, record: PlanRecord, catalogue: Catalogue | None) -> dict[str, Any]:
+    """Everything ``plangate show`` prints beside the record: the policy's reasons, and each step with
+    where it stands once the plan has run (``status`` None before any step started)."""
+    rows = store.steps(record.id)
+    states = progress(record, rows, store.events(record.id)) if rows else {}
+    before = {"status": None, "detail": ""}
+    described = [{**step, **states.get(str(step["id"]), before)} for step in steps(record, catalogue)]
+    return {"reasons": reasons(record), "steps": described}
+
+
+def short(text: str, width: int = 80) -> str:
+    """``text`` on one line, cut to ``width`` characters."""
+    line = " ".join(text.split())
+    return line if len(line) <= width else line[: width - 3] + "..."
