@@ -507,6 +507,8 @@ class _Run:
         return self._checked(step_id, tool, value, start)
 
     async def _call(self, step_id: int) -> _Outcome:
+        if self.watch is not None and self.watch.stopped:
+            raise timeouts.Abandoned  # nobody waits for the run any more: call nothing
         tool, kwargs = self._arguments(step_id)
         seconds = timeouts.call_limit(tool, self.e.policy)
         start = time.perf_counter()

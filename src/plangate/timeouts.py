@@ -186,6 +186,8 @@ class Watch:
         return self._result
 
     def begin(self, step_id: int, seconds: float) -> Inline:
+        if self.stopped:
+            raise Abandoned  # nobody waits for the run any more: call nothing
         call = Inline(step_id, seconds, time.monotonic() + seconds)
         with self._cond:
             self._inline = call
