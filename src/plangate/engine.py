@@ -159,7 +159,8 @@ class _Run:
         self.now = ""
         self.kwargs: dict[int, dict[str, Any]] = {}  # validated arguments, from _prepare to the call
         self.retried: dict[int, int] = {}  # retries made in this run, by step
-        self.pool = timeouts.Threads("plangate-step")  # sync tools' threads: started as needed, never waited for
+        self.strays = 0  # async calls cancelled when they overran, not waited for
+        self.pool = timeouts.shared("plangate-step")  # started as needed, reused, never waited for
         self.watch: timeouts.Watch | None = None
         self.deps = run_deps(plan, lambda name: engine.catalogue[name].effect if name in engine.catalogue else None)
 
@@ -167,10 +168,7 @@ class _Run:
     def watched(self) -> RunResult:
         """The loop on a thread of its own, under a watch; a call that overran leaves its thread behind."""
         self.watch = timeouts.Watch()
-        try:
-            result = self.watch.run(lambda: asyncio.run(self.go()), self._overran)
-        finally:
-            self.pool.shutdown(wait=False, cancel_futures=True)
+        result = self.watch.run(lambda: asyncio.run(self.go()), self._overran)
         assert isinstance(result, RunResult)
         return result
 
@@ -180,16 +178,19 @@ class _Run:
         return lambda: asyncio.run(self.go(load=False))
 
     async def go(self, *, load: bool = True) -> RunResult:
-        """The loop; its result (or error) goes to the watch before the event loop winds down."""
+        """The loop. Its result goes to the watch as the event loop ends, or at once when an async call
+        that overran is still there: one that ignores its cancellation would hold the event loop's end."""
         assert self.watch is not None
         try:
             result = await self._go(load)
         except timeouts.Abandoned:
             raise
         except BaseException as exc:
-            self.watch.deliver(error=exc)
+            if self.strays:
+                self.watch.deliver(error=exc)
             raise
-        self.watch.deliver(result)
+        if self.strays:
+            self.watch.deliver(result)
         return result
 
     async def _go(self, load: bool = True) -> RunResult:
@@ -241,10 +242,7 @@ class _Run:
             self._check_lease()
             if not self._prepare(step_id):
                 return self.rows[step_id].status
-        try:
-            outcome = self._one_call(step_id)
-        finally:
-            self.pool.shutdown(wait=False)
+        outcome = self._one_call(step_id)
         with self.store.transaction():
             self._tick()
             if not outcome.handled:
@@ -520,6 +518,7 @@ class _Run:
             done, _ = await asyncio.wait((future,), timeout=seconds)
             if not done:
                 future.cancel()  # not waited for: an async tool that ignores it must not hold the run
+                self.strays += tool.is_async
                 return self._timed_out(step_id, seconds, start)
             value = future.result()
         except Exception as exc:  # noqa: BLE001 - a tool's failure is recorded, never raised through
@@ -541,6 +540,9 @@ class _Run:
         """Calls to make again go back in flight; the rest are recorded (inside the loop's transaction)."""
         finished, self.finished = self.finished, []
         for outcome in finished:
+            if outcome.ok:
+                self.finished.append(outcome)
+                continue
             if outcome.handled:
                 continue
             delay = self._retry_delay(outcome)

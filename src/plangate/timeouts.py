@@ -15,8 +15,10 @@ and goes on without that thread.
 from __future__ import annotations
 
 import contextvars
+import functools
 import hashlib
 import math
+import os
 import queue
 import threading
 import time
@@ -92,14 +94,20 @@ class Threads(Executor):
 
     def __init__(self, name: str) -> None:
         self._name = name
+        self._closed = False
+        self._fresh()
+
+    def _fresh(self) -> None:
         self._jobs: queue.SimpleQueue[tuple[Future[Any], Callable[[], Any]] | None] = queue.SimpleQueue()
         self._idle = threading.Semaphore(0)
         self._count = 0
-        self._closed = False
+        self._pid = os.getpid()
 
     def submit(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> Future[T]:
         if self._closed:
             raise RuntimeError("cannot submit a call after shutdown")
+        if self._pid != os.getpid():  # a forked child has none of its parent's threads
+            self._fresh()
         future: Future[T] = Future()
         self._jobs.put((future, lambda: fn(*args, **kwargs)))
         if not self._idle.acquire(blocking=False):
@@ -135,17 +143,27 @@ class Threads(Executor):
             self._jobs.put(None)
 
 
+_SHARED: dict[str, Threads] = {}
+
+
+def shared(name: str) -> Threads:
+    """The process's pool of that name, made on first use (not on import: Temporal's workflow sandbox
+    imports this module and may not make one). ``plangate-run``: runs' loops; ``plangate-step``: sync tools."""
+    pool = _SHARED.get(name)
+    return pool if pool is not None else _SHARED.setdefault(name, Threads(name))
+
+
 class Abandoned(BaseException):
     """The run's thread lost the run during an inline call (it overran); it must stop at once, touching nothing."""
 
 
-@dataclass(frozen=True, eq=False)
 class Inline:
-    """A sync call running on the run's own thread."""
+    """A sync call running on the run's own thread (a plain class: one is made per step)."""
 
-    step_id: int
-    seconds: float
-    deadline: float
+    __slots__ = ("deadline", "seconds", "step_id")
+
+    def __init__(self, step_id: int, seconds: float, deadline: float) -> None:
+        self.step_id, self.seconds, self.deadline = step_id, seconds, deadline
 
 
 class Watch:
@@ -160,7 +178,8 @@ class Watch:
     """
 
     def __init__(self) -> None:
-        self._cond = threading.Condition()
+        self._lock = threading.Lock()  # taken bare where nothing waits: cheaper than the condition's wrapper
+        self._cond = threading.Condition(self._lock)
         self._inline: Inline | None = None
         self._wake = math.inf
         self._done = False
@@ -170,7 +189,7 @@ class Watch:
         """Set when the caller stopped waiting (an interrupt): the loop starts no more calls."""
 
     def run(self, body: Callable[[], object], overran: Callable[[Inline], Callable[[], object]]) -> Any:
-        """Run ``body`` until it delivers a result (or an error, raised here)."""
+        """Run ``body``: what it returns (or raises, raised here), or what it delivered before it ended."""
         try:
             while True:
                 self._start(body)
@@ -189,14 +208,14 @@ class Watch:
         if self.stopped:
             raise Abandoned  # nobody waits for the run any more: call nothing
         call = Inline(step_id, seconds, time.monotonic() + seconds)
-        with self._cond:
+        with self._lock:
             self._inline = call
             if call.deadline < self._wake:
                 self._cond.notify()
         return call
 
     def end(self, call: Inline) -> None:
-        with self._cond:
+        with self._lock:
             if self._inline is call:
                 self._inline = None
                 return
@@ -210,17 +229,17 @@ class Watch:
 
     def _start(self, body: Callable[[], object]) -> None:
         context = contextvars.copy_context()  # the tools see the caller's context variables, as before
-        threading.Thread(target=self._thread, args=(context, body), name="plangate-run", daemon=True).start()
+        shared("plangate-run").submit(functools.partial(self._thread, context, body))
 
     def _thread(self, context: contextvars.Context, body: Callable[[], object]) -> None:
         try:
-            context.run(body)
+            result = context.run(body)
         except Abandoned:
             return
         except BaseException as exc:  # noqa: BLE001 - raised again in the caller's thread
             self.deliver(error=exc)
             return
-        self.deliver(error=RuntimeError("the run's loop ended without a result"))  # no-op once it delivered
+        self.deliver(result)  # nothing happens if the body delivered before it ended
 
     def _wait(self) -> Inline | None:
         """The call that overran, claimed; None once the run delivered."""
