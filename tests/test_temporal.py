@@ -148,3 +148,35 @@ def test_a_retried_step_activity_follows_the_resume_rules(tmp_path: Path) -> Non
     assert calls == ["safe"], "not idempotent: never re-run, a person must settle it"
     result = engine.stepper(record.id, 1, record.plan).finish()  # type: ignore[arg-type]
     assert result.status == "halted" and result.failed_step == 2 and "outcome unknown" in (result.error or "")
+
+
+def test_a_step_that_overruns_on_temporal_halts_for_a_person(temporal: str, tmp_path: Path) -> None:
+    """The activity's engine holds the call to its limit: the workflow ends, the worker's process exits."""
+    from tests.helpers import plan
+
+    tools = tmp_path / "hanging.py"
+    tools.write_text(
+        "import threading\n"
+        "from plangate import tool\n\n\n"
+        '@tool(effect="write", timeout=0.5)\n'
+        "def send(to: str) -> str:\n"
+        "    threading.Event().wait()  # never returns\n"
+        "    return to\n"
+    )
+    db = f"sqlite:///{tmp_path}/t.db"
+    rt = Runtime(Catalogue.from_module(tools), db=db)
+    record = rt.submit(plan({"id": 1, "tool": "send", "params": {"to": "ann"}}), "ann")
+    rt.approve(record.id, "ben", record.hash)
+    command = ["worker", "--tools", str(tools), "--temporal", temporal, "--drain", "--name", "t2"]
+    done = subprocess.run(
+        [sys.executable, "-m", "plangate", *command],
+        env={**os.environ, "PLANGATE_DB": db},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert rt.get(record.id).status == "halted"
+    row = rt.store.steps(record.id)[1]
+    assert row.status == "outcome_unknown" and "the call timed out after 0.5 s" in (row.error or "")

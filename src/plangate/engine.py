@@ -17,23 +17,28 @@ On resume, completed steps are loaded and never re-run. A step with ``started`` 
 outcome has an *unknown* outcome (the process died during the call): it is re-run with
 the same idempotency key only when its tool is idempotent; otherwise the run halts for a
 person.
+
+Every call runs under a time limit (:mod:`plangate.timeouts`). A call that overruns it, or
+raises, is made again under the same key when its tool is idempotent and has ``retries``
+left (after a backoff, without holding up other steps); a call to a tool that is not
+idempotent that overruns has an unknown outcome, exactly as after a crash.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import functools
 import heapq
 import threading
 import time
 from collections.abc import Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from pydantic import ValidationError
 
-from plangate import lifecycle, references
+from plangate import lifecycle, references, timeouts
 from plangate._clock import Clock, iso, parse_iso
 from plangate._jsontypes import value_type
 from plangate.errors import ConditionError, LeaseLostError, ParamsError, RefError
@@ -104,6 +109,9 @@ class _Outcome:
     output: Any = None
     error: str | None = None
     ms: float = 0.0
+    retryable: bool = False  # the tool raised or overran (a wrong output is not repeated: it would be again)
+    timed_out: float | None = None  # the limit, in seconds, that the call overran
+    handled: bool = False  # already recorded (a retry that could not start): nothing left to record
 
 
 @dataclass
@@ -120,10 +128,16 @@ class Engine:
     """Who holds the run's lease (see :mod:`plangate.lifecycle`); the run ends only while it does."""
     lease_lost: threading.Event | None = None
     """Set when the lease was lost: no new step starts, and the run stops."""
+    backoff: timeouts.Backoff = field(default_factory=timeouts.Backoff)
+    """The waits before the retries of idempotent tools that declare ``retries``."""
 
     def run(self, plan_id: str, version: int, plan: Plan, *, actor: str = "engine") -> RunResult:
-        """Run (or continue) the plan to its end or to a halt."""
-        return asyncio.run(_Run(self, plan_id, version, plan, actor).go())
+        """Run (or continue) the plan to its end or to a halt.
+
+        The loop runs on a thread of its own; this thread waits, and carries the run on if
+        a sync call made on that thread overruns its limit (see :class:`plangate.timeouts.Watch`).
+        """
+        return _Run(self, plan_id, version, plan, actor).watched()
 
     def stepper(self, plan_id: str, version: int, plan: Plan, *, actor: str = "engine") -> _Run:
         """The engine one step at a time (``one(step_id)``, then ``finish``), for an orchestrator."""
@@ -151,23 +165,50 @@ class _Run:
         self.halt: tuple[int, str, str | None] | None = None
         self.now = ""
         self.kwargs: dict[int, dict[str, Any]] = {}  # validated arguments, from _prepare to the call
+        self.retried: dict[int, int] = {}  # retries made in this run, by step
+        self.strays = 0  # async calls cancelled when they overran, not waited for
+        self.pool = timeouts.shared("plangate-step")  # started as needed, reused, never waited for
+        self.watch: timeouts.Watch | None = None
         self.deps = run_deps(plan, lambda name: engine.catalogue[name].effect if name in engine.catalogue else None)
 
     # -- the loop ------------------------------------------------------------------------
-    async def go(self) -> RunResult:
-        # Sync tools run in worker threads of our own, as many as the concurrency limit
-        # (the loop's default pool has only a few threads on a small machine).
-        with ThreadPoolExecutor(max_workers=self.e.max_concurrency, thread_name_prefix="plangate-step") as pool:
-            self.pool = pool
-            return await self._go()
+    def watched(self) -> RunResult:
+        """The loop on a thread of its own, under a watch; a call that overran leaves its thread behind."""
+        self.watch = timeouts.Watch()
+        result = self.watch.run(lambda: asyncio.run(self.go()), self._overran)
+        assert isinstance(result, RunResult)
+        return result
 
-    async def _go(self) -> RunResult:
-        with self.store.transaction():
-            self._tick()
-            self._load()
+    def _overran(self, call: timeouts.Inline) -> Callable[[], object]:
+        """In the caller's thread, while the loop's thread is stuck in the call: the run goes on without it."""
+        self.finished.append(self._timed_out(call.step_id, call.seconds, time.perf_counter() - call.seconds))
+        return lambda: asyncio.run(self.go(load=False))
+
+    async def go(self, *, load: bool = True) -> RunResult:
+        """The loop. Its result goes to the watch as the event loop ends, or at once when an async call
+        that overran is still there: one that ignores its cancellation would hold the event loop's end."""
+        assert self.watch is not None
+        try:
+            result = await self._go(load)
+        except timeouts.Abandoned:
+            raise
+        except BaseException as exc:
+            if self.strays:
+                self.watch.deliver(error=exc)
+            raise
+        if self.strays:
+            self.watch.deliver(result)
+        return result
+
+    async def _go(self, load: bool = True) -> RunResult:
+        if load:
+            with self.store.transaction():
+                self._tick()
+                self._load()
         while True:
             with self.store.transaction():
                 self._tick()
+                self._sort_calls()
                 self._record_finished()
                 if not self.in_flight and (self.halt is not None or not self.waiting):
                     return self._end()
@@ -208,12 +249,29 @@ class _Run:
             self._check_lease()
             if not self._prepare(step_id):
                 return self.rows[step_id].status
-        outcome = self._call_inline(step_id)
+        outcome = self._one_call(step_id)
         with self.store.transaction():
             self._tick()
-            self.finished = [outcome]
+            if not outcome.handled:
+                self._record_call(outcome)
             self._record_finished()
         return self.rows[step_id].status
+
+    def _one_call(self, step_id: int) -> _Outcome:
+        """The call and its retries, in this thread: an orchestrator's activity may block."""
+        outcome = self._call_bounded(step_id)
+        while True:
+            with self.store.transaction():
+                self._tick()
+                delay = self._retry_delay(outcome)
+            if delay is None:
+                return outcome
+            time.sleep(delay)
+            with self.store.transaction():
+                self._tick()
+                if not self._restart(step_id):
+                    return replace(outcome, handled=True)
+            outcome = self._call_bounded(step_id)
 
     def finish(self) -> RunResult:
         """Record how the run ended, from what the steps recorded."""
@@ -268,9 +326,13 @@ class _Run:
             if not blockers and later in self.waiting:
                 heapq.heappush(self.ready, (self.position[later], later))
 
-    def _unknown_outcome(self, row: StepRow) -> None:
+    def _unknown_outcome(self, row: StepRow, cause: str | None = None) -> None:
+        """A step that may or may not have had its effect: run again if idempotent, else halt for a person.
+
+        ``cause``: a call that overran its limit (its tool is not idempotent); else a run that died.
+        """
         tool = self._tool(row.step_id)
-        if tool.idempotent:
+        if tool.idempotent and cause is None:
             self._event(
                 "step.retrying",
                 row.step_id,
@@ -282,11 +344,13 @@ class _Run:
             )
             self.waiting.add(row.step_id)
             return
+        cause = cause or f"the step started at {row.started_at} but no outcome was recorded"
         error = (
-            f"outcome unknown: the step started at {row.started_at} but no outcome was recorded, and "
-            f"{tool.name!r} is not idempotent, so plangate will not run it again on its own"
+            f"outcome unknown: {cause}, and {tool.name!r} is not idempotent, "
+            "so plangate will not run it again on its own"
         )
-        self.store.put_step(replace(row, status="outcome_unknown", error=error))
+        self.rows[row.step_id] = replace(row, status="outcome_unknown", error=error)
+        self.store.put_step(self.rows[row.step_id])
         self._event("step.outcome_unknown", row.step_id, {"error": error})
         self._report("outcome_unknown", row.step_id, error)
         self.halt = (
@@ -427,26 +491,127 @@ class _Run:
         return tool, kwargs
 
     def _call_inline(self, step_id: int) -> _Outcome:
+        """A sync call on the loop's own thread (nothing else to overlap with), under the watch's eye."""
+        if self.watch is None:
+            return self._call_bounded(step_id)
         tool, kwargs = self._arguments(step_id)
+        seconds = timeouts.call_limit(tool, self.e.policy)
+        call = self.watch.begin(step_id, seconds)
         start = time.perf_counter()
         try:
             value = tool.fn(**kwargs)
         except Exception as exc:  # noqa: BLE001 - a tool's failure is recorded, never raised through
-            return _Outcome(step_id=step_id, ok=False, error=_describe(exc), ms=_ms(start))
+            return _Outcome(step_id=step_id, ok=False, error=_describe(exc), ms=_ms(start), retryable=True)
+        finally:
+            self.watch.end(call)  # raises Abandoned when the call overran and the run went on without it
+        return self._checked(step_id, tool, value, start)
+
+    def _call_bounded(self, step_id: int) -> _Outcome:
+        """A call on a thread of its own, waited for up to its limit (for :meth:`one`: no loop, no watch)."""
+        tool, kwargs = self._arguments(step_id)
+        seconds = timeouts.call_limit(tool, self.e.policy)
+        start = time.perf_counter()
+        call = (
+            functools.partial(asyncio.run, tool.fn(**kwargs)) if tool.is_async else functools.partial(tool.fn, **kwargs)
+        )
+        try:
+            value = self.pool.submit(call).result(timeout=seconds)
+        except concurrent.futures.TimeoutError:
+            return self._timed_out(step_id, seconds, start)
+        except Exception as exc:  # noqa: BLE001 - a tool's failure is recorded, never raised through
+            return _Outcome(step_id=step_id, ok=False, error=_describe(exc), ms=_ms(start), retryable=True)
         return self._checked(step_id, tool, value, start)
 
     async def _call(self, step_id: int) -> _Outcome:
+        if self.watch is not None and self.watch.stopped:
+            raise timeouts.Abandoned  # nobody waits for the run any more: call nothing
         tool, kwargs = self._arguments(step_id)
+        seconds = timeouts.call_limit(tool, self.e.policy)
         start = time.perf_counter()
+        if tool.is_async:
+            future: asyncio.Future[Any] = asyncio.ensure_future(tool.fn(**kwargs))
+        else:
+            future = asyncio.get_running_loop().run_in_executor(self.pool, functools.partial(tool.fn, **kwargs))
         try:
-            if tool.is_async:
-                value = await tool.fn(**kwargs)
-            else:
-                call = functools.partial(tool.fn, **kwargs)
-                value = await asyncio.get_running_loop().run_in_executor(self.pool, call)
+            done, _ = await asyncio.wait((future,), timeout=seconds)
+            if not done:
+                future.cancel()  # not waited for: an async tool that ignores it must not hold the run
+                self.strays += tool.is_async
+                return self._timed_out(step_id, seconds, start)
+            value = future.result()
         except Exception as exc:  # noqa: BLE001 - a tool's failure is recorded, never raised through
-            return _Outcome(step_id=step_id, ok=False, error=_describe(exc), ms=_ms(start))
+            return _Outcome(step_id=step_id, ok=False, error=_describe(exc), ms=_ms(start), retryable=True)
         return self._checked(step_id, tool, value, start)
+
+    def _timed_out(self, step_id: int, seconds: float, start: float) -> _Outcome:
+        return _Outcome(
+            step_id=step_id,
+            ok=False,
+            ms=_ms(start),
+            retryable=True,
+            timed_out=seconds,
+            error=f"timed out: the call took longer than its limit of {seconds:g} s",
+        )
+
+    # -- after a call: retry, unknown outcome, or record -----------------------------------
+    def _sort_calls(self) -> None:
+        """Calls to make again go back in flight; the rest are recorded (inside the loop's transaction)."""
+        finished, self.finished = self.finished, []
+        for outcome in finished:
+            if outcome.ok:
+                self.finished.append(outcome)
+                continue
+            if outcome.handled:
+                continue
+            delay = self._retry_delay(outcome)
+            if delay is not None:
+                self.in_flight[asyncio.create_task(self._retry(outcome, delay))] = outcome.step_id
+            else:
+                self._record_call(outcome)
+
+    def _record_call(self, outcome: _Outcome) -> None:
+        """A call to a tool that is not idempotent that overran may have happened: a person must say."""
+        if outcome.timed_out is not None and not self._tool(outcome.step_id).idempotent:
+            cause = f"the call timed out after {outcome.timed_out:g} s and may have happened (it may still be running)"
+            self._unknown_outcome(self.rows[outcome.step_id], cause)
+        else:
+            self.finished.append(outcome)
+
+    def _retry_delay(self, outcome: _Outcome) -> float | None:
+        """How long to wait before calling again, recorded as ``step.retrying``; None when the outcome stands.
+
+        Only an idempotent tool's raise or overrun is retried, within its ``retries``, and not
+        once the run is halting.
+        """
+        tool, step_id = self._tool(outcome.step_id), outcome.step_id
+        done = self.retried.get(step_id, 0)
+        if not outcome.retryable or self.halt is not None or done >= timeouts.retries(tool, self.e.policy):
+            return None
+        row = self.rows[step_id]
+        delay = self.e.backoff.delay(row.idempotency_key, row.attempt + 1)
+        self.retried[step_id] = done + 1
+        reason = (
+            f"{outcome.error}; {tool.name!r} is idempotent, so it runs again with the same key {row.idempotency_key}"
+        )
+        self._event("step.retrying", step_id, {"reason": reason, "attempt": row.attempt + 1, "delay": delay})
+        return delay
+
+    async def _retry(self, last: _Outcome, delay: float) -> _Outcome:
+        await asyncio.sleep(delay)  # other steps go on meanwhile
+        if self.halt is not None or (self.watch is not None and self.watch.stopped):
+            return replace(last, retryable=False)
+        with self.store.transaction():
+            self._tick()
+            if not self._restart(last.step_id):
+                return replace(last, handled=True)
+        return await self._call(last.step_id)
+
+    def _restart(self, step_id: int) -> bool:
+        """A new ``started`` record (attempt + 1, the same key), under the lease, as for any step."""
+        if self.e.owner is not None:
+            self.store.fence(self.plan_id, self.e.owner)
+        self._check_lease()
+        return self._prepare(step_id)
 
     def _checked(self, step_id: int, tool: Tool, value: Any, start: float) -> _Outcome:
         try:

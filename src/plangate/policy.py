@@ -35,6 +35,8 @@ Approval = Literal["human", "auto"]
 POLICY_RULES: dict[str, str] = {
     "max-steps": "the plan has more steps than limits.max_steps",
     "max-external-calls": "more steps call outside than limits.max_external_calls",
+    "tool-timeout": "the step's tool declares a timeout over limits.max_tool_timeout",
+    "tool-retries": "the step's tool declares more retries than limits.max_retries",
     "unknown-role": "the requester has no role, or one the policy does not define",
     "tool-not-allowed": "the requester's role may not use the step's tool",
     "missing-scope": "the tool needs a scope the requester's role does not hold",
@@ -99,6 +101,22 @@ class Role(_Rules):
 class Limits(_Rules):
     max_steps: int | None = Field(default=None, ge=1)
     max_external_calls: int | None = Field(default=None, ge=0)
+    tool_timeout: float | None = Field(
+        default=None, gt=0, allow_inf_nan=False, description="Seconds a call may take when its tool declares none."
+    )
+    max_tool_timeout: float | None = Field(
+        default=None, gt=0, allow_inf_nan=False, description="The most seconds a tool may declare, or be given."
+    )
+    max_retries: int | None = Field(default=None, ge=0, description="The most retries a tool may declare.")
+
+    @model_validator(mode="after")
+    def _default_under_ceiling(self) -> Limits:
+        default, ceiling = self.tool_timeout, self.max_tool_timeout
+        if default is not None and ceiling is not None and default > ceiling:
+            raise ValueError(
+                f"tool_timeout {default:g} is over max_tool_timeout {ceiling:g}: the default breaks the ceiling"
+            )
+        return self
 
 
 class SequenceRule(_Rules):
@@ -417,6 +435,28 @@ class _Evaluation:
                 f"{len(external)} steps call outside (steps {_ids(external)}); "
                 f"the limit is {limits.max_external_calls}",
             )
+        self._call_limits(tools)
+
+    def _call_limits(self, tools: list[Tool | None]) -> None:
+        """A tool's own timeout and retries within the ceilings: refused before approval, never cut at run time."""
+        limits = self.policy.limits
+        for step, tool in zip(self.plan.steps, tools, strict=True):
+            if tool is None:
+                continue
+            if limits.max_tool_timeout is not None and (tool.timeout or 0) > limits.max_tool_timeout:
+                self._flag(
+                    "tool-timeout",
+                    f"tool {tool.name!r} declares a timeout of {tool.timeout:g} s; "
+                    f"the policy's max_tool_timeout is {limits.max_tool_timeout:g} s",
+                    step.id,
+                )
+            if limits.max_retries is not None and tool.retries > limits.max_retries:
+                self._flag(
+                    "tool-retries",
+                    f"tool {tool.name!r} declares {tool.retries} retries; the policy's max_retries is "
+                    f"{limits.max_retries}",
+                    step.id,
+                )
 
     def _category(self, tools: list[Tool | None]) -> None:
         """The plan's category must be one the policy knows, and every step inside its envelope."""

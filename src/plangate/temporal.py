@@ -8,6 +8,13 @@ for halting and for unknown outcomes are the same as on the embedded engine: whe
 Temporal retries an activity whose worker died, a completed step is not run again, an
 idempotent one runs again under the same key, and any other ends the run for a person.
 
+A step's time limit and retries are the engine's: ``one()`` waits for the call up to its
+limit and makes the retries itself, and each activity's ``start_to_close_timeout`` is that
+budget plus a margin, so the engine's limit fires first. Temporal's retries are for an
+activity whose worker was lost, whatever the tool: ``one()`` finds the ``started`` record
+and never calls a tool that is not idempotent again (it records the unknown outcome, which
+is what halts the run for a person), so they are kept for every step.
+
 ``plangate worker --temporal HOST:PORT`` hosts the workflow and the activities and starts
 a workflow (id = plan id, so never twice) for each approved plan it claims.
 Install with ``pip install 'plangate[temporal]'``.
@@ -17,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import json
 from datetime import timedelta
 from typing import Any
 
@@ -30,6 +38,7 @@ with workflow.unsafe.imports_passed_through():
     from plangate.engine import Engine
     from plangate.errors import GovernanceError
     from plangate.plan import Plan
+    from plangate.policy import Policy
     from plangate.record import Claim
     from plangate.runtime import Runtime
     from plangate.store import open_store
@@ -37,6 +46,7 @@ with workflow.unsafe.imports_passed_through():
 
 TASK_QUEUE = "plangate"
 _LEASE_SECONDS = 3600.0  # a workflow's lease: Temporal itself keeps the run going, not this process
+_MARGIN_SECONDS = 60.0  # over a step's own budget: the engine's limit, not Temporal's, ends a hung call
 
 
 def _stepper(args: dict[str, Any]) -> Any:
@@ -57,8 +67,13 @@ def _stepper(args: dict[str, Any]) -> Any:
     except GovernanceError as refused:
         store.close()
         raise ApplicationError(str(refused), non_retryable=True) from None
+    policy = Policy.from_data(json.loads(args["policy"])) if args.get("policy") else None
     engine = Engine(
-        store=store, catalogue=Catalogue.from_module(args["tools"]), clock=SystemClock(), owner=args.get("owner")
+        store=store,
+        catalogue=Catalogue.from_module(args["tools"]),
+        clock=SystemClock(),
+        policy=policy,
+        owner=args.get("owner"),
     )
     return engine.stepper(args["plan_id"], args["version"], body, actor="temporal"), store
 
@@ -75,6 +90,10 @@ def _check_claim(store: Any, args: dict[str, Any]) -> None:
         version = store.get_version(row.id, row.version)
         if version is None or (row.version, row.hash) != (args["version"], args["hash"]):
             raise GovernanceError(f"plan {row.id}'s current version is not the one this workflow runs")
+        if args.get("policy") and Policy.from_data(json.loads(args["policy"])).hash != version.policy_hash:
+            raise GovernanceError(
+                f"plan {row.id} was checked against another policy than the one this workflow carries"
+            )
         ledger.right_to_run(store, row, version)
 
 
@@ -102,10 +121,7 @@ class PlanWorkflow:
 
     @workflow.run
     async def run(self, args: dict[str, Any]) -> str:
-        options: dict[str, Any] = {
-            "start_to_close_timeout": timedelta(minutes=10),
-            "retry_policy": RetryPolicy(maximum_attempts=5),
-        }
+        budgets: dict[str, float] = args.get("budgets", {})  # absent from workflows started before there were limits
         deps: dict[int, set[int]] = {int(k): set(v) for k, v in args["deps"].items()}
         done: set[int] = set()
         halted = False
@@ -116,7 +132,11 @@ class PlanWorkflow:
             results = await asyncio.gather(
                 *(
                     workflow.execute_activity(
-                        run_step, {**args, "step_id": s}, activity_id=f"{args['plan_id']}:{s}", **options
+                        run_step,
+                        {**args, "step_id": s},
+                        activity_id=f"{args['plan_id']}:{s}",
+                        start_to_close_timeout=timedelta(seconds=budgets.get(str(s), 540.0) + _MARGIN_SECONDS),
+                        retry_policy=RetryPolicy(maximum_attempts=5),
                     )
                     for s in ready
                 )
@@ -139,9 +159,13 @@ def workflow_args(db: str, tools: str, claim: Claim, catalogue: Catalogue) -> di
 
     The steps' order is the engine's (:func:`plangate.graph.run_deps`): data flow, and effects as barriers.
     """
+    from plangate import timeouts
     from plangate.graph import run_deps
 
     deps = run_deps(claim.body, lambda name: catalogue[name].effect if name in catalogue else None)
+    budgets = {
+        str(s.id): timeouts.budget(catalogue[s.tool], claim.policy) for s in claim.body.steps if s.tool in catalogue
+    }
     return {
         "db": db,
         "tools": tools,
@@ -152,6 +176,8 @@ def workflow_args(db: str, tools: str, claim: Claim, catalogue: Catalogue) -> di
         "owner": claim.owner,
         "order": [step.id for step in claim.body.steps],
         "deps": {str(k): sorted(v) for k, v in deps.items()},
+        "budgets": budgets,
+        "policy": claim.policy.canonical_json() if claim.policy is not None else None,
     }
 
 

@@ -78,15 +78,19 @@ def schema_command(indent: int) -> None:
 @tools_option
 @json_option
 def tools_command(tools_spec: str, as_json: bool) -> None:
-    """List the tools in a module with their effects, scopes and parameters."""
+    """List the tools in a module with their effects, time limits, retries, scopes and parameters.
+
+    TIMEOUT "-": the policy's limits.tool_timeout applies, else 300 s.
+    """
     catalogue = Catalogue.from_module(tools_spec)
     if as_json:
         click.echo(json.dumps(catalogue.describe(), indent=2))
         return
-    rows = [("TOOL", "EFFECT", "IDEMPOTENT", "EXTERNAL", "SCOPES", "PARAMS")]
+    rows = [("TOOL", "EFFECT", "IDEMPOTENT", "EXTERNAL", "TIMEOUT", "RETRIES", "SCOPES", "PARAMS")]
     for t in catalogue:
         flags = ("yes" if t.idempotent else "no", "yes" if t.external else "no")
-        rows.append((t.name, t.effect, *flags, ",".join(t.scopes) or "-", ", ".join(t.param_names) or "-"))
+        limits = (f"{t.timeout:g}s" if t.timeout is not None else "-", str(t.retries))
+        rows.append((t.name, t.effect, *flags, *limits, ",".join(t.scopes) or "-", ", ".join(t.param_names) or "-"))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
     for row in rows:
         click.echo("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=False)) + "  " + row[-1])

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import inspect
 import json
+import math
 import re
 import string
 from collections.abc import Callable, Iterable, Mapping
@@ -48,10 +49,30 @@ class Tool:
     output_schema: dict[str, Any]
     is_async: bool
     ctx_param: str | None
+    timeout: float | None = None
+    """Seconds one call may take; None: the policy's ``limits.tool_timeout``, else 300."""
+    retries: int = 0
+    """Calls after the first when one fails or times out (idempotent tools only)."""
     _params: type[BaseModel] = field(repr=False)
     _output: TypeAdapter[Any] = field(repr=False)
     _resource_parts: tuple[tuple[str, str | None], ...] = field(default=(), repr=False)
     _located: dict[tuple[str, tuple[str | int, ...]], jt.Located] = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        where = f"tool {self.name!r}"
+        timeout, retries = self.timeout, self.retries
+        if timeout is not None and (
+            isinstance(timeout, bool) or not isinstance(timeout, int | float) or not 0 < timeout < math.inf
+        ):
+            raise ToolDefinitionError(f"{where}: timeout is a number of seconds above 0, not {timeout!r}")
+        if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
+            raise ToolDefinitionError(f"{where}: retries is a whole number, 0 or more, not {retries!r}")
+        if retries and not self.idempotent:
+            raise ToolDefinitionError(
+                f"{where}: retries={retries} needs an idempotent tool, and this one is not: a call that failed "
+                "or timed out may still have had its effect, so only a tool that is safe to repeat under the same "
+                "idempotency key may be called again (declare idempotent=True if it is)"
+            )
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.fn(*args, **kwargs)
@@ -132,6 +153,9 @@ class Tool:
             "tags": list(self.tags),
             "params": self.params_schema,
             "output": self.output_schema,
+            # Only when declared: a tool that declares neither keeps the fingerprint it had.
+            **({"timeout": self.timeout} if self.timeout is not None else {}),
+            **({"retries": self.retries} if self.retries else {}),
         }
 
 
@@ -181,6 +205,11 @@ def tool(fn: Callable[..., Any] | None = None, /, **meta: Any) -> Tool | Callabl
     - ``compensate``: name of the tool that undoes it.
     - ``untrusted_output``: its output is text from outside and may carry instructions.
     - ``tags``: free labels a policy can match, e.g. ``["pii"]``.
+    - ``timeout``: seconds one call may take (default: the policy's ``limits.tool_timeout``,
+      else 300). A call that takes longer is a failure; on a tool that is not idempotent
+      its outcome is unknown, and the run halts for a person.
+    - ``retries``: how many times a failed or timed-out call is made again, under the
+      same idempotency key, with exponential backoff. Idempotent tools only.
     """
     if fn is None:
         return lambda f: _build(f, **meta)
@@ -200,6 +229,8 @@ def _build(
     compensate: str | None = None,
     untrusted_output: bool = False,
     tags: Iterable[str] = (),
+    timeout: float | None = None,
+    retries: int = 0,
 ) -> Tool:
     if isinstance(fn, Tool):
         raise ToolDefinitionError(f"{fn.name!r} is already a tool")
@@ -233,6 +264,8 @@ def _build(
         compensate=compensate,
         untrusted_output=bool(untrusted_output),
         tags=tuple(tags),
+        timeout=timeout,
+        retries=retries,
         params_schema=params_schema,
         output_schema=output_schema,
         is_async=inspect.iscoroutinefunction(fn),
