@@ -1,7 +1,6 @@
 """plangate: a governed agent runtime. Plans are typed, checked, approved, then run."""
 
 from plangate.check import RULES, CheckResult, check
-from plangate.engine import Progress, RunResult
 from plangate.errors import (
     CatalogueError,
     ConditionError,
@@ -24,6 +23,7 @@ from plangate.errors import (
 from plangate.plan import LIMITS, SCHEMA_VERSION, Limits, Plan, Step, plan_json_schema
 from plangate.policy import POLICY_RULES, Policy, PolicyDecision
 from plangate.record import PlanRecord
+from plangate.results import Progress, RunResult
 from plangate.runtime import Runtime
 from plangate.tools import Catalogue, RunContext, Tool, tool
 from plangate.violations import Violation

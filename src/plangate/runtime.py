@@ -18,13 +18,14 @@ from plangate import _input, approval, drift, ledger, lifecycle, plandiff, recov
 from plangate._clock import Clock, SystemClock, iso
 from plangate.check import CheckResult, check
 from plangate.compensation import Compensation, CompensationResult
-from plangate.engine import DEFAULT_CONCURRENCY, Engine, Progress, RunResult, recorded_result
+from plangate.engine import DEFAULT_CONCURRENCY, Engine
 from plangate.errors import GovernanceError, NotFoundError, StateError, UsageError
 from plangate.plan import Plan
 from plangate.plandiff import PlanDiff
 from plangate.planner import PlanningResult
 from plangate.policy import Policy
 from plangate.record import Claim, PlanRecord
+from plangate.results import Progress, RunResult, recorded_result
 from plangate.store import ApprovalRow, CheckRecord, Event, PlanRow, Store, VersionRow, open_store
 from plangate.tools import Catalogue
 

@@ -18,9 +18,9 @@ from typing import Any
 
 from plangate import lifecycle
 from plangate._clock import Clock, SystemClock, iso
-from plangate.engine import RunResult
 from plangate.errors import GovernanceError, LeaseLostError
 from plangate.policy import Policy
+from plangate.results import RunResult
 from plangate.runtime import Runtime
 from plangate.tools import Catalogue
 

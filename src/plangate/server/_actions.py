@@ -12,11 +12,11 @@ from starlette.exceptions import HTTPException
 from plangate import recovery
 from plangate.accounts import User
 from plangate.compensation import CompensationResult
-from plangate.engine import RunResult
 from plangate.errors import GovernanceError, NotPermittedError
 from plangate.identity import permit
 from plangate.policy import Policy
 from plangate.record import PlanRecord
+from plangate.results import RunResult
 from plangate.runtime import Runtime
 from plangate.server._errors import log
 from plangate.tools import Catalogue

@@ -1,0 +1,91 @@
+"""What a run gives back: its progress as it goes, and how it ended (also rebuilt from the store)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from plangate.plan import Plan
+from plangate.store import StepRow
+
+
+@dataclass(frozen=True, kw_only=True)
+class Progress:
+    """What the engine reports as it goes (for a progress display)."""
+
+    kind: Literal["started", "succeeded", "failed", "failed_optional", "skipped", "reused", "outcome_unknown"]
+    step_id: int
+    tool: str
+    done: int
+    total: int
+    detail: str = ""
+    ms: float | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunResult:
+    """How a run ended. ``halted`` names the step, its rationale, the error and what to do."""
+
+    plan_id: str
+    version: int
+    status: Literal["succeeded", "halted"]
+    outputs: dict[int, Any] = field(default_factory=dict)
+    skipped: tuple[int, ...] = ()
+    failed_optional: tuple[int, ...] = ()
+    """Optional steps (``on_failure: continue``) that failed: their output is null."""
+    ran: tuple[int, ...] = ()
+    failed_step: int | None = None
+    tool: str | None = None
+    rationale: str | None = None
+    error: str | None = None
+    next_step: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "succeeded"
+
+    def __str__(self) -> str:
+        if self.ok:
+            optional = f", {len(self.failed_optional)} optional failed" if self.failed_optional else ""
+            return (
+                f"succeeded: {len(self.outputs)} steps done, {len(self.skipped)} skipped{optional}, "
+                f"{len(self.ran)} run now"
+            )
+        lines = [f"halted at step {self.failed_step} ({self.tool}): {self.error}"]
+        if self.rationale:
+            lines.append(f"  the step's rationale: {self.rationale}")
+        if self.next_step:
+            lines.append(f"  next: {self.next_step}")
+        return "\n".join(lines)
+
+
+def recorded_result(plan_id: str, version: int, plan: Plan, rows: Mapping[int, StepRow], status: str) -> RunResult:
+    """The result of a finished run, rebuilt from the store (executing it again repeats nothing)."""
+    outputs = {s: r.output for s, r in rows.items() if r.status in ("succeeded", "failed_optional")}
+    skipped = tuple(s.id for s in plan.steps if rows.get(s.id) and rows[s.id].status == "skipped")
+    optional = tuple(s.id for s in plan.steps if rows.get(s.id) and rows[s.id].status == "failed_optional")
+    if status == "succeeded":
+        return RunResult(
+            plan_id=plan_id,
+            version=version,
+            status="succeeded",
+            outputs=outputs,
+            skipped=skipped,
+            failed_optional=optional,
+        )
+    failed = next((r for r in rows.values() if r.status in ("failed", "outcome_unknown")), None)
+    step = plan.step(failed.step_id) if failed else None
+    return RunResult(
+        plan_id=plan_id,
+        version=version,
+        status="halted",
+        outputs=outputs,
+        skipped=skipped,
+        failed_optional=optional,
+        failed_step=failed.step_id if failed else None,
+        tool=step.tool if step else None,
+        rationale=step.rationale if step else None,
+        error=failed.error if failed else None,
+        next_step="fix the cause, then `plangate resume`",
+    )
