@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
 from plangate import ledger
@@ -97,21 +97,10 @@ class RunState:
         self.steps.append(step)
 
     def result(self) -> ReActResult:
+        """The run as callers see it: every field of :class:`ReActResult` is a field of the state's own."""
         assert self.status is not None
-        return ReActResult(
-            run_id=self.run_id,
-            status=self.status,
-            answer=self.answer,
-            reason=self.reason,
-            steps=tuple(self.steps),
-            usage=self.usage,
-            model_calls=self.model_calls,
-            tool_calls=self.tool_calls,
-            violations=self.violations,
-            approvals=self.approvals,
-            seconds=self.seconds,
-            pending_hash=self.pending_hash,
-        )
+        given = {f.name: getattr(self, f.name) for f in fields(ReActResult)}
+        return ReActResult(**{**given, "steps": tuple(self.steps)})
 
     @classmethod
     def load(cls, store: Store, row: PlanRow) -> RunState:

@@ -6,12 +6,12 @@ Pure functions over stored records; the runtime applies them inside one transact
 from __future__ import annotations
 
 from collections.abc import Sequence, Set
-from typing import Any
+from typing import Any, get_args
 
 from plangate.errors import GovernanceError, SelfApprovalError, StaleHashError, StateError
 from plangate.names import canonical, same_person
 from plangate.policy import Policy
-from plangate.store import ApprovalRow, PlanRow
+from plangate.store import ApprovalRow, PlanRow, PlanStatus
 
 A_PERSON = "a person"
 
@@ -52,17 +52,12 @@ def role_of(policy: Policy | None, user: str) -> str | None:
     return policy.users.get(canonical(user)) or policy.default_role
 
 
+_AFTER_A_RUN = frozenset(get_args(PlanStatus)) - {"pending_approval", "approved", "rejected"}
+
+
 def check_can_decide(plan: PlanRow, actor: str, plan_hash: str | None) -> None:
     """Refuse a decision on a plan that is not waiting for one, or on a version that is not current."""
-    if plan.status in (
-        "running",
-        "succeeded",
-        "halted",
-        "compensating",
-        "compensated",
-        "compensation_incomplete",
-        "closed",
-    ):
+    if plan.status in _AFTER_A_RUN:
         raise StateError(f"plan {plan.id} is {plan.status}: it was already executed, there is nothing to decide")
     if plan_hash is not None and plan_hash != plan.hash:
         raise StaleHashError(
