@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from plangate.plan import Plan
@@ -65,24 +65,16 @@ def recorded_result(plan_id: str, version: int, plan: Plan, rows: Mapping[int, S
     outputs = {s: r.output for s, r in rows.items() if r.status in ("succeeded", "failed_optional")}
     skipped = tuple(s.id for s in plan.steps if rows.get(s.id) and rows[s.id].status == "skipped")
     optional = tuple(s.id for s in plan.steps if rows.get(s.id) and rows[s.id].status == "failed_optional")
+    done = RunResult(
+        plan_id=plan_id, version=version, status="succeeded", outputs=outputs, skipped=skipped, failed_optional=optional
+    )
     if status == "succeeded":
-        return RunResult(
-            plan_id=plan_id,
-            version=version,
-            status="succeeded",
-            outputs=outputs,
-            skipped=skipped,
-            failed_optional=optional,
-        )
+        return done
     failed = next((r for r in rows.values() if r.status in ("failed", "outcome_unknown")), None)
     step = plan.step(failed.step_id) if failed else None
-    return RunResult(
-        plan_id=plan_id,
-        version=version,
+    return replace(
+        done,
         status="halted",
-        outputs=outputs,
-        skipped=skipped,
-        failed_optional=optional,
         failed_step=failed.step_id if failed else None,
         tool=step.tool if step else None,
         rationale=step.rationale if step else None,
