@@ -60,6 +60,9 @@ HALT=$(submit examples/plans/halt.json alice | field id)
 HALT_HASH=$(plangate list --json | python3 -c "import json, sys; print(json.load(sys.stdin)[-1]['hash'])")
 run plangate approve "$HALT" --as dave --hash "$HALT_HASH"
 run plangate execute "$HALT"
+say "Nobody will resume it: dave closes it for good, and the reason is recorded"
+run plangate close "$HALT" --reason "the customer withdrew the request" --as dave
+run plangate resume "$HALT" --tools "$TOOLS"
 
 say "The story of the refund, rebuilt from the audit log"
 run plangate trace "$ID"

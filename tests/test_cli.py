@@ -211,7 +211,10 @@ def test_the_demo_walks_the_whole_story(tmp_path: Path) -> None:
     done = subprocess.run(["bash", "examples/demo.sh"], cwd=ROOT, capture_output=True, text=True, env=env, check=False)
     assert done.returncode == 0, done.stderr
     out = done.stdout
-    assert out.count("(exit 4)") == 4, "self-approval, unapproved execution, a stale hash, a changed text: refused"
+    assert out.count("(exit 4)") == 5, (
+        "self-approval, unapproved execution, a stale hash, resuming a closed plan, a changed text: refused"
+    )
+    assert "closed by dave" in refusals and "the customer withdrew the request" in refusals
     refusals = done.stderr
     assert "may not approve it" in refusals and "is pending_approval, not approved" in refusals
     assert "is not plan" in refusals
