@@ -214,8 +214,8 @@ def test_the_demo_walks_the_whole_story(tmp_path: Path) -> None:
     assert out.count("(exit 4)") == 5, (
         "self-approval, unapproved execution, a stale hash, resuming a closed plan, a changed text: refused"
     )
-    assert "closed by dave" in refusals and "the customer withdrew the request" in refusals
     refusals = done.stderr
+    assert "closed by dave" in refusals and "the customer withdrew the request" in refusals
     assert "may not approve it" in refusals and "is pending_approval, not approved" in refusals
     assert "is not plan" in refusals
     assert "may not run: v1: the stored plan text hashes to" in refusals
