@@ -324,3 +324,21 @@ def test_an_optional_steps_output_is_nullable_until_a_condition_guards_it() -> N
     assert takes_null.ok, "a parameter that takes null needs no guard"
     fallback = optional_lookup_then({"id": 2, "tool": "find", "params": {"email": "b@x"}, "condition": "${1} == null"})
     assert fallback.ok, "a condition may test the optional step's output for null"
+
+
+def test_a_condition_that_tests_an_optional_output_against_a_value_must_say_what_null_means() -> None:
+    """`null != 'blocked'` is true: a failed lookup must not open a gate by accident."""
+    for fails_open in ("${1} != 'blocked'", "${1} not in ['x']", "not (${1} == 'x')", "${1} == null and ${1} > 'a'"):
+        loose = optional_lookup_then(
+            {"id": 2, "tool": "refund", "params": {"invoice_id": "42"}, "condition": fails_open}
+        )
+        assert rules(loose) == [(2, "ref-optional")], fails_open
+        assert "test it with '${1} == null', or guard it" in loose.violations[0].message
+    for says in (
+        "${1} == null",
+        "${1} != null and ${1} != 'blocked'",
+        "${1} != 'blocked' and ${1} != null",
+        "${1} == null or ${1} != 'blocked'",
+    ):
+        clear = optional_lookup_then({"id": 2, "tool": "refund", "params": {"invoice_id": "42"}, "condition": says})
+        assert clear.ok, (says, rules(clear))

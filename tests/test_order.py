@@ -302,3 +302,17 @@ def test_a_write_that_fails_halts_even_when_its_step_says_continue(tmp_path: Pat
     result = engine.run(record.id, 1, claim.body)
     assert result.status == "halted" and result.failed_step == 1 and LOG == []
     assert Runtime(CAT, db=rt.store).submit(plan(*steps), "ann").violations[0].rule == "optional-effect"
+
+
+def test_an_optional_failure_given_an_output_outside_plangate_is_named_by_the_audit(rt: Runtime) -> None:
+    import sqlite3
+
+    result = run(rt, {"id": 1, "tool": "look_up", "params": {"user": "nobody"}, "on_failure": "continue"})
+    assert result.failed_optional == (1,)
+    db = rt.store.url.removeprefix("sqlite:///")
+    with sqlite3.connect(db) as conn:
+        conn.execute("UPDATE steps SET output = '\"forged\"' WHERE plan_id = ?", (result.plan_id,))
+    from plangate import ledger
+
+    report = ledger.verify(rt.store)
+    assert any("step 1: steps.output differs" in t for t in report.tables), report

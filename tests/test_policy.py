@@ -325,3 +325,19 @@ def test_a_deny_pattern_is_not_dodged_by_a_line_break() -> None:
     rules = policy('deny:\n  - {name: no-drop, pattern: "(?i)drop.*table"}\n')
     decision = rules.evaluate(plan({"id": 1, "tool": "sql", "params": {"query": "DROP\n  TABLE x"}}), CAT)
     assert hits(decision) == [(1, "deny:no-drop")]
+
+
+def test_an_order_sequence_rule_holds_in_a_dataflow_plan_where_a_step_listed_first_may_run_last() -> None:
+    """In a dataflow plan, listed order is not execution order: a forbidden step listed before the other
+    one, with nothing ordering them, may run after it."""
+    rule = policy(SEQUENCE % "order")
+    mail_first = (
+        {"id": 1, "tool": "mail", "params": {"to": "boss", "body": "hello"}},
+        {"id": 2, "tool": "read_person", "params": {"person_id": "p"}},
+    )
+    assert hits(rule.evaluate(plan(*mail_first), CAT)) == [], "listed order: the mail goes first"
+    loose = rule.evaluate(plan(*mail_first, order="dataflow"), CAT)
+    assert hits(loose) == [(1, "sequence:pii-out")]
+    assert loose.violations[0].message == "step 1 (mail) may run after step(s) 2 (the plan's order is dataflow)"
+    ordered = ({**mail_first[0]}, {**mail_first[1], "after": [1]})
+    assert hits(rule.evaluate(plan(*ordered, order="dataflow"), CAT)) == [], "after: the mail really goes first"

@@ -438,3 +438,53 @@ def test_a_run_that_dies_during_a_later_call_of_the_turn_is_stopped_and_runs_not
     assert stopped.status == "stopped" and "may or may not have happened" in (stopped.reason or "")
     assert SENT == ["a@example.com: hi"] and looked == ["k"], "no call of the turn ran twice"
     assert len(model.requests) == 1
+
+
+def test_calls_without_ids_are_not_taken_again_on_resume(store: Store) -> None:
+    """Some tool-calling servers give no call ids: a resume still takes each call of the turn once."""
+    peeked: list[str] = []
+
+    @tool()
+    def peek(key: str) -> str:
+        """Read a key."""
+        peeked.append(key)
+        return key
+
+    catalogue = Catalogue([send_note, peek])
+    model = ScriptedModel(
+        [calls(("", "peek", {"key": "a"}), ("", "send_note", {"to": "a@example.com", "text": "hi"})), "done"]
+    )
+    react = ReActAgent(model, catalogue, store, mode="native", clock=FixedClock(), user="ann")
+    paused = react.run("q")
+    assert paused.status == "paused" and peeked == ["a"]
+    Runtime(catalogue, None, db=store, clock=FixedClock()).approve(paused.run_id, "ben", paused.pending_hash or "")
+    result = react.resume(paused.run_id)
+    assert result.status == "answered", result.reason
+    assert peeked == ["a"] and SENT == ["a@example.com: hi"], "no call of the turn ran twice"
+
+
+def test_a_call_id_an_earlier_turn_used_is_still_taken_on_resume(store: Store) -> None:
+    """Ids numbered per response repeat across turns: the later call is still taken, and answered."""
+    peeked: list[str] = []
+
+    @tool()
+    def peek(key: str) -> str:
+        """Read a key."""
+        peeked.append(key)
+        return key
+
+    catalogue = Catalogue([send_note, peek])
+    model = ScriptedModel(
+        [
+            calls(("call_1", "peek", {"key": "a"})),
+            calls(("call_0", "send_note", {"to": "a@example.com", "text": "hi"}), ("call_1", "peek", {"key": "b"})),
+            "done",
+        ]
+    )
+    react = ReActAgent(model, catalogue, store, mode="native", clock=FixedClock(), user="ann")
+    paused = react.run("q")
+    Runtime(catalogue, None, db=store, clock=FixedClock()).approve(paused.run_id, "ben", paused.pending_hash or "")
+    result = react.resume(paused.run_id)
+    assert result.status == "answered" and peeked == ["a", "b"] and SENT == ["a@example.com: hi"]
+    last = model.requests[-1]
+    assert replies(last) == [("call_1", "a"), ("call_0", "sent"), ("call_1", "b")], "every call has its reply"

@@ -105,7 +105,10 @@ class RunState:
     @classmethod
     def load(cls, store: Store, row: PlanRow) -> RunState:
         """Rebuild a paused run from its events: the transcript, the actions taken, the pending one, and the
-        calls of its turn still to take (those with no action event: none is ever taken twice)."""
+        calls of its turn still to take (those with no action event: none is ever taken twice).
+
+        A call is known by its step number, not its id: a provider may give no ids, or ids
+        that repeat across turns, and neither may make a call run twice or be left unanswered."""
         state = cls(run_id=row.id, question=row.task)
         version = store.get_version(row.id, row.version)
         if version is None or version.check.action is None:
@@ -113,24 +116,25 @@ class RunState:
         events = ledger.right_to_resume(store, row)
         state.pending = json.loads(version.body)
         turn: Event | None = None
-        taken: set[str] = set()
+        taken: set[int | None] = set()
         for event in events:
             if event.kind == "react.tool_calls":
                 turn = event
-            elif event.kind == "react.action" and "call_id" in event.data:
-                taken.add(event.data["call_id"])
+            elif event.kind == "react.action":
+                taken.add(event.step_id)
             state.replay(event)
         if turn is not None:
+            first = turn.step_id or 0
             state.queue = [
                 Act(
-                    number=(turn.step_id or 0) + index,
+                    number=first + index,
                     thought=turn.data["text"].strip(),
                     tool=call.name,
                     arguments=call.arguments,
-                    call_id=call.id,
+                    call_id=call.id or None,
                 )
                 for index, call in enumerate(recorded_calls(turn.data["calls"]))
-                if call.id not in taken
+                if first + index not in taken
             ]
         return state
 

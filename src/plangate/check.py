@@ -39,8 +39,8 @@ RULES: dict[str, str] = {
     "condition-type": "a condition that no values of the types it reads could make work (a number > a string)",
     "after-step": "an 'after' entry that does not name an earlier step of the plan",
     "optional-effect": "'on_failure: continue' on a step whose tool writes or cannot be undone (only reads may fail)",
-    "ref-optional": "a use of an optional step's output, null when that step fails, where null does not fit and "
-    "no condition '${N} != null' guards it",
+    "ref-optional": "a use of an optional step's output, null when that step fails, where null does not fit (a "
+    "parameter, text, a condition's test other than for null) and no condition '${N} != null' guards it",
 }
 
 
@@ -249,6 +249,15 @@ class _Checker:
                 why = condtypes.problem(analysis.condition.tree, lambda ref: located[ref].types)  # type: ignore[union-attr]
                 if why is not None:
                     self.flag(step, "condition-type", f"condition {step.condition!r}: {why}")
+            for ref in sorted(condtypes.value_reads(analysis.condition.tree)):
+                if self.optional(step, ref):
+                    self.flag(
+                        step,
+                        "ref-optional",
+                        f"condition {step.condition!r} reads {ref}, which is null when step {ref.step} fails (its "
+                        f"on_failure is 'continue'), and a test against null may come out true; test it with "
+                        f"'${{{ref.step}}} == null', or guard it: '${{{ref.step}}} != null and ...'",
+                    )
 
     def params(self, step: Step, tool: Tool) -> None:
         by_param: dict[str, list[str]] = {}

@@ -114,3 +114,43 @@ def not_null(tree: Node) -> frozenset[int]:
             if isinstance(ref_side, RefNode) and isinstance(other, Literal) and other.value is None:
                 return frozenset({ref_side.ref.step})
     return frozenset()
+
+
+def value_reads(tree: Node, guarded: frozenset[int] = frozenset()) -> frozenset[Ref]:
+    """The references the condition reads as values where they may be null: all but those it only
+    tests for null, and those of steps an earlier operand of ``and`` or ``or`` shows are not null.
+
+    With a null in place of a value, a test against anything else may come out true
+    (``null != "blocked"``, ``null not in [...]``, ``not (null == 1)``): only ``== null`` and
+    ``!= null`` say plainly what a null does. ``guarded``: steps already shown not null.
+    """
+    if isinstance(tree, RefNode):
+        return frozenset() if tree.ref.step in guarded else frozenset({tree.ref})
+    if isinstance(tree, Unary):
+        return value_reads(tree.operand, guarded)
+    if isinstance(tree, ListNode):
+        return frozenset().union(*(value_reads(item, guarded) for item in tree.items))
+    if not isinstance(tree, Binary) or _null_test(tree, "==") or _null_test(tree, "!="):
+        return frozenset()
+    left = value_reads(tree.left, guarded)
+    if tree.op == "and":  # the right is read only when the left is true
+        return left | value_reads(tree.right, guarded | not_null(tree.left))
+    if tree.op == "or":  # ... only when the left is false
+        return left | value_reads(tree.right, guarded | _not_null_if_false(tree.left))
+    return left | value_reads(tree.right, guarded)
+
+
+def _not_null_if_false(tree: Node) -> frozenset[int]:
+    """The steps whose output the condition, when false, shows is not null (``${N} == null or ...``)."""
+    if isinstance(tree, Binary) and tree.op == "or":
+        return _not_null_if_false(tree.left) | _not_null_if_false(tree.right)
+    if isinstance(tree, Binary) and _null_test(tree, "=="):
+        return frozenset(side.ref.step for side in (tree.left, tree.right) if isinstance(side, RefNode))
+    return frozenset()
+
+
+def _null_test(tree: Binary, op: str) -> bool:
+    return tree.op == op and any(
+        isinstance(ref_side, RefNode) and isinstance(other, Literal) and other.value is None
+        for ref_side, other in ((tree.left, tree.right), (tree.right, tree.left))
+    )

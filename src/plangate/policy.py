@@ -522,14 +522,22 @@ class _Evaluation:
 
     def _sequences(self, tools: list[Tool | None], resources: list[str | None]) -> None:
         rows = list(zip(self.plan.steps, tools, resources, strict=True))
+        # In a dataflow plan a step listed first may run last: only what it waits for is before it.
+        runs = PlanGraph.of(self.plan, after=True) if self.plan.order == "dataflow" else None
         for rule in self.policy.sequences:
             seen: list[int] = []  # earlier steps that match the rule's `after`
-            for step, tool, resource in rows:
-                if seen and rule.forbid.matches(step, tool, resource):
+            for index, (step, tool, resource) in enumerate(rows):
+                if rule.forbid.matches(step, tool, resource):
                     culprits = seen
                     if rule.scope == "dataflow":
                         ancestors = self.graph.ancestors.get(step.id, frozenset())
                         culprits = [s for s in seen if s in ancestors]
+                    elif runs is not None:
+                        culprits = seen + [
+                            later.id
+                            for later, t, r in rows[index + 1 :]
+                            if rule.after.matches(later, t, r) and step.id not in runs.ancestors.get(later.id, ())
+                        ]
                     if culprits:
                         self._sequence_hit(rule, step, culprits)
                 if rule.after.matches(step, tool, resource):
@@ -537,7 +545,11 @@ class _Evaluation:
 
     def _sequence_hit(self, rule: SequenceRule, step: Step, culprits: list[int]) -> None:
         link = "uses the output of" if rule.scope == "dataflow" else "comes after"
+        if rule.scope == "order" and self.plan.order == "dataflow":
+            link = "may run after"
         text = rule.message or f"step {step.id} ({step.tool}) {link} step(s) {_ids(culprits)}"
+        if link == "may run after" and not rule.message:
+            text += " (the plan's order is dataflow)"
         if rule.unless_approved_by is None:
             self._flag(f"sequence:{rule.name}", text, step.id)
         else:
