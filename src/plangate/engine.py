@@ -317,10 +317,17 @@ class _Run:
             optional = not outcome.ok and step.on_failure == "continue" and self._tool(step.id).effect == "read"
             status: StepStatus = "succeeded" if outcome.ok else "failed_optional" if optional else "failed"
             output = outcome.output if outcome.ok else None
+            attempt = self.rows[step.id].attempt
+            if not self.store.finish_step(
+                self.plan_id, step.id, attempt=attempt, status=status, output=output, error=outcome.error, at=now
+            ):
+                raise LeaseLostError(
+                    f"step {step.id}'s record changed while its call (attempt {attempt}) ran: a person settled it, "
+                    "or another attempt took it over; this outcome is not recorded, and the run stops here"
+                )
             self.rows[step.id] = replace(
                 self.rows[step.id], status=status, output=output, error=outcome.error, finished_at=now
             )
-            self.store.finish_step(self.plan_id, step.id, status=status, output=output, error=outcome.error, at=now)
             if outcome.ok:
                 self._done(step.id, outcome.output)
                 self._event("step.succeeded", step.id, {"output": outcome.output, "ms": round(outcome.ms, 3)})

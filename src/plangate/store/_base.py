@@ -81,8 +81,14 @@ class Store(abc.ABC):
         """Insert or replace the record of one step."""
 
     @abc.abstractmethod
-    def finish_step(self, plan_id: str, step_id: int, *, status: str, output: Any, error: str | None, at: str) -> None:
-        """Record a started step's outcome (its parameters stay as recorded when it started)."""
+    def finish_step(
+        self, plan_id: str, step_id: int, *, attempt: int, status: str, output: Any, error: str | None, at: str
+    ) -> bool:
+        """Record the outcome of the step's ``attempt`` (its parameters stay as recorded when it started).
+
+        Only a row still ``started`` at that attempt takes it: False when the row moved on while
+        the call ran (a person settled it, another attempt took over), and nothing is written.
+        """
 
     @abc.abstractmethod
     def save_policy(self, policy_hash: str, name: str, body: str) -> None: ...

@@ -224,12 +224,16 @@ class SQLStore(AuditLog, Store):
             ),
         )
 
-    def finish_step(self, plan_id: str, step_id: int, *, status: str, output: Any, error: str | None, at: str) -> None:
+    def finish_step(
+        self, plan_id: str, step_id: int, *, attempt: int, status: str, output: Any, error: str | None, at: str
+    ) -> bool:
         self._require_tx()
-        self._exec(
-            "UPDATE steps SET status = ?, output = ?, error = ?, finished_at = ? WHERE plan_id = ? AND step_id = ?",
-            (status, _dump(output), error, at, plan_id, step_id),
+        cursor = self._exec(
+            "UPDATE steps SET status = ?, output = ?, error = ?, finished_at = ?"
+            " WHERE plan_id = ? AND step_id = ? AND status = 'started' AND attempt = ?",
+            (status, _dump(output), error, at, plan_id, step_id, attempt),
         )
+        return int(cursor.rowcount) == 1
 
     def save_policy(self, policy_hash: str, name: str, body: str) -> None:
         self._require_tx()
