@@ -488,3 +488,48 @@ def test_a_call_id_an_earlier_turn_used_is_still_taken_on_resume(store: Store) -
     assert result.status == "answered" and peeked == ["a", "b"] and SENT == ["a@example.com: hi"]
     last = model.requests[-1]
     assert replies(last) == [("call_1", "a"), ("call_0", "sent"), ("call_1", "b")], "every call has its reply"
+
+
+def paused_note(store: Store, model: Any, clock: FixedClock) -> Any:
+    paused = agent(store, model, policy=POLICY, user="ann", clock=clock).run("Tell Ada hello")
+    assert paused.status == "paused" and SENT == []
+    runtime = Runtime(CAT, POLICY, db=store, clock=FixedClock())
+    for approver in ("ben", "cat"):
+        runtime.approve(paused.run_id, approver, paused.pending_hash or "")
+    return paused
+
+
+def test_an_approved_action_is_held_to_the_policy_as_it_is_when_the_run_resumes(store: Store) -> None:
+    model = ScriptedModel(
+        [
+            "Thought: find her.\nAction: find_person[Ada]",
+            'Thought: tell her.\nAction: send_note {"to": "ada@example.com", "text": "hello"}',
+            "Thought: refused.\nFinal Answer: could not",
+        ]
+    )
+    clock = FixedClock()  # one clock for the run and its resume: ids never repeat
+    paused = paused_note(store, model, clock)
+    tightened = Policy.from_yaml(
+        POLICY.canonical_json().replace('"deny":[', '"deny":[{"name":"no-hello","params":["text"],"pattern":"hello"},')
+    )
+    assert tightened.hash != POLICY.hash
+    result = agent(store, model, policy=tightened, user="ann", clock=clock).resume(paused.run_id)
+    assert SENT == [], "the approval does not outlast a rule that now forbids the action"
+    assert "refused by the policy" in result.steps[1].observation and "deny:no-hello" in result.steps[1].observation
+
+
+def test_a_run_resumed_without_a_policy_keeps_the_one_it_paused_under(store: Store) -> None:
+    model = ScriptedModel(
+        [
+            "Thought: find her.\nAction: find_person[Ada]",
+            'Thought: tell her.\nAction: send_note {"to": "ada@example.com", "text": "hello"}',
+            'Thought: and the secret.\nAction: send_note {"to": "ada@example.com", "text": "the password is 1"}',
+            "Thought: refused.\nFinal Answer: done",
+        ]
+    )
+    clock = FixedClock()
+    paused = paused_note(store, model, clock)
+    resumer = agent(store, model, user="ann", clock=clock)  # no policy given
+    result = resumer.resume(paused.run_id)
+    assert SENT == ["ada@example.com: hello"] and resumer.policy is not None and resumer.policy.hash == POLICY.hash
+    assert "deny:no-secrets" in result.steps[2].observation, "the recorded policy's deny rule still holds"

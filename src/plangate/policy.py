@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 import hashlib
+import json
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -261,6 +262,16 @@ class Policy(_Rules):
         except ValidationError as exc:
             lines = [f"  {p}" for p in problems(exc.errors(include_url=False))]
             raise PolicyError("\n".join([f"{source}: not a valid policy:", *lines])) from None
+
+    @classmethod
+    def recorded(cls, store: Any, policy_hash: str | None, current: Policy | None = None) -> Policy | None:
+        """The policy a version was checked against, as the store recorded it (``current`` when it is the same)."""
+        if policy_hash is None:
+            return None
+        if current is not None and current.hash == policy_hash:
+            return current
+        text = store.policy_text(policy_hash)
+        return cls.from_data(json.loads(text), source=f"policy {policy_hash[:12]}") if text else None
 
     @classmethod
     def load(cls, path: str | Path) -> Policy:

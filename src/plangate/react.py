@@ -145,6 +145,9 @@ class ReActAgent:
                 raise StateError(f"ReAct run {run_id} is {row.status}; only an approved pending action can go on")
             state = RunState.load(self.store, row)  # the right to go on, from the audit log
             state.owner = owner
+            if self.policy is None:  # resumed without one: the policy the run paused under still holds
+                version = self.store.get_version(row.id, row.version)
+                self.policy = Policy.recorded(self.store, version.policy_hash if version else None)
             if state.mode is not None and state.mode != self.mode:
                 self.mode = state.mode  # its transcript is in the protocol it started with
             lifecycle.move(
@@ -293,23 +296,26 @@ class ReActAgent:
             kwargs = tool.validate_params(act.arguments)
         except ParamsError as exc:
             return self._observed(state, act, f"Error: {exc}", kind="refused")
-        if not approved:
-            verdict = self._govern(state, act, tool)
-            if verdict is not None:
-                return (
-                    verdict
-                    if verdict.kind == "paused"
-                    else self._observed(state, act, verdict.observation, kind="refused")
-                )
+        # An approved action is held once more to the policy as it is now (it may have been tightened
+        # since the pause); only the approval it already has is not asked for again.
+        verdict = self._govern(state, act, tool, approved=approved)
+        if verdict is not None:
+            return (
+                verdict if verdict.kind == "paused" else self._observed(state, act, verdict.observation, kind="refused")
+            )
         state.actions.append(
             {"number": act.number, "tool": act.tool, "arguments": act.arguments, "thought": act.thought}
         )
         return self._observed(state, act, self._call(state, act.number, tool, kwargs))
 
-    def _govern(self, state: RunState, act: Act, tool: Tool) -> ReActStep | None:
-        """The policy's word on this action: refused (a step to observe), paused, or None (go)."""
+    def _govern(self, state: RunState, act: Act, tool: Tool, *, approved: bool = False) -> ReActStep | None:
+        """The policy's word on this action: refused (a step to observe), paused, or None (go).
+
+        ``approved``: a person approved this exact action; it is still refused by what the
+        policy forbids, but not paused again.
+        """
         if self.policy is None:
-            return self._pause(state, act, tool, ["a person"], {}) if tool.effect != "read" else None
+            return self._pause(state, act, tool, ["a person"], {}) if tool.effect != "read" and not approved else None
         steps = [
             *state.actions,
             {"number": act.number, "tool": act.tool, "arguments": act.arguments, "thought": act.thought},
@@ -327,6 +333,8 @@ class ReActAgent:
                 kind="refused",
                 observation="Error: refused by the policy: " + "; ".join(str(v) for v in mine),
             )
+        if approved:
+            return None
         required = list(dict.fromkeys(role for step, role in decision.step_approvals if step == act.number))
         cleared = decision.approval == "auto" or self.policy.auto_approves(self.category, tool)
         needs = (["a person"] if tool.effect != "read" and not cleared else []) + required

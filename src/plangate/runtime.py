@@ -8,7 +8,6 @@ the hash-chained audit log under the plan's UUID.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from datetime import timedelta
@@ -643,12 +642,7 @@ class Runtime:
 
     def _policy_for(self, version: VersionRow) -> Policy | None:
         """The policy the version was checked against (recorded with it), not whatever is loaded now."""
-        if version.policy_hash is None:
-            return None
-        if self.policy is not None and self.policy.hash == version.policy_hash:
-            return self.policy
-        text = self.store.policy_text(version.policy_hash)
-        return Policy.from_data(json.loads(text), source=f"policy {version.policy_hash[:12]}") if text else None
+        return Policy.recorded(self.store, version.policy_hash, self.policy)
 
     def _lease_until(self) -> str:
         return iso(self.clock.now() + timedelta(seconds=self.lease_seconds))
