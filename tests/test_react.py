@@ -440,8 +440,8 @@ def test_a_run_that_dies_during_a_later_call_of_the_turn_is_stopped_and_runs_not
     assert len(model.requests) == 1
 
 
-def test_calls_without_ids_are_not_taken_again_on_resume(store: Store) -> None:
-    """Some tool-calling servers give no call ids: a resume still takes each call of the turn once."""
+def peeking() -> tuple[list[str], Catalogue]:
+    """A read that notes each key it is asked for, beside send_note."""
     peeked: list[str] = []
 
     @tool()
@@ -450,30 +450,32 @@ def test_calls_without_ids_are_not_taken_again_on_resume(store: Store) -> None:
         peeked.append(key)
         return key
 
-    catalogue = Catalogue([send_note, peek])
+    return peeked, Catalogue([send_note, peek])
+
+
+def resumed_once_approved(react: ReActAgent, catalogue: Catalogue, paused: Any) -> Any:
+    runtime = Runtime(catalogue, None, db=react.store, clock=FixedClock())
+    runtime.approve(paused.run_id, "ben", paused.pending_hash or "")
+    return react.resume(paused.run_id)
+
+
+def test_calls_without_ids_are_not_taken_again_on_resume(store: Store) -> None:
+    """Some tool-calling servers give no call ids: a resume still takes each call of the turn once."""
+    peeked, catalogue = peeking()
     model = ScriptedModel(
         [calls(("", "peek", {"key": "a"}), ("", "send_note", {"to": "a@example.com", "text": "hi"})), "done"]
     )
     react = ReActAgent(model, catalogue, store, mode="native", clock=FixedClock(), user="ann")
     paused = react.run("q")
     assert paused.status == "paused" and peeked == ["a"]
-    Runtime(catalogue, None, db=store, clock=FixedClock()).approve(paused.run_id, "ben", paused.pending_hash or "")
-    result = react.resume(paused.run_id)
+    result = resumed_once_approved(react, catalogue, paused)
     assert result.status == "answered", result.reason
     assert peeked == ["a"] and SENT == ["a@example.com: hi"], "no call of the turn ran twice"
 
 
 def test_a_call_id_an_earlier_turn_used_is_still_taken_on_resume(store: Store) -> None:
     """Ids numbered per response repeat across turns: the later call is still taken, and answered."""
-    peeked: list[str] = []
-
-    @tool()
-    def peek(key: str) -> str:
-        """Read a key."""
-        peeked.append(key)
-        return key
-
-    catalogue = Catalogue([send_note, peek])
+    peeked, catalogue = peeking()
     model = ScriptedModel(
         [
             calls(("call_1", "peek", {"key": "a"})),
@@ -483,8 +485,7 @@ def test_a_call_id_an_earlier_turn_used_is_still_taken_on_resume(store: Store) -
     )
     react = ReActAgent(model, catalogue, store, mode="native", clock=FixedClock(), user="ann")
     paused = react.run("q")
-    Runtime(catalogue, None, db=store, clock=FixedClock()).approve(paused.run_id, "ben", paused.pending_hash or "")
-    result = react.resume(paused.run_id)
+    result = resumed_once_approved(react, catalogue, paused)
     assert result.status == "answered" and peeked == ["a", "b"] and SENT == ["a@example.com: hi"]
     last = model.requests[-1]
     assert replies(last) == [("call_1", "a"), ("call_0", "sent"), ("call_1", "b")], "every call has its reply"
