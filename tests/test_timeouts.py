@@ -370,3 +370,36 @@ def test_an_optional_lookup_that_overruns_gives_null_and_the_plan_goes_on(tmp_pa
     result = rt.execute(plan_id)
     assert result.ok and result.failed_optional == (1,) and result.outputs[2] == "fallback"
     assert rt.store.steps(plan_id)[1].error == "timed out: the call took longer than its limit of 0.2 s"
+
+
+@tool(idempotent=True, retries=2)
+def always_down(key: str) -> str:
+    """Idempotent, and its service is down for good."""
+    raise ConnectionError("service unavailable")
+
+
+@tool
+def refuses(key: str) -> str:
+    """A read that fails at once."""
+    raise LookupError(f"no {key}")
+
+
+def test_a_halt_ends_a_retrys_wait_at_once(tmp_path: Path) -> None:
+    """A retry waiting out its backoff when another step halts the run: the run ends now, not after the wait."""
+    rt = runtime(tmp_path, catalogue=Catalogue([always_down, refuses]))
+    plan_id = approved(
+        rt,
+        {"id": 1, "tool": "always_down", "params": {"key": "a"}},
+        {"id": 2, "tool": "refuses", "params": {"key": "b"}},
+    )
+    claim = rt.start(plan_id, actor="ops")
+    engine = Engine(
+        store=rt.store, catalogue=rt.catalogue, clock=FixedClock(), owner=claim.owner, backoff=Backoff(first=60, cap=60)
+    )
+    began = time.monotonic()
+    result = engine.run(plan_id, 1, claim.body)
+    assert time.monotonic() - began < 20, "the backoff of 30 s or more was not waited out"
+    assert result.status == "halted"
+    rows = rt.store.steps(plan_id)
+    assert rows[1].status == "failed" and rows[1].attempt == 1, "no attempt after the halt"
+    assert rows[2].status == "failed"

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import functools
 import heapq
 import threading
@@ -118,6 +119,7 @@ class _Run:
         self.kwargs: dict[int, dict[str, Any]] = {}  # validated arguments, from _prepare to the call
         self.retried: dict[int, int] = {}  # retries made in this run, by step
         self.strays = 0  # async calls cancelled when they overran, not waited for
+        self.halting = asyncio.Event()  # set when the run halts: retries waiting out a backoff stop waiting
         self.pool = timeouts.shared("plangate-step")  # started as needed, reused, never waited for
         self.watch: timeouts.Watch | None = None
         self.deps = run_deps(plan, lambda name: engine.catalogue[name].effect if name in engine.catalogue else None)
@@ -152,6 +154,7 @@ class _Run:
         return result
 
     async def _go(self, load: bool = True) -> RunResult:
+        self.halting = asyncio.Event()  # of this event loop (the run may go on in another after an overrun)
         if load:
             with self.store.transaction():
                 self._tick()
@@ -173,10 +176,16 @@ class _Run:
             for step_id in launch:
                 self.in_flight[asyncio.create_task(self._call(step_id))] = step_id
             if self.in_flight:
-                done, _ = await asyncio.wait(self.in_flight, return_when=asyncio.FIRST_COMPLETED)
-                for task in done:
-                    del self.in_flight[task]
-                    self.finished.append(task.result())
+                await self._next_done()
+
+    async def _next_done(self) -> None:
+        """Wait for the next call (or retry) to end; once the run halts, retries waiting out a backoff stop."""
+        if self.halt is not None:
+            self.halting.set()
+        done, _ = await asyncio.wait(self.in_flight, return_when=asyncio.FIRST_COMPLETED)
+        for task in done:
+            del self.in_flight[task]
+            self.finished.append(task.result())
 
     # -- one step at a time, for an outside orchestrator (the Temporal backend) -------------
     def one(self, step_id: int) -> str:
@@ -555,7 +564,8 @@ class _Run:
         return delay
 
     async def _retry(self, last: _Outcome, delay: float) -> _Outcome:
-        await asyncio.sleep(delay)  # other steps go on meanwhile
+        with contextlib.suppress(TimeoutError):  # other steps go on meanwhile; a halt ends the wait
+            await asyncio.wait_for(self.halting.wait(), timeout=delay)
         if self.halt is not None or (self.watch is not None and self.watch.stopped):
             return replace(last, retryable=False)
         with self.store.transaction():
