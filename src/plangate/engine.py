@@ -27,9 +27,7 @@ idempotent that overruns has an unknown outcome, exactly as after a crash.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
-import functools
 import heapq
 import threading
 import time
@@ -37,14 +35,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
-from pydantic import ValidationError
-
+from plangate import _calls as calls
 from plangate import lifecycle, references, timeouts
+from plangate._calls import Outcome
 from plangate._clock import Clock, iso, parse_iso
-from plangate._jsontypes import value_type
 from plangate.errors import ConditionError, LeaseLostError, ParamsError, RefError
 from plangate.graph import run_deps
-from plangate.plan import Plan, Step, expected_types
+from plangate.plan import Plan, Step
 from plangate.policy import Policy
 from plangate.results import Progress, RunResult
 from plangate.store import DONE, StepRow, StepStatus, Store
@@ -52,18 +49,6 @@ from plangate.tools import Catalogue, RunContext, Tool
 
 DEFAULT_CONCURRENCY = 8
 _SKIPPED = object()
-
-
-@dataclass(frozen=True, kw_only=True)
-class _Outcome:
-    step_id: int
-    ok: bool
-    output: Any = None
-    error: str | None = None
-    ms: float = 0.0
-    retryable: bool = False  # the tool raised or overran (a wrong output is not repeated: it would be again)
-    timed_out: float | None = None  # the limit, in seconds, that the call overran
-    handled: bool = False  # already recorded (a retry that could not start): nothing left to record
 
 
 @dataclass
@@ -111,8 +96,8 @@ class _Run:
         self.blockers: dict[int, set[int]] = {}  # what each waiting step still waits for
         self.dependents: dict[int, list[int]] = {s: [] for s in self.order}
         self.ready: list[tuple[int, int]] = []  # a heap of (position in the plan, step id)
-        self.in_flight: dict[asyncio.Task[_Outcome], int] = {}
-        self.finished: list[_Outcome] = []
+        self.in_flight: dict[asyncio.Task[Outcome], int] = {}
+        self.finished: list[Outcome] = []
         self.ran: list[int] = []
         self.halt: tuple[int, str, str | None] | None = None
         self.now = ""
@@ -134,7 +119,7 @@ class _Run:
 
     def _overran(self, call: timeouts.Inline) -> Callable[[], object]:
         """In the caller's thread, while the loop's thread is stuck in the call: the run goes on without it."""
-        self.finished.append(self._timed_out(call.step_id, call.seconds, time.perf_counter() - call.seconds))
+        self.finished.append(calls.timed_out(call.step_id, call.seconds, time.perf_counter() - call.seconds))
         return lambda: asyncio.run(self.go(load=False))
 
     async def go(self, *, load: bool = True) -> RunResult:
@@ -217,7 +202,7 @@ class _Run:
             self._record_finished()
         return self.rows[step_id].status
 
-    def _one_call(self, step_id: int) -> _Outcome:
+    def _one_call(self, step_id: int) -> Outcome:
         """The call and its retries, in this thread: an orchestrator's activity may block."""
         outcome = self._call_bounded(step_id)
         while True:
@@ -457,68 +442,26 @@ class _Run:
             kwargs[tool.ctx_param] = self._context(step_id)
         return tool, kwargs
 
-    def _call_inline(self, step_id: int) -> _Outcome:
+    def _call_inline(self, step_id: int) -> Outcome:
         """A sync call on the loop's own thread (nothing else to overlap with), under the watch's eye."""
         if self.watch is None:
             return self._call_bounded(step_id)
         tool, kwargs = self._arguments(step_id)
-        seconds = timeouts.call_limit(tool, self.e.policy)
-        call = self.watch.begin(step_id, seconds)
-        start = time.perf_counter()
-        try:
-            value = tool.fn(**kwargs)
-        except Exception as exc:  # noqa: BLE001 - a tool's failure is recorded, never raised through
-            return _Outcome(step_id=step_id, ok=False, error=_describe(exc), ms=_ms(start), retryable=True)
-        finally:
-            self.watch.end(call)  # raises Abandoned when the call overran and the run went on without it
-        return self._checked(step_id, tool, value, start)
+        return calls.inline(self.steps[step_id], tool, kwargs, timeouts.call_limit(tool, self.e.policy), self.watch)
 
-    def _call_bounded(self, step_id: int) -> _Outcome:
+    def _call_bounded(self, step_id: int) -> Outcome:
         """A call on a thread of its own, waited for up to its limit (for :meth:`one`: no loop, no watch)."""
         tool, kwargs = self._arguments(step_id)
-        seconds = timeouts.call_limit(tool, self.e.policy)
-        start = time.perf_counter()
-        call = (
-            functools.partial(asyncio.run, tool.fn(**kwargs)) if tool.is_async else functools.partial(tool.fn, **kwargs)
-        )
-        try:
-            value = self.pool.submit(call).result(timeout=seconds)
-        except concurrent.futures.TimeoutError:
-            return self._timed_out(step_id, seconds, start)
-        except Exception as exc:  # noqa: BLE001 - a tool's failure is recorded, never raised through
-            return _Outcome(step_id=step_id, ok=False, error=_describe(exc), ms=_ms(start), retryable=True)
-        return self._checked(step_id, tool, value, start)
+        return calls.bounded(self.steps[step_id], tool, kwargs, timeouts.call_limit(tool, self.e.policy), self.pool)
 
-    async def _call(self, step_id: int) -> _Outcome:
+    async def _call(self, step_id: int) -> Outcome:
         if self.watch is not None and self.watch.stopped:
             raise timeouts.Abandoned  # nobody waits for the run any more: call nothing
         tool, kwargs = self._arguments(step_id)
         seconds = timeouts.call_limit(tool, self.e.policy)
-        start = time.perf_counter()
-        if tool.is_async:
-            future: asyncio.Future[Any] = asyncio.ensure_future(tool.fn(**kwargs))
-        else:
-            future = asyncio.get_running_loop().run_in_executor(self.pool, functools.partial(tool.fn, **kwargs))
-        try:
-            done, _ = await asyncio.wait((future,), timeout=seconds)
-            if not done:
-                future.cancel()  # not waited for: an async tool that ignores it must not hold the run
-                self.strays += tool.is_async
-                return self._timed_out(step_id, seconds, start)
-            value = future.result()
-        except Exception as exc:  # noqa: BLE001 - a tool's failure is recorded, never raised through
-            return _Outcome(step_id=step_id, ok=False, error=_describe(exc), ms=_ms(start), retryable=True)
-        return self._checked(step_id, tool, value, start)
-
-    def _timed_out(self, step_id: int, seconds: float, start: float) -> _Outcome:
-        return _Outcome(
-            step_id=step_id,
-            ok=False,
-            ms=_ms(start),
-            retryable=True,
-            timed_out=seconds,
-            error=f"timed out: the call took longer than its limit of {seconds:g} s",
-        )
+        outcome = await calls.on_loop(self.steps[step_id], tool, kwargs, seconds, self.pool)
+        self.strays += tool.is_async and outcome.timed_out is not None  # cancelled, not waited for
+        return outcome
 
     # -- after a call: retry, unknown outcome, or record -----------------------------------
     def _sort_calls(self) -> None:
@@ -536,7 +479,7 @@ class _Run:
             else:
                 self._record_call(outcome)
 
-    def _record_call(self, outcome: _Outcome) -> None:
+    def _record_call(self, outcome: Outcome) -> None:
         """A call to a tool that is not idempotent that overran may have happened: a person must say."""
         if outcome.timed_out is not None and not self._tool(outcome.step_id).idempotent:
             cause = f"the call timed out after {outcome.timed_out:g} s and may have happened (it may still be running)"
@@ -544,7 +487,7 @@ class _Run:
         else:
             self.finished.append(outcome)
 
-    def _retry_delay(self, outcome: _Outcome) -> float | None:
+    def _retry_delay(self, outcome: Outcome) -> float | None:
         """How long to wait before calling again, recorded as ``step.retrying``; None when the outcome stands.
 
         Only an idempotent tool's raise or overrun is retried, within its ``retries``, and not
@@ -563,7 +506,7 @@ class _Run:
         self._event("step.retrying", step_id, {"reason": reason, "attempt": row.attempt + 1, "delay": delay})
         return delay
 
-    async def _retry(self, last: _Outcome, delay: float) -> _Outcome:
+    async def _retry(self, last: Outcome, delay: float) -> Outcome:
         with contextlib.suppress(TimeoutError):  # other steps go on meanwhile; a halt ends the wait
             await asyncio.wait_for(self.halting.wait(), timeout=delay)
         if self.halt is not None or (self.watch is not None and self.watch.stopped):
@@ -580,28 +523,6 @@ class _Run:
             self.store.fence(self.plan_id, self.e.owner)
         self._check_lease()
         return self._prepare(step_id)
-
-    def _checked(self, step_id: int, tool: Tool, value: Any, start: float) -> _Outcome:
-        try:
-            output = tool.dump_output(value)
-        except ValidationError as exc:
-            first = exc.errors(include_url=False)[0]
-            return _Outcome(
-                step_id=step_id,
-                ok=False,
-                ms=_ms(start),
-                error=f"the output does not match {tool.name!r}'s declared type: {first['msg']}",
-            )
-        expected = expected_types(self.steps[step_id].expected_output)
-        kind = value_type(output)
-        if expected is not None and kind not in expected and not (kind == "integer" and "number" in expected):
-            return _Outcome(
-                step_id=step_id,
-                ok=False,
-                ms=_ms(start),
-                error=f"expected output {self.steps[step_id].expected_output}, got {kind}",
-            )
-        return _Outcome(step_id=step_id, ok=True, output=output, ms=_ms(start))
 
     # -- ending --------------------------------------------------------------------------
     def _end(self) -> RunResult:
@@ -704,12 +625,3 @@ class _Run:
                     ms=ms,
                 )
             )
-
-
-def _describe(exc: BaseException) -> str:
-    text = str(exc)
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
-
-
-def _ms(start: float) -> float:
-    return (time.perf_counter() - start) * 1000

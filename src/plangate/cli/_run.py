@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import click
 
@@ -260,7 +261,7 @@ def worker_command(
             )
         )
         click.echo(f"temporal worker: {ran} plans run", err=True)
-        return
+        _leave_now()
     worker = Worker(
         Catalogue.from_module(tools_spec),
         db=db,
@@ -274,3 +275,15 @@ def worker_command(
 
 
 COMMANDS = (execute, resume, settle_command, compensate_command, close_command, worker_command)
+
+
+def _leave_now() -> NoReturn:
+    """End the process without the interpreter's finalization, once everything is recorded.
+
+    Temporal's core threads, and calls that overran their limit (a Python thread cannot be
+    stopped), may still be alive; finalizing the interpreter around them can abort the
+    process after its work is done. The worker's stores are closed by now.
+    """
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)

@@ -1,0 +1,117 @@
+"""Calling a tool under its time limit, inline, on a thread or on the event loop, and what came back, checked.
+
+Each way of calling gives an :class:`Outcome` and never raises a tool's exception: a raise or
+an overrun is a failure that may be retried (``retryable``); an output that does not fit the
+tool's declared type or the step's ``expected_output`` is a failure that would only happen again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import functools
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import ValidationError
+
+from plangate import timeouts
+from plangate._jsontypes import value_type
+from plangate.plan import Step, expected_types
+from plangate.tools import Tool
+
+
+@dataclass(frozen=True, kw_only=True)
+class Outcome:
+    """How one call ended."""
+
+    step_id: int
+    ok: bool
+    output: Any = None
+    error: str | None = None
+    ms: float = 0.0
+    retryable: bool = False  # the tool raised or overran (a wrong output is not repeated: it would be again)
+    timed_out: float | None = None  # the limit, in seconds, that the call overran
+    handled: bool = False  # already recorded (a retry that could not start): nothing left to record
+
+
+def inline(step: Step, tool: Tool, kwargs: dict[str, Any], seconds: float, watch: timeouts.Watch) -> Outcome:
+    """A sync call on this thread, under the watch's eye: if it overruns, the run goes on without it."""
+    call = watch.begin(step.id, seconds)
+    start = time.perf_counter()
+    try:
+        value = tool.fn(**kwargs)
+    except Exception as exc:  # noqa: BLE001 - a tool's failure is recorded, never raised through
+        return raised(step.id, exc, start)
+    finally:
+        watch.end(call)  # raises Abandoned when the call overran and the run went on without it
+    return checked(step, tool, value, start)
+
+
+def bounded(step: Step, tool: Tool, kwargs: dict[str, Any], seconds: float, pool: Any) -> Outcome:
+    """A call on a thread of ``pool``, waited for up to its limit (no event loop, no watch)."""
+    start = time.perf_counter()
+    call = functools.partial(asyncio.run, tool.fn(**kwargs)) if tool.is_async else functools.partial(tool.fn, **kwargs)
+    try:
+        value = pool.submit(call).result(timeout=seconds)
+    except concurrent.futures.TimeoutError:
+        return timed_out(step.id, seconds, start)
+    except Exception as exc:  # noqa: BLE001 - a tool's failure is recorded, never raised through
+        return raised(step.id, exc, start)
+    return checked(step, tool, value, start)
+
+
+async def on_loop(step: Step, tool: Tool, kwargs: dict[str, Any], seconds: float, pool: Any) -> Outcome:
+    """An async tool on the event loop, a sync one on a thread of ``pool``; either is let go when it overruns."""
+    start = time.perf_counter()
+    if tool.is_async:
+        future: asyncio.Future[Any] = asyncio.ensure_future(tool.fn(**kwargs))
+    else:
+        future = asyncio.get_running_loop().run_in_executor(pool, functools.partial(tool.fn, **kwargs))
+    try:
+        done, _ = await asyncio.wait((future,), timeout=seconds)
+        if not done:
+            future.cancel()  # not waited for: an async tool that ignores it must not hold the run
+            return timed_out(step.id, seconds, start)
+        value = future.result()
+    except Exception as exc:  # noqa: BLE001 - a tool's failure is recorded, never raised through
+        return raised(step.id, exc, start)
+    return checked(step, tool, value, start)
+
+
+def timed_out(step_id: int, seconds: float, start: float) -> Outcome:
+    return Outcome(
+        step_id=step_id,
+        ok=False,
+        ms=_ms(start),
+        retryable=True,
+        timed_out=seconds,
+        error=f"timed out: the call took longer than its limit of {seconds:g} s",
+    )
+
+
+def raised(step_id: int, exc: BaseException, start: float) -> Outcome:
+    text = str(exc)
+    error = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+    return Outcome(step_id=step_id, ok=False, error=error, ms=_ms(start), retryable=True)
+
+
+def checked(step: Step, tool: Tool, value: Any, start: float) -> Outcome:
+    """The value a call returned, held to the tool's declared type and the step's ``expected_output``."""
+    try:
+        output = tool.dump_output(value)
+    except ValidationError as exc:
+        first = exc.errors(include_url=False)[0]
+        error = f"the output does not match {tool.name!r}'s declared type: {first['msg']}"
+        return Outcome(step_id=step.id, ok=False, ms=_ms(start), error=error)
+    expected = expected_types(step.expected_output)
+    kind = value_type(output)
+    if expected is not None and kind not in expected and not (kind == "integer" and "number" in expected):
+        error = f"expected output {step.expected_output}, got {kind}"
+        return Outcome(step_id=step.id, ok=False, ms=_ms(start), error=error)
+    return Outcome(step_id=step.id, ok=True, output=output, ms=_ms(start))
+
+
+def _ms(start: float) -> float:
+    return (time.perf_counter() - start) * 1000
