@@ -78,7 +78,7 @@ def meet(n: int) -> int:
 PAIR = threading.Barrier(2, timeout=10)
 
 
-@tool(effect="write")
+@tool(effect="write", resource="pair:{key}")
 def write_in_pair(key: str) -> str:
     """A write that finishes only when another runs at the same time."""
     PAIR.wait()

@@ -341,3 +341,22 @@ def test_an_order_sequence_rule_holds_in_a_dataflow_plan_where_a_step_listed_fir
     assert loose.violations[0].message == "step 1 (mail) may run after step(s) 2 (the plan's order is dataflow)"
     ordered = ({**mail_first[0]}, {**mail_first[1], "after": [1]})
     assert hits(rule.evaluate(plan(*ordered, order="dataflow"), CAT)) == [], "after: the mail really goes first"
+
+
+def test_in_a_dataflow_plan_writes_of_tools_that_declare_no_resource_may_clash_with_any() -> None:
+    @tool(effect="write")
+    def note_down(text: str) -> str:
+        """A write that does not say what it touches."""
+        return text
+
+    catalogue = Catalogue([read_person, mail, put, sql, ping, note_down])
+    both = (
+        {"id": 1, "tool": "note_down", "params": {"text": "a"}},
+        {"id": 2, "tool": "put", "params": {"key": "b", "value": "2"}},
+    )
+    clash = policy().evaluate(plan(*both, order="dataflow"), catalogue)
+    assert hits(clash) == [(2, "resource-conflict")]
+    assert "steps 1 and 2 both write 'row:b'" in clash.violations[0].message
+    first = policy().evaluate(plan(*reversed(both), order="dataflow"), catalogue)
+    assert "both write a resource (its tool declares none, so it may be any)" in first.violations[0].message
+    assert hits(policy().evaluate(plan(*both), catalogue)) == [], "listed order never overlaps writes"

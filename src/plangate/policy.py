@@ -513,20 +513,23 @@ class _Evaluation:
         if self.plan.order != "dataflow":
             return  # in listed order every write waits for the steps before it: two never overlap
         ordering = PlanGraph.of(self.plan, after=True)
-        writers = [
-            (step.id, resource)
+        writers = [  # (step, resource, declared): a write whose tool declares no resource may touch anything
+            (step.id, "*" if resource is None else resource, resource is not None)
             for step, tool, resource in zip(self.plan.steps, tools, resources, strict=True)
-            if tool is not None and tool.effect != "read" and resource is not None
+            if tool is not None and tool.effect != "read"
         ]
-        for index, (later, res_b) in enumerate(writers):
+        for index, (later, res_b, declared) in enumerate(writers):
             clashes = [
-                e for e, res_a in writers[:index] if _resources_clash(res_a, res_b) and not ordering.ordered(e, later)
+                e
+                for e, res_a, _ in writers[:index]
+                if _resources_clash(res_a, res_b) and not ordering.ordered(e, later)
             ]
             if clashes:  # one violation per step, however many it clashes with: a plan's size never squares
                 others = f" (and {len(clashes) - 1} more)" if len(clashes) > 1 else ""
+                what = repr(res_b) if declared else "a resource (its tool declares none, so it may be any)"
                 self._flag(
                     "resource-conflict",
-                    f"steps {clashes[0]}{others} and {later} both write {res_b!r} and neither depends on the other, "
+                    f"steps {clashes[0]}{others} and {later} both write {what} and neither depends on the other, "
                     "so they could run at the same time; list one in the other's 'after'",
                     later,
                 )
