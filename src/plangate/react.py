@@ -74,6 +74,7 @@ class ReActAgent:
     clock: Clock = field(default_factory=SystemClock)
     prices: PriceTable = field(default_factory=PriceTable.load)
     mode: Mode = "text"
+    thoughts: bool = True  # False: Act-only (actions without thoughts), the ReAct paper's baseline
     max_steps: int = 10
     max_unparsed: int = 2
     max_tokens: int = 1024
@@ -441,7 +442,9 @@ class ReActAgent:
     # -- the model -------------------------------------------------------------------------
     def _ask(self, state: RunState) -> ModelResponse | None:
         request = ModelRequest(
-            system=prompt("react").substitute(tools="\n".join(render_tool(t) for t in self.catalogue)),
+            system=prompt("react" if self.thoughts else "act").substitute(
+                tools="\n".join(render_tool(t) for t in self.catalogue)
+            ),
             messages=(Message(role="user", content=f"Question: {state.question}"), *state.transcript),
             max_tokens=self.max_tokens,
             stop=("\nObservation:", "Observation:") if self.mode == "text" else (),
