@@ -55,7 +55,8 @@ def test_a_model_plan_with_thinking_usage_and_cost(runtime: Runtime) -> None:
     assert result.source == "model" and [s.tool for s in result.plan.steps] == ["get_invoice", "issue_refund"]
     request = model.requests[0]
     assert request.json_schema is not None and request.json_schema["$id"] == "urn:plangate:plan:1"
-    assert "- issue_refund (write, idempotent)" in request.system and "at most 20 steps" in request.system
+    assert "- issue_refund(invoice_id: string, amount: number) -> {refund_id: string" in request.system
+    assert "[write, idempotent]" in request.system and "at most 20 steps" in request.system
     assert request.thinking_budget == result.budget.tokens if result.budget else False
     assert result.thinking == "Get it first." and result.usage.thinking > 0
     assert result.cost == pytest.approx(PRICES.cost("scripted:test", result.usage))
@@ -255,3 +256,35 @@ def test_usage_shows_budget_against_tokens_used(
     assert lines[1].split()[:2] == ["1", "1"] and lines[2].split()[:2] == ["2", "1"]
     assert lines[-1].startswith("2 calls")
     assert Usage(input=1, output=2) + Usage(thinking=3) == Usage(input=1, output=2, thinking=3)
+
+
+def test_the_compact_plan_format_is_shorter_and_names_every_field(runtime: Runtime) -> None:
+    from plangate.models.test import rough_tokens
+    from plangate.plan import Plan, Step
+
+    compact = planner(runtime, None)._system_prompt()
+    full = planner(runtime, None, schema_text="json")._system_prompt()
+    assert '"$defs"' in full and "type Step = {" in compact and "$defs" not in compact
+    for name in [*Plan.model_fields, *Step.model_fields]:
+        assert f"  {name}" in compact, name  # every key of the format, one line each
+    # Counted with the library's stand-in tokenizer (words and punctuation marks) over the
+    # example catalogue and policy: the format costs 984 fewer, 47% of the prompt.
+    assert (rough_tokens(full), rough_tokens(compact)) == (2072, 1088)
+
+
+def test_both_modes_describe_tools_with_one_renderer(runtime: Runtime) -> None:
+    from plangate.react import ReActAgent
+    from plangate.tools import render_tool
+    from plangate.tools.basic import search
+
+    assert render_tool(search) == (
+        "- search(query: string, k?: integer = 3) -> {document: string, score: number, text: string}[]  [read, "
+        "idempotent]\n  Search the document collection; returns the best matching documents with their text.\n"
+        "  query: Words to look for. k: How many documents to return (1 to 10)."
+    )
+    assert runtime.catalogue is not None
+    model = FunctionModel(lambda request: "Final Answer: none")
+    ReActAgent(model, runtime.catalogue, runtime.store).run("q")
+    planned = planner(runtime, None)._system_prompt()
+    for tool in runtime.catalogue:
+        assert render_tool(tool) in planned and render_tool(tool) in model.requests[0].system

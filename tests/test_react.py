@@ -245,7 +245,7 @@ def test_compare_both_modes_with_one_scripted_model(tmp_path: Path) -> None:
         "5.88"
     )
     tasks = load_tasks(Path(__file__).resolve().parent.parent / "examples" / "compare" / "tasks.yaml")
-    assert len(tasks) == 5 and all(t.expect for t in tasks)
+    assert len(tasks) == 7 and all(t.expect and t.steps and 3 <= t.steps <= 10 for t in tasks)
 
 
 # -- several tool calls in one turn (native tool calling) --------------------------------------

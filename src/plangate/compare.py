@@ -1,10 +1,13 @@
-"""Plan mode and ReAct side by side: the same tasks, model and tools, measured the same way.
+"""Plan mode and ReAct side by side, with the ReAct paper's two baselines: the same tasks,
+model and tools, measured the same way.
 
 For each task, plan mode plans (with the model; the library is not used), submits, gets
 approved if it must be, and executes; its answer is the last step's output. ReAct mode
-answers with its loop, approved action by action if it must be. For both: success (the
-expected answer, or a check function), model calls, input/output/thinking tokens, tool
-calls, wall time, policy violations and approvals needed.
+answers with its loop, approved action by action if it must be; Act-only is the same loop
+with actions and no thoughts; CoT-only reasons and answers in one call, with no tools. For
+each: success (the expected answer, or a check function), model calls, input/output/
+thinking tokens, tool calls, wall time, policy violations and approvals needed. The table
+by number of steps is in :mod:`plangate._comparereport`.
 """
 
 from __future__ import annotations
@@ -16,22 +19,29 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from plangate import _input
 from plangate._clock import Clock, SystemClock
+from plangate._comparereport import by_steps, table, to_json
+from plangate._comparescript import Script
 from plangate.costs import PriceTable
 from plangate.errors import RefusedInputError, UsageError
-from plangate.models import Model
-from plangate.planner import Planner, PlanningError
+from plangate.models import Message, Model, ModelError, ModelRequest
+from plangate.planner import Planner, PlanningError, prompt
 from plangate.policy import Policy
 from plangate.react import ReActAgent
 from plangate.runtime import Runtime
 from plangate.store import Store
 from plangate.tools import Catalogue
 
+__all__ = ["MODES", "Comparison", "Row", "Task", "by_steps", "load_tasks", "table", "to_json"]
+
 APPROVER = "compare-approver"
 _NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
+_FINAL = re.compile(r"Final Answer\s*:\s*(?P<answer>.*)", re.DOTALL)
+Mode = Literal["plan", "react", "act", "cot"]
+MODES: tuple[Mode, ...] = get_args(Mode)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -39,6 +49,12 @@ class Task:
     question: str
     expect: str | None = None
     check: Callable[[str], bool] | None = None
+    script: Script | None = None  # the decisions a scripted model makes for it
+
+    @property
+    def steps(self) -> int | None:
+        """How many tool calls the task takes, where its script says."""
+        return None if self.script is None else len(self.script.steps)
 
     def passes(self, answer: str | None) -> bool:
         if answer is None:
@@ -56,7 +72,8 @@ class Task:
 @dataclass(frozen=True, kw_only=True)
 class Row:
     task: int
-    mode: Literal["plan", "react"]
+    mode: Mode
+    steps: int | None  # the task's tool calls, where its script says
     success: bool
     answer: str | None
     model_calls: int
@@ -83,7 +100,12 @@ def load_tasks(path: str | Path) -> list[Task]:
         if not isinstance(item, dict) or "question" not in item:
             raise UsageError(f"{path}: every task needs a question")
         check = _function(item["check"]) if "check" in item else None
-        tasks.append(Task(question=str(item["question"]), expect=_text(item.get("expect")), check=check))
+        script = (
+            Script.parse(f"{path}: {item['question']!r}", item["steps"], item.get("answer"))
+            if "steps" in item
+            else None
+        )
+        tasks.append(Task(question=str(item["question"]), expect=_text(item.get("expect")), check=check, script=script))
     return tasks
 
 
@@ -108,15 +130,13 @@ class Comparison:
     policy: Policy | None = None
     clock: Clock | None = None
     prices: PriceTable | None = None
-    max_steps: int = 10
+    max_steps: int = 15
     max_tokens: int = 2048
+    modes: tuple[Mode, ...] = ("plan", "react")
 
     def run(self, tasks: list[Task]) -> list[Row]:
-        rows = []
-        for number, task in enumerate(tasks, start=1):
-            rows.append(self.plan_mode(number, task))
-            rows.append(self.react_mode(number, task))
-        return rows
+        runs = {"plan": self.plan_mode, "react": self.react_mode, "act": self.act_mode, "cot": self.cot_mode}
+        return [runs[mode](number, task) for number, task in enumerate(tasks, start=1) for mode in self.modes]
 
     def plan_mode(self, number: int, task: Task) -> Row:
         clock = self.clock or SystemClock()
@@ -165,7 +185,37 @@ class Comparison:
             note="" if result.ok else f"halted: {result.error}",
         )
 
-    def react_mode(self, number: int, task: Task) -> Row:
+    def act_mode(self, number: int, task: Task) -> Row:
+        """Act-only: the ReAct loop with actions and no thoughts."""
+        return self.react_mode(number, task, thoughts=False)
+
+    def cot_mode(self, number: int, task: Task) -> Row:
+        """CoT-only: one call that reasons and answers, with no tools."""
+        request = ModelRequest(
+            system=prompt("cot").template,
+            messages=(Message(role="user", content=f"Question: {task.question}"),),
+            max_tokens=self.max_tokens,
+        )
+        start = time.perf_counter()
+        try:
+            response = self.model.complete(request)
+        except ModelError as exc:
+            return _row(number, task, "cot", None, start, model_calls=1, note=f"the model failed: {exc}")
+        found = _FINAL.search(response.text)
+        answer = (found.group("answer") if found else response.text).strip()
+        usage = response.usage
+        return _row(
+            number,
+            task,
+            "cot",
+            answer,
+            start,
+            model_calls=1,
+            tokens=(usage.input, usage.output, usage.thinking),
+            note="" if found else "no 'Final Answer:' line",
+        )
+
+    def react_mode(self, number: int, task: Task, *, thoughts: bool = True) -> Row:
         clock = self.clock or SystemClock()
         runtime = Runtime(self.catalogue, self.policy, db=self.store, clock=clock)
         agent = ReActAgent(
@@ -178,6 +228,7 @@ class Comparison:
             max_steps=self.max_steps,
             max_tokens=self.max_tokens,
             user="compare",
+            thoughts=thoughts,
         )
         start = time.perf_counter()
         result = agent.run(task.question)
@@ -189,17 +240,15 @@ class Comparison:
             result = agent.resume(result.run_id)
             usage, calls = usage + result.usage, calls + result.model_calls
             tools, violations = tools + result.tool_calls, violations + result.violations
-        return Row(
-            task=number,
-            mode="react",
-            success=task.passes(result.answer),
-            answer=result.answer,
+        return _row(
+            number,
+            task,
+            "react" if thoughts else "act",
+            result.answer,
+            start,
             model_calls=calls,
-            input_tokens=usage.input,
-            output_tokens=usage.output,
-            thinking_tokens=usage.thinking,
+            tokens=(usage.input, usage.output, usage.thinking),
             tool_calls=tools,
-            seconds=time.perf_counter() - start,
             violations=violations,
             approvals=approvals,
             note=result.reason or "",
@@ -219,76 +268,53 @@ def _plan_row(
     note: str = "",
 ) -> Row:
     """A plan-mode row: the model calls from the planning ledger; success when the answer fits the task."""
-    return Row(
-        task=number,
-        mode="plan",
-        success=task.passes(answer),
-        answer=answer,
+    tokens = (
+        sum(c.input_tokens for c in calls),
+        sum(c.output_tokens for c in calls),
+        sum(c.thinking_tokens for c in calls),
+    )
+    return _row(
+        number,
+        task,
+        "plan",
+        answer,
+        start,
         model_calls=len(calls),
-        input_tokens=sum(c.input_tokens for c in calls),
-        output_tokens=sum(c.output_tokens for c in calls),
-        thinking_tokens=sum(c.thinking_tokens for c in calls),
+        tokens=tokens,
         tool_calls=tool_calls,
-        seconds=time.perf_counter() - start,
         violations=violations,
         approvals=approvals,
         note=note,
     )
 
 
-def table(rows: list[Row]) -> list[str]:
-    """The comparison as aligned text, with totals per mode and ReAct's ratio to plan mode."""
-    head = ("task", "mode", "ok", "calls", "in tok", "out tok", "think", "tools", "secs", "viol", "appr")
-    lines = [_line(head)]
-    for r in rows:
-        lines.append(
-            _line(
-                (
-                    str(r.task),
-                    r.mode,
-                    "yes" if r.success else "no",
-                    str(r.model_calls),
-                    str(r.input_tokens),
-                    str(r.output_tokens),
-                    str(r.thinking_tokens),
-                    str(r.tool_calls),
-                    f"{r.seconds:.2f}",
-                    str(r.violations),
-                    str(r.approvals),
-                )
-            )
-        )
-    totals = {}
-    for mode in ("plan", "react"):
-        mine = [r for r in rows if r.mode == mode]
-        totals[mode] = mine
-        lines.append(
-            _line(
-                (
-                    "all",
-                    mode,
-                    f"{sum(r.success for r in mine)}/{len(mine)}",
-                    str(sum(r.model_calls for r in mine)),
-                    str(sum(r.input_tokens for r in mine)),
-                    str(sum(r.output_tokens for r in mine)),
-                    str(sum(r.thinking_tokens for r in mine)),
-                    str(sum(r.tool_calls for r in mine)),
-                    f"{sum(r.seconds for r in mine):.2f}",
-                    str(sum(r.violations for r in mine)),
-                    str(sum(r.approvals for r in mine)),
-                )
-            )
-        )
-    plan, react = totals["plan"], totals["react"]
-    tokens = sum(r.input_tokens + r.output_tokens for r in plan)
-    calls = sum(r.model_calls for r in plan)
-    if tokens and calls:
-        ratio_tokens = sum(r.input_tokens + r.output_tokens for r in react) / tokens
-        ratio_calls = sum(r.model_calls for r in react) / calls
-        lines.append(f"ReAct used {ratio_tokens:.2f}x the tokens and {ratio_calls:.2f}x the model calls of plan mode")
-    return lines
-
-
-def _line(cells: tuple[str, ...]) -> str:
-    widths = (4, 5, 5, 5, 7, 7, 6, 5, 6, 4, 4)
-    return "  ".join(c.rjust(w) for c, w in zip(cells, widths, strict=True))
+def _row(
+    number: int,
+    task: Task,
+    mode: Mode,
+    answer: str | None,
+    start: float,
+    *,
+    model_calls: int,
+    tokens: tuple[int, int, int] = (0, 0, 0),
+    tool_calls: int = 0,
+    violations: int = 0,
+    approvals: int = 0,
+    note: str = "",
+) -> Row:
+    return Row(
+        task=number,
+        mode=mode,
+        steps=task.steps,
+        success=task.passes(answer),
+        answer=answer,
+        model_calls=model_calls,
+        input_tokens=tokens[0],
+        output_tokens=tokens[1],
+        thinking_tokens=tokens[2],
+        tool_calls=tool_calls,
+        seconds=time.perf_counter() - start,
+        violations=violations,
+        approvals=approvals,
+        note=note,
+    )

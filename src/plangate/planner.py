@@ -2,7 +2,8 @@
 
 First the library: a template whose pattern the task fits is filled deterministically,
 no model needed (this is the offline default). Otherwise the model is given the task, the
-catalogue, the plan's JSON Schema and the policy's limits (prompt files in
+catalogue, the plan's format (as compact types, or
+the full JSON Schema) and the policy's limits (prompt files in
 ``plangate/prompts``) and a thinking budget set from the task's complexity. Its answer is
 parsed leniently (code fences, prose around the JSON, a wrapping ``{"plan": ...}``,
 trailing commas) and validated strictly; if it is not a valid plan, the model gets one
@@ -34,7 +35,7 @@ from plangate.models import Message, Model, ModelError, ModelRequest, ModelRespo
 from plangate.plan import SCHEMA_VERSION, Plan, plan_json_schema
 from plangate.policy import Policy
 from plangate.store import CallRow, Store
-from plangate.tools import Catalogue
+from plangate.tools import Catalogue, render_tool
 
 MAX_ANSWER_TOKENS = 8192
 
@@ -113,6 +114,10 @@ class Planner:
     clock: Clock = field(default_factory=SystemClock)
     use_library: bool = True
     max_tokens: int = MAX_ANSWER_TOKENS
+    schema_text: Literal["compact", "json"] = "compact"
+    """How the prompt shows the plan's format: TypeScript-like types (about a sixth of the
+    tokens), or the full JSON Schema. The request carries the JSON Schema either way, for
+    providers that constrain decoding to it."""
 
     def plan(self, task: str) -> PlanningResult:
         task = task.strip()
@@ -256,25 +261,18 @@ class Planner:
                 )
 
     def _system_prompt(self) -> str:
-        tools = "\n\n".join(_describe_tool(t) for t in self.catalogue.describe())
+        tools = "\n".join(render_tool(t) for t in self.catalogue)
         return prompt("plan").substitute(
             tools=tools,
             limits=_limits(self.policy),
-            schema_version=SCHEMA_VERSION,
-            schema=json.dumps(plan_json_schema(), separators=(",", ":")),
+            schema=self._schema(),
         )
 
-
-def _describe_tool(tool: dict[str, Any]) -> str:
-    flags = (
-        [tool["effect"]] + (["external"] if tool["external"] else []) + (["idempotent"] if tool["idempotent"] else [])
-    )
-    return (
-        f"- {tool['name']} ({', '.join(flags)}): {tool['description'] or 'no description'}\n"
-        f"  params: {json.dumps(tool['params'].get('properties', {}), separators=(',', ':'))}\n"
-        f"  required: {tool['params'].get('required', [])}\n"
-        f"  returns: {json.dumps(tool['output'], separators=(',', ':'))}"
-    )
+    def _schema(self) -> str:
+        if self.schema_text == "compact":
+            return prompt("plan_schema").substitute(schema_version=SCHEMA_VERSION)
+        schema = json.dumps(plan_json_schema(), separators=(",", ":"))
+        return f"The plan's JSON Schema (version {SCHEMA_VERSION}):\n\n{schema}\n"
 
 
 def _limits(policy: Policy | None) -> str:

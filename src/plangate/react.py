@@ -45,7 +45,7 @@ from plangate.plan import Plan, canonical
 from plangate.planner import prompt
 from plangate.policy import Policy
 from plangate.store import CallRow, CheckRecord, PlanRow, Store, VersionRow
-from plangate.tools import Catalogue, RunContext, Tool
+from plangate.tools import Catalogue, RunContext, Tool, render_tool
 
 _ACTION = re.compile(r"^\s*Action\s*:\s*(?P<tool>[A-Za-z_][\w.\-]*)\s*(?P<rest>.*)$", re.MULTILINE | re.DOTALL)
 _ACTION_INPUT = re.compile(r"^\s*Action Input\s*:\s*(?P<input>.*)$", re.MULTILINE | re.DOTALL)
@@ -74,6 +74,7 @@ class ReActAgent:
     clock: Clock = field(default_factory=SystemClock)
     prices: PriceTable = field(default_factory=PriceTable.load)
     mode: Mode = "text"
+    thoughts: bool = True  # False: Act-only (actions without thoughts), the ReAct paper's baseline
     max_steps: int = 10
     max_unparsed: int = 2
     max_tokens: int = 1024
@@ -441,7 +442,9 @@ class ReActAgent:
     # -- the model -------------------------------------------------------------------------
     def _ask(self, state: RunState) -> ModelResponse | None:
         request = ModelRequest(
-            system=prompt("react").substitute(tools="\n".join(_tool_line(t) for t in self.catalogue)),
+            system=prompt("react" if self.thoughts else "act").substitute(
+                tools="\n".join(render_tool(t) for t in self.catalogue)
+            ),
             messages=(Message(role="user", content=f"Question: {state.question}"), *state.transcript),
             max_tokens=self.max_tokens,
             stop=("\nObservation:", "Observation:") if self.mode == "text" else (),
@@ -575,11 +578,6 @@ def _step(action: dict[str, Any]) -> Any:
         condition=None,
         rollback=None,
     )
-
-
-def _tool_line(tool: Tool) -> str:
-    params = ", ".join(tool.param_names) or "no parameters"
-    return f"- {tool.name}({params}) [{tool.effect}]: {tool.description or 'no description'}"
 
 
 def _spec(tool: Tool) -> ToolSpec:

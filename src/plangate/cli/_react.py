@@ -136,7 +136,15 @@ def _print_step(step: Any) -> None:
 @model_option
 @base_url_option
 @policy_option
+@click.option(
+    "--modes",
+    default="plan,react,act,cot",
+    show_default=True,
+    help="Which to run, comma-separated: plan, react, act (Act-only) and cot (CoT-only).",
+)
 @click.option("--max-tokens", default=2048, show_default=True, help="The most tokens per model call.")
+@click.option("--max-steps", default=15, show_default=True, help="The most steps of a ReAct or Act-only run.")
+@click.option("--json", "as_json", is_flag=True, help="Print the rows, the summary by steps and the ratios as JSON.")
 @prices_option
 @db_option
 def compare_command(
@@ -146,29 +154,56 @@ def compare_command(
     model_spec: str | None,
     base_url: str | None,
     policy_file: Path | None,
+    modes: str,
     max_tokens: int,
+    max_steps: int,
+    as_json: bool,
     prices_file: Path | None,
     db: str | None,
 ) -> None:
-    """Run each task in plan mode and in ReAct mode with the same model and tools; print a table."""
-    from plangate.compare import Comparison, load_tasks, table
+    """Run each task in plan mode, ReAct, Act-only and CoT-only with the same model and tools; print tables.
+
+    --model scripted answers from the tasks' own scripts (their steps and answer), the same
+    decisions in every mode, with a fixed clock: an offline run that repeats exactly.
+    """
+    from plangate._comparescript import ScriptClock, scripted_model
+    from plangate.compare import MODES, Comparison, by_steps, load_tasks, table, to_json
     from plangate.costs import PriceTable
-    from plangate.models import from_spec
+    from plangate.models import Model, from_spec
 
     if not model_spec:
-        raise UsageError("the comparison needs a model: --model PROVIDER:NAME")
+        raise UsageError("the comparison needs a model: --model PROVIDER:NAME, or --model scripted")
+    chosen = tuple(m.strip() for m in modes.split(",") if m.strip())
+    unknown = [m for m in chosen if m not in MODES]
+    if unknown or not chosen:
+        raise UsageError(f"--modes: choose from {', '.join(MODES)} (not {', '.join(unknown) or 'nothing'})")
     tasks = load_tasks(tasks_file)
     runtime = open_runtime(db, tools_spec, policy_file)
+    clock = runtime.clock
+    model: Model
+    if model_spec == "scripted":
+        scripts = {t.question: t.script for t in tasks if t.script is not None}
+        if len(scripts) < len(tasks):
+            raise UsageError(f"{tasks_file}: --model scripted needs 'steps' and 'answer' for every task")
+        model, clock = scripted_model(scripts), ScriptClock()
+    else:
+        model = from_spec(model_spec, base_url=base_url)
     comparison = Comparison(
-        model=from_spec(model_spec, base_url=base_url),
+        model=model,
         catalogue=runtime.catalogue,
         store=runtime.store,
         policy=runtime.policy,
-        clock=runtime.clock,
+        clock=clock,
         prices=PriceTable.load(prices_file),
         max_tokens=max_tokens,
+        max_steps=max_steps,
+        modes=chosen,  # type: ignore[arg-type]  # checked against MODES above
     )
-    for line in table(comparison.run(tasks)):
+    rows = comparison.run(tasks)
+    if as_json:
+        click.echo(json.dumps(to_json(rows), indent=2, ensure_ascii=False))
+        return
+    for line in [*table(rows), "", *by_steps(rows)]:
         click.echo(line)
 
 

@@ -2,6 +2,7 @@
 
 from plangate.tools._catalogue import Catalogue
 from plangate.tools._context import RunContext
+from plangate.tools._render import render_tool
 from plangate.tools._tool import EFFECTS, Effect, Tool, tool
 
-__all__ = ["EFFECTS", "Catalogue", "Effect", "RunContext", "Tool", "tool"]
+__all__ = ["EFFECTS", "Catalogue", "Effect", "RunContext", "Tool", "render_tool", "tool"]
