@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from plangate import Catalogue, Policy, tool
+from plangate import Catalogue, Policy, approval, tool
 from plangate.errors import GovernanceError, NotFoundError, SelfApprovalError, StaleHashError, StateError, UsageError
 from plangate.runtime import Runtime
 from tests.conftest import load_plan
@@ -95,6 +95,40 @@ def test_submit_records_check_and_policy(rt: Runtime) -> None:
     assert bad.status == "rejected" and [v.rule for v in bad.violations] == ["unknown-tool"]
     with pytest.raises(StateError, match="is rejected, not approved"):
         rt.execute(bad.id)
+
+
+def test_a_wrong_hash_is_shown_as_far_as_it_differs_from_the_current_one(rt: Runtime) -> None:
+    record = rt.submit(plan({"id": 1, "tool": "fetch", "params": {"key": "a"}}), "ann")
+    current = record.hash
+    near = current[:20] + ("0" if current[20] != "0" else "1") + current[21:]
+    with pytest.raises(StaleHashError) as refused:
+        rt.approve(record.id, "ben", near)
+    assert str(refused.value) == (
+        f"the hash given ({near[:21]}…) is not plan {record.id}'s current version v1 ({current[:21]}…): "
+        "review v1 and decide on its hash"
+    )
+    with pytest.raises(StaleHashError) as far:
+        rt.approve(record.id, "ben", "f" * 64 if current[0] != "f" else "0" * 64)
+    assert f"({current[:12]}…)" in str(far.value), "hashes that differ early are shown by their first 12 characters"
+    with pytest.raises(StaleHashError) as prefix:
+        rt.approve(record.id, "ben", current[:12])
+    assert str(prefix.value) == (
+        f"the hash given ({current[:12]}) is only the start of plan {record.id}'s current version v1 "
+        f"({current[:13]}…): give the whole hash"
+    )
+
+
+@pytest.mark.parametrize(
+    ("given", "current", "shown"),
+    [
+        ("a" * 64, "b" * 64, ("a" * 12 + "…", "b" * 12 + "…")),
+        ("a" * 30 + "c" * 34, "a" * 30 + "d" * 34, ("a" * 30 + "c…", "a" * 30 + "d…")),
+        ("a" * 63 + "c", "a" * 63 + "d", ("a" * 63 + "c", "a" * 63 + "d")),
+        ("abc", "a" * 64, ("abc", "a" * 12 + "…")),
+    ],
+)
+def test_two_hashes_are_shown_as_far_as_they_differ(given: str, current: str, shown: tuple[str, str]) -> None:
+    assert approval.apart(given, current) == shown
 
 
 def test_auto_approval_is_logged_as_such(rt: Runtime) -> None:
