@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from plangate import Catalogue, Policy, approval, tool
+from plangate import Catalogue, Policy, approval, results, tool
 from plangate.errors import GovernanceError, NotFoundError, SelfApprovalError, StaleHashError, StateError, UsageError
 from plangate.runtime import Runtime
 from tests.conftest import load_plan
@@ -264,6 +264,22 @@ def test_a_secret_brought_in_by_a_reference_is_refused_at_call_time(rt: Runtime)
     assert check.violations == ()
     result = rt.execute(plan_id)
     assert result.failed_step == 2 and "refused by the policy: step 2: deny:no-secret" in (result.error or "")
+
+
+def test_a_policy_refusal_s_halt_says_to_edit_the_plan_or_change_the_policy_not_to_resume(rt: Runtime) -> None:
+    plan_id = approved(
+        rt,
+        plan(
+            {"id": 1, "tool": "text", "params": {"x": "sec"}},
+            {"id": 2, "tool": "text", "params": {"x": "${1}ret"}},
+        ),
+    )
+    result = rt.execute(plan_id)
+    assert result.next_step == results.REFUSED and "edit the plan" in result.next_step
+    assert "change the policy" in result.next_step and not result.next_step.startswith("fix the cause")
+    assert rt.execute(plan_id).next_step == results.REFUSED, "the recorded result says the same"
+    again = rt.resume(plan_id)
+    assert (again.status, again.error, again.next_step) == ("halted", result.error, results.REFUSED), "as it says"
 
 
 def test_sql_brought_in_by_a_reference_is_refused_at_call_time(tmp_path: Path) -> None:
