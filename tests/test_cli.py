@@ -164,6 +164,22 @@ def test_every_command_has_help(command: tuple[str, ...]) -> None:
     assert description.strip() and not description.startswith("Options:"), f"{command} has no description"
 
 
+def test_each_command_s_help_speaks_of_that_command() -> None:
+    """Shared options say what they do for the command they are on, not for the one they were written for."""
+    helps = {" ".join(command): run(*command, "--help")[1] for command in COMMANDS}
+    planning = {"plan", "run", "library"}
+    for name, text in helps.items():
+        flat = " ".join(text.split())
+        if name.split(" ")[0] not in planning:
+            assert "plan library is used" not in flat, name
+    react = " ".join(helps["react"].split())
+    assert "Required: the model that thinks and chooses each action." in react
+    assert "Policy YAML file to hold each action against." in react
+    assert "Required: the model both modes use." in " ".join(helps["compare"].split())
+    worker = " ".join(helps["worker"].split())
+    assert "the one recorded" not in worker and "(required)" in worker
+
+
 def test_plangate_errors_end_plainly_wherever_they_are_raised() -> None:
     """No command has to catch plangate's errors: the top group turns each into one line and its exit code."""
     assert isinstance(main, PlainErrors)

@@ -108,7 +108,7 @@ def test_the_example_policy_lets_run_sql_only_read(
     result = check(sql_plan(query), catalogue, policy, user="bob")
     assert [(v.step, v.rule) for v in result.violations] == [(1, "require:read-only-sql-in-production")]
     message = result.violations[0].message
-    assert message.startswith("param 'query' may only read production data: ") and reported in message
+    assert message.startswith("param 'query': may only read production data; ") and reported in message
     assert not example_db.exists(), "the check never opens the business's database"
 
 

@@ -319,3 +319,28 @@ def test_a_react_turn_of_several_calls_paused_for_approval_answers_each_call_id_
     assert FLAGGED == ["42"] and len(recorder.requests) == 2
     asked, answered = read(recorder.requests[1])
     assert len(asked) == 3 and answered == asked, "each call id answered once, in order"
+
+
+def test_every_spec_the_models_docstring_names_is_one_from_spec_accepts(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The table in ``plangate.models`` lists exactly the providers ``from_spec`` builds, and no other."""
+    import plangate.models
+    from plangate.errors import UsageError
+
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-test")
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
+    doc = plangate.models.__doc__ or ""
+    specs = [line.split("``")[1] for line in doc.splitlines() if line.startswith("| ``")]
+    assert {spec.partition(":")[0] for spec in specs} == set(plangate.models.PROVIDERS)
+    for spec in specs:
+        provider = spec.partition(":")[0]
+        try:
+            model = plangate.models.from_spec(f"{provider}:{tmp_path / 'm.gguf'}", base_url="http://127.0.0.1:9/v1")
+        except ModelError as exc:  # recognised, then refused for a missing file: never an unknown provider
+            assert provider == "llamacpp" and "no GGUF model at" in str(exc)
+        else:
+            assert model.name.startswith(f"{provider}:")
+    for unknown in ("scripted:x", "function:x"):
+        with pytest.raises(UsageError, match=r"unknown model provider .*: use one of anthropic, openai, "):
+            plangate.models.from_spec(unknown)

@@ -247,6 +247,29 @@ def test_an_optional_lookup_that_succeeds_takes_the_first_branch(rt: Runtime) ->
     assert LOG == ["look_up:bea", "cancel:bea"]
 
 
+def test_a_condition_orders_its_step_after_the_steps_it_reads_and_skips_it_after_a_skipped_one(rt: Runtime) -> None:
+    gated = run(
+        rt,
+        {"id": 1, "tool": "wait_to_meet", "params": {"n": 1}},
+        {"id": 2, "tool": "meet", "params": {"n": 2}, "condition": "${1} != 'never'"},
+        order="dataflow",
+    )
+    assert gated.ok and gated.outputs[1] == "alone", "step 2 waited for the step its condition reads"
+    result = run(
+        rt,
+        {"id": 1, "tool": "look_up", "params": {"user": "bea"}},
+        {"id": 2, "tool": "look_up", "params": {"user": "ada"}, "condition": "${1} == 'nobody'"},
+        {"id": 3, "tool": "look_up", "params": {"user": "cy"}, "condition": "${2} != 'zed'"},
+    )
+    assert result.ok and result.skipped == (2, 3) and LOG == ["look_up:bea"]
+    assert rt.store.steps(result.plan_id)[3].error == "step 2, whose output it reads, was skipped"
+    steps = (
+        {"id": 1, "tool": "look_up", "params": {"user": "a"}},
+        {"id": 2, "tool": "look_up", "params": {"user": "b"}, "condition": "${1} != 'x'"},
+    )
+    assert run_deps(Plan.parse({**plan(*steps), "order": "dataflow"}), lambda name: CAT[name].effect)[2] == {1}
+
+
 def test_the_order_of_after_and_dataflow_plans() -> None:
     steps = (
         {"id": 1, "tool": "look_up", "params": {"user": "a"}},

@@ -96,6 +96,17 @@ def test_a_model_that_never_writes_a_plan_fails_clearly(runtime: Runtime, replie
     assert len(runtime.store.calls()) == 2, "failed calls still cost, and are in the ledger"
 
 
+def test_the_repair_and_the_failure_say_each_problem_after_one_colon(runtime: Runtime) -> None:
+    model = ScriptedModel(['{"task": "x", "steps": 5}', '{"task": "x", "category": "c"}'])
+    with pytest.raises(PlanningError) as err:
+        planner(runtime, model).plan("Refund invoice 42")
+    first = "not a valid plan: category: required, but missing; steps: Input should be a valid list (got 5)"
+    assert f"{first}\n\nWrite the whole plan again" in model.requests[1].messages[2].content
+    second = "not a valid plan: steps: required, but missing"
+    assert str(err.value).endswith(f"first answer: {first}\nafter repair: {second}")
+    assert ":;" not in str(err.value)
+
+
 def test_lenient_parsing() -> None:
     from plangate.models import ModelResponse
 

@@ -117,7 +117,20 @@ def test_deny_patterns_look_into_nested_values_and_match_resources() -> None:
         CAT,
     )
     assert hits(decision) == [(1, "deny:no-delete"), (2, "deny:no-delete")]
-    assert "param 'options.after' matches the denied pattern" in decision.violations[1].message
+    assert "param 'options.after': matches the denied pattern" in decision.violations[1].message
+
+
+def test_a_deny_rule_s_message_is_set_apart_from_the_parameter_it_names() -> None:
+    p = Policy.from_yaml(
+        "version: 1\nname: p\ndeny:\n"
+        "  - {name: no-key, tools: [mail], pattern: 'key', message: Keys must never be sent by mail}\n"
+        "  - {name: no-secret, tools: [mail], pattern: secret}\n"
+    )
+    decision = p.evaluate(plan({"id": 1, "tool": "mail", "params": {"to": "a@b.c", "body": "secret key"}}), CAT)
+    assert [str(v) for v in decision.violations] == [
+        "step 1: deny:no-key: param 'body': Keys must never be sent by mail (value 'secret key')",
+        "step 1: deny:no-secret: param 'body': matches the denied pattern 'secret' (value 'secret key')",
+    ]
 
 
 def test_resource_conflicts_need_an_order_in_dataflow_plans() -> None:
@@ -285,7 +298,7 @@ def test_a_require_rule_checks_literal_values_now_and_referenced_ones_at_the_cal
     )
     assert [hit for hit in hits(checked) if hit[1] != "resource-conflict"] == [(2, "require:reads-only")]
     assert checked.violations[0].message == (
-        "param 'query' must be one read-only SQL statement: it is not a read-only statement: "
+        "param 'query': must be one read-only SQL statement; it is not a read-only statement: "
         "SQLite reports DELETE on invoices (value 'DELETE FROM invoices')"
     )
     step = plan({"id": 3, "tool": "sql", "params": {"query": "${1}"}}).steps[0]
@@ -293,7 +306,7 @@ def test_a_require_rule_checks_literal_values_now_and_referenced_ones_at_the_cal
     assert [(v.rule, v.message) for v in resolved] == [
         (
             "require:reads-only",
-            "param 'query' must be one read-only SQL statement: it is more than one statement "
+            "param 'query': must be one read-only SQL statement; it is more than one statement "
             "(value 'SELECT 1; DROP TABLE invoices')",
         )
     ]

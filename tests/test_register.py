@@ -122,3 +122,48 @@ def test_a_hold_whose_event_was_cut_out_of_the_log_still_stops_plangate(runtime:
         runtime.store.command("DELETE FROM register")
     with pytest.raises(StoreError, match=r"register\.changed events were changed outside plangate"):
         runtime.submit(lookup, "ann")
+
+
+def test_turning_on_a_category_the_policy_never_approves_automatically_is_refused_unless_forced(
+    runtime: Runtime,
+) -> None:
+    register = Register(runtime.store, runtime.clock)
+    strict = Policy.from_yaml(
+        "version: 1\nname: strict\ncategories:\n  lookups: {effects: [read]}\n  refunds: {tools: [look]}\n"
+        "  notes: {tools: [look]}\napproval: {auto: [lookups, 'note*'], human: [notes]}\n"
+    )
+    for category, why in [
+        ("refunds", "policy 'strict' does not clear category 'refunds' (not in approval.auto; default human)"),
+        ("notes", "policy 'strict' sends category 'notes' to a person (approval.human)"),
+        ("misc", "category 'misc' is not defined in policy 'strict', so its plans are rejected"),
+    ]:
+        with pytest.raises(GovernanceError) as refused:
+            register.set(category, True, by="gina", reason="r", policy=strict)
+        assert str(refused.value) == (
+            f"{why}: turning it on would change nothing and mislead whoever reads the register; "
+            "change the policy first, or force it"
+        )
+    assert register.all() == [], "nothing was recorded"
+    register.set("lookups", True, by="gina", reason="cleared", policy=strict)
+    register.set("refunds", False, by="gina", reason="held", policy=strict)  # holding is never misleading
+    assert register.set("notes", True, by="gina", reason="ahead of a policy change", policy=strict, force=True).auto
+    assert [(e.category, e.auto) for e in register.all()] == [("lookups", True), ("notes", True), ("refunds", False)]
+
+
+def test_the_command_line_refuses_a_misleading_register_entry_with_exit_4_unless_forced(
+    runtime: Runtime, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PLANGATE_DB", f"sqlite:///{tmp_path}/r.db")
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("version: 1\nname: reg\napproval: {auto: [lookups]}\n")
+    token = Accounts(runtime.store).issue_token("gina")
+    turn_on = ["register", "set", "refunds", "on", "--token", token, "--reason", "x", "--policy", str(policy)]
+    refused = CliRunner().invoke(main, turn_on)
+    assert refused.exit_code == 4 and refused.stdout == ""
+    assert refused.stderr == (
+        "plangate: refused: policy 'reg' does not clear category 'refunds' (not in approval.auto; default human): "
+        "turning it on would change nothing and mislead whoever reads the register; change the policy first, "
+        "or force it\n"
+    )
+    forced = CliRunner().invoke(main, [*turn_on, "--force"])
+    assert forced.exit_code == 0 and "refunds: automatic approval on (by gina: x)" in forced.stdout

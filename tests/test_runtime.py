@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from plangate import Catalogue, Policy, tool
+from plangate import Catalogue, Policy, approval, results, tool
 from plangate.errors import GovernanceError, NotFoundError, SelfApprovalError, StaleHashError, StateError, UsageError
 from plangate.runtime import Runtime
 from tests.conftest import load_plan
@@ -95,6 +95,40 @@ def test_submit_records_check_and_policy(rt: Runtime) -> None:
     assert bad.status == "rejected" and [v.rule for v in bad.violations] == ["unknown-tool"]
     with pytest.raises(StateError, match="is rejected, not approved"):
         rt.execute(bad.id)
+
+
+def test_a_wrong_hash_is_shown_as_far_as_it_differs_from_the_current_one(rt: Runtime) -> None:
+    record = rt.submit(plan({"id": 1, "tool": "fetch", "params": {"key": "a"}}), "ann")
+    current = record.hash
+    near = current[:20] + ("0" if current[20] != "0" else "1") + current[21:]
+    with pytest.raises(StaleHashError) as refused:
+        rt.approve(record.id, "ben", near)
+    assert str(refused.value) == (
+        f"the hash given ({near[:21]}…) is not plan {record.id}'s current version v1 ({current[:21]}…): "
+        "review v1 and decide on its hash"
+    )
+    with pytest.raises(StaleHashError) as far:
+        rt.approve(record.id, "ben", "f" * 64 if current[0] != "f" else "0" * 64)
+    assert f"({current[:12]}…)" in str(far.value), "hashes that differ early are shown by their first 12 characters"
+    with pytest.raises(StaleHashError) as prefix:
+        rt.approve(record.id, "ben", current[:12])
+    assert str(prefix.value) == (
+        f"the hash given ({current[:12]}) is only the start of plan {record.id}'s current version v1 "
+        f"({current[:13]}…): give the whole hash"
+    )
+
+
+@pytest.mark.parametrize(
+    ("given", "current", "shown"),
+    [
+        ("a" * 64, "b" * 64, ("a" * 12 + "…", "b" * 12 + "…")),
+        ("a" * 30 + "c" * 34, "a" * 30 + "d" * 34, ("a" * 30 + "c…", "a" * 30 + "d…")),
+        ("a" * 63 + "c", "a" * 63 + "d", ("a" * 63 + "c", "a" * 63 + "d")),
+        ("abc", "a" * 64, ("abc", "a" * 12 + "…")),
+    ],
+)
+def test_two_hashes_are_shown_as_far_as_they_differ(given: str, current: str, shown: tuple[str, str]) -> None:
+    assert approval.apart(given, current) == shown
 
 
 def test_auto_approval_is_logged_as_such(rt: Runtime) -> None:
@@ -232,6 +266,22 @@ def test_a_secret_brought_in_by_a_reference_is_refused_at_call_time(rt: Runtime)
     assert result.failed_step == 2 and "refused by the policy: step 2: deny:no-secret" in (result.error or "")
 
 
+def test_a_policy_refusal_s_halt_says_to_edit_the_plan_or_change_the_policy_not_to_resume(rt: Runtime) -> None:
+    plan_id = approved(
+        rt,
+        plan(
+            {"id": 1, "tool": "text", "params": {"x": "sec"}},
+            {"id": 2, "tool": "text", "params": {"x": "${1}ret"}},
+        ),
+    )
+    result = rt.execute(plan_id)
+    assert result.next_step == results.REFUSED and "edit the plan" in result.next_step
+    assert "change the policy" in result.next_step and not result.next_step.startswith("fix the cause")
+    assert rt.execute(plan_id).next_step == results.REFUSED, "the recorded result says the same"
+    again = rt.resume(plan_id)
+    assert (again.status, again.error, again.next_step) == ("halted", result.error, results.REFUSED), "as it says"
+
+
 def test_sql_brought_in_by_a_reference_is_refused_at_call_time(tmp_path: Path) -> None:
     ran: list[str] = []
 
@@ -256,8 +306,8 @@ def test_sql_brought_in_by_a_reference_is_refused_at_call_time(tmp_path: Path) -
     rt.approve(record.id, "ben", record.hash)
     result = rt.execute(record.id)
     assert result.failed_step == 2 and ran == []
-    assert "refused by the policy: step 2: require:reads-only: param 'query' " in (result.error or "")
-    assert "it is more than one statement" in (result.error or "")
+    said = "refused by the policy: step 2: require:reads-only: param 'query': must be one read-only SQL statement; "
+    assert said in (result.error or "") and "it is more than one statement" in (result.error or "")
 
 
 @pytest.mark.parametrize(

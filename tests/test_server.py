@@ -201,3 +201,41 @@ def test_the_plan_page_shows_what_changed_since_the_version_before(setup: dict[s
         "Changes from version 1" in page
         and "task: &#34;Tell the customer&#34; -&gt; &#34;Tell the customer, kindly&#34;" in page
     )
+
+
+def test_what_a_plan_touches_counts_a_write_as_undoable_only_with_a_compensating_tool(tmp_path: Path) -> None:
+    from plangate import Runtime, tool
+    from plangate.server import views
+
+    @tool
+    def look(key: str) -> str:
+        """Read."""
+        return key
+
+    @tool(effect="write")
+    def unput(key: str) -> None:
+        """Undo a put."""
+
+    @tool(effect="write", compensate="unput")
+    def put(key: str) -> None:
+        """Write, undone by unput."""
+
+    @tool(effect="write")
+    def stamp(key: str) -> None:
+        """Write, with nothing to undo it."""
+
+    @tool(effect="irreversible")
+    def send(key: str) -> None:
+        """Send."""
+
+    catalogue = Catalogue([look, unput, put, stamp, send])
+    rt = Runtime(catalogue, db=f"sqlite:///{tmp_path}/touch.db")
+    names = ["look", "put", "stamp", "stamp", "send"]
+    steps = [{"id": i, "tool": name, "params": {"key": "k"}, "rationale": "r"} for i, name in enumerate(names, 1)]
+    record = rt.submit({"task": "t", "category": "c", "steps": steps}, "ann")
+    assert views.touch(record, catalogue)[:4] == [
+        "1 step(s) that only read",
+        "1 step(s) that change something that can be undone (a compensating tool undoes it on rollback)",
+        "2 step(s) that change something that nothing undoes (no compensating tool): stamp",
+        "1 step(s) that cannot be undone",
+    ]

@@ -208,3 +208,29 @@ def test_review_says_what_show_prints(setup: dict[str, Any]) -> None:
     (step,) = review["steps"]
     assert (step["effect"], step["external"], step["status"]) == ("irreversible", True, "outcome_unknown")
     assert api(setup, "erin").get(f"/api/plans/{plan['id']}/review").status_code == 403
+
+
+def test_an_approval_without_a_hash_is_a_validation_error_not_a_conflict(setup: dict[str, Any]) -> None:
+    plan: dict[str, Any] = api(setup, "alice").post("/api/plans", json=MAIL).json()
+    dave = api(setup, "dave")
+    for body, said in [
+        ({}, "the body does not fit: hash: Field required"),
+        ({"comment": "fine"}, "the body does not fit: hash: Field required"),
+        ({"hash": None}, "the body does not fit: hash: Input should be a valid string"),
+        ({"hash": ""}, "an approval names the hash of the version you reviewed; none was given"),
+    ]:
+        reply = dave.post(f"/api/plans/{plan['id']}/approve", json=body)
+        assert (reply.status_code, reply.json()["error"]) == (422, said), body
+    assert dave.post(f"/api/plans/{plan['id']}/reject", json={"hash": "f" * 64, "comment": "no"}).status_code == 409
+    rejected = dave.post(f"/api/plans/{plan['id']}/reject", json={"comment": "no"})
+    assert rejected.status_code == 200 and rejected.json()["status"] == "rejected", "a rejection may name no version"
+
+
+def test_the_register_refuses_to_clear_a_category_the_server_s_policy_sends_to_a_person(setup: dict[str, Any]) -> None:
+    change = {"category": "refunds", "state": "on", "reason": "faster"}
+    refused = api(setup, "gina").post("/api/register", json=change)
+    assert refused.status_code == 409
+    assert "sends category 'refunds' to a person (approval.human)" in refused.json()["error"]
+    assert api(setup, "gina").get("/api/register").json()["entries"] == []
+    forced = api(setup, "gina").post("/api/register", json={**change, "force": True})
+    assert forced.status_code == 200 and forced.json()["auto"] is True

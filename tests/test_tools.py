@@ -3,6 +3,8 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import enum
+import sys
+import typing
 from datetime import datetime
 from typing import Any, Literal
 
@@ -293,3 +295,39 @@ def test_resource_templates_fill_from_literal_params() -> None:
     assert touch.resource_for({"invoice_id": "42"}) == "invoice:42"
     assert touch.resource_for({"invoice_id": "${1.id}"}) == "invoice:*"
     assert touch.resource_for({}) == "invoice:*"
+
+
+class _StdlibInvoice(typing.TypedDict):
+    total: float
+
+
+class _Invoice(TypedDict):
+    total: float
+
+
+def _returns_stdlib_typeddict(invoice_id: str) -> _StdlibInvoice:
+    return {"total": 1.0}
+
+
+def _takes_stdlib_typeddict(invoice: _StdlibInvoice) -> str:
+    return "ok"
+
+
+@pytest.mark.skipif(sys.version_info >= (3, 12), reason="pydantic takes typing.TypedDict from Python 3.12")
+@pytest.mark.parametrize("fn", [_returns_stdlib_typeddict, _takes_stdlib_typeddict])
+def test_a_stdlib_typeddict_before_3_12_is_refused_in_one_line_naming_the_fix(fn: Any) -> None:
+    with pytest.raises(ToolDefinitionError) as refused:
+        tool(fn)
+    assert str(refused.value) == (
+        f"tool {fn.__name__!r}: it uses typing.TypedDict, which pydantic refuses before Python 3.12: "
+        "write 'from typing_extensions import TypedDict' instead"
+    )
+
+
+def test_a_typing_extensions_typeddict_describes_a_typed_output() -> None:
+    def get_invoice(invoice_id: str) -> _Invoice:
+        """Fetch one invoice."""
+        return {"total": 1.0}
+
+    schema = tool(get_invoice).output_schema
+    assert schema["properties"] == {"total": {"title": "Total", "type": "number"}}

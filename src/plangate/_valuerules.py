@@ -129,7 +129,7 @@ def _denied(rule: DenyRule, step: Step, params: Mapping[str, Any], meter: Meter 
         if hit is not None:
             where = ".".join(str(part) for part in hit[0])
             why = rule.message or f"matches the denied pattern {rule.pattern!r}"
-            message = f"param {where!r} {why} (value {_short(hit[1])})"
+            message = f"param {where!r}: {why} (value {_short(hit[1])})"  # a rule's message is free text
             yield Violation(rule=f"deny:{rule.name}", message=message, step=step.id, source="policy")
             return
 
@@ -138,7 +138,7 @@ def _unmet(rule: RequireRule, step: Step, params: Mapping[str, Any], *, resolved
     for name, value in rule.values(params):
         why = rule.problem(value, resolved=resolved)
         if why is not None:
-            text = f"param {name!r} {rule.message or _READ_ONLY}: {why} (value {_short(str(value))})"
+            text = f"param {name!r}: {rule.message or _READ_ONLY}; {why} (value {_short(str(value))})"
             yield Violation(rule=f"require:{rule.name}", message=text, step=step.id, source="policy")
 
 

@@ -60,10 +60,28 @@ def check_can_decide(plan: PlanRow, actor: str, plan_hash: str | None) -> None:
     if plan.status in _AFTER_A_RUN:
         raise StateError(f"plan {plan.id} is {plan.status}: it was already executed, there is nothing to decide")
     if plan_hash is not None and plan_hash != plan.hash:
+        given, current = apart(plan_hash, plan.hash)
+        if plan.hash.startswith(plan_hash):
+            raise StaleHashError(
+                f"the hash given ({given}) is only the start of plan {plan.id}'s current version v{plan.version} "
+                f"({current}): give the whole hash"
+            )
         raise StaleHashError(
-            f"the hash given ({plan_hash[:12]}…) is not plan {plan.id}'s current version v{plan.version} "
-            f"({plan.hash[:12]}…): review v{plan.version} and decide on its hash"
+            f"the hash given ({given}) is not plan {plan.id}'s current version v{plan.version} "
+            f"({current}): review v{plan.version} and decide on its hash"
         )
+
+
+def apart(given: str, current: str, least: int = 12) -> tuple[str, str]:
+    """The two hashes cut to the shortest prefix (at least ``least`` characters) at which they differ."""
+    shorter = min(len(given), len(current))
+    same = next((i for i in range(shorter) if given[i] != current[i]), shorter)
+    width = max(least, same + 1)
+
+    def cut(text: str) -> str:
+        return text if len(text) <= width else text[:width] + "…"
+
+    return cut(given), cut(current)
 
 
 def check_can_approve(plan: PlanRow, authors: Set[str], approver: str, approvals: Sequence[ApprovalRow]) -> None:

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from plangate import _calls as calls
-from plangate import lifecycle, references, timeouts
+from plangate import lifecycle, references, results, timeouts
 from plangate._calls import Outcome
 from plangate._clock import Clock, iso, parse_iso
 from plangate.errors import ConditionError, LeaseLostError, ParamsError, RefError
@@ -298,11 +298,7 @@ class _Run:
         self.store.put_step(self.rows[row.step_id])
         self._event("step.outcome_unknown", row.step_id, {"error": error})
         self._report("outcome_unknown", row.step_id, error)
-        self.halt = (
-            row.step_id,
-            error,
-            "check whether the step's effect happened; a person must settle it before the plan can go on",
-        )
+        self.halt = (row.step_id, error, results.SETTLE)
 
     def _record_finished(self) -> None:
         for outcome in self.finished:
@@ -362,7 +358,7 @@ class _Run:
         if self.e.policy is not None:
             denied = self.e.policy.call_violations(step, self._tool(step_id), params)
             if denied:
-                return self._fail_before_call(step, f"refused by the policy: {denied[0]}")
+                return self._fail_before_call(step, f"{results.POLICY_REFUSAL}{denied[0]}")
         previous = self.rows.get(step_id)
         attempt = previous.attempt + 1 if previous is not None else 1
         row = StepRow(
@@ -542,9 +538,7 @@ class _Run:
             )
         step_id, error, next_step = self.halt
         step = self.steps[step_id]
-        next_step = next_step or (
-            "fix the cause, then `plangate resume`; or edit the plan (a new version, approved again) and resume"
-        )
+        next_step = next_step or results.next_step(error)
         self._move(
             "halted", "run.halted", {"step": step_id, "error": error, "rationale": step.rationale, "tool": step.tool}
         )

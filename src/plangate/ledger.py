@@ -286,12 +286,14 @@ def _version_problems(store: Store, plan_id: str, version: Version) -> list[str]
         return [f"{where}: the version's row in plan_versions is missing"]
     found: list[str] = []
     if row.hash != version.hash:
-        found.append(f"{where}: plan_versions.hash is {row.hash[:12]}…, the audit log says {version.hash[:12]}…")
+        stored, logged = approval.apart(row.hash, version.hash)
+        found.append(f"{where}: plan_versions.hash is {stored}, the audit log says {logged}")
     body_hash = hashlib.sha256(row.body.encode()).hexdigest()  # the canonical text is what was hashed
     if body_hash != version.hash:
+        hashed, approved = approval.apart(body_hash, version.hash)
         found.append(
-            f"{where}: the stored plan text hashes to {body_hash[:12]}…, not to its approved hash "
-            f"{version.hash[:12]}…: the plan text was changed"
+            f"{where}: the stored plan text hashes to {hashed}, not to its approved hash {approved}: "
+            "the plan text was changed"
         )
     if row.author != version.author:
         found.append(f"{where}: plan_versions.author is {row.author!r}, the audit log says {version.author!r}")

@@ -361,4 +361,7 @@ def _object_end(text: str, start: int) -> int | None:
 
 
 def _errors(error: PlanError) -> str:
-    return "; ".join([error.summary, *(str(p) for p in error.problems)])
+    """``summary: problem; problem`` on one line (a summary that introduces a list ends in its own colon)."""
+    if not error.problems:
+        return error.summary
+    return f"{error.summary.removesuffix(':')}: {'; '.join(str(p) for p in error.problems)}"

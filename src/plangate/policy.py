@@ -309,6 +309,16 @@ class Policy(_Rules):
             return False
         return tool.effect == "read" or _named(self, category, tool)
 
+    def never_automatic(self, category: str) -> str | None:
+        """Why no plan of ``category`` is ever approved without a person under this policy; None if some may be."""
+        if self.categories is not None and category not in self.categories:
+            return f"category {category!r} is not defined in policy {self.name!r}, so its plans are rejected"
+        if matches_any(self.approval.human, category):
+            return f"policy {self.name!r} sends category {category!r} to a person (approval.human)"
+        if not _cleared(self.approval, category):
+            return f"policy {self.name!r} does not clear category {category!r} (not in approval.auto; default human)"
+        return None
+
     def call_violations(self, step: Step, tool: Tool, params: Mapping[str, Any]) -> list[Violation]:
         """The deny and require rules held against a step's parameters as resolved just before the call.
 

@@ -23,6 +23,7 @@ from plangate import _input
 from plangate._clock import Clock, SystemClock, iso, parse_iso
 from plangate.accounts import Accounts
 from plangate.errors import GovernanceError, UsageError
+from plangate.policy import Policy
 from plangate.store import CheckRecord, Store
 
 
@@ -76,13 +77,25 @@ class Register:
     def all(self) -> list[Entry]:
         return [entry for _, entry in sorted(self._entries().items())]
 
-    def set(self, category: str, auto: bool, *, by: str, reason: str) -> Entry:
-        """Clear (or stop clearing) a category for automatic approval; governance only, with a reason."""
+    def set(
+        self, category: str, auto: bool, *, by: str, reason: str, policy: Policy | None = None, force: bool = False
+    ) -> Entry:
+        """Clear (or stop clearing) a category for automatic approval; governance only, with a reason.
+
+        Turning a category on that ``policy`` never approves automatically is refused unless
+        ``force``: the register would say "on" for plans that always wait for a person.
+        """
         user = Accounts(self.store).active(by)
         if user is None or user.role != "governance":
             raise GovernanceError(
                 f"only governance may change the auto-approval register; {by} is "
                 f"{user.role if user else 'not a known user'}"
+            )
+        never = policy.never_automatic(category) if auto and policy is not None else None
+        if never is not None and not force:
+            raise GovernanceError(
+                f"{never}: turning it on would change nothing and mislead whoever reads the register; "
+                "change the policy first, or force it"
             )
         _input.check_text(category, "category", what="register change")
         if not _input.check_text(reason, "reason", what="register change").strip():

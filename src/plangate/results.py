@@ -9,6 +9,24 @@ from typing import Any, Literal
 from plangate.plan import Plan
 from plangate.store import StepRow
 
+POLICY_REFUSAL = "refused by the policy: "
+"""How the error of a step the policy refused just before its call begins (a deny or require rule)."""
+
+RESUME = "fix the cause, then `plangate resume`; or edit the plan (a new version, approved again) and resume"
+SETTLE = "check whether the step's effect happened; a person must settle it before the plan can go on"
+REFUSED = (
+    "resuming would be refused the same way (the value comes from the plan and the outputs already recorded): "
+    "edit the plan (`plangate edit`: a new version, approved again) so that no value breaks the rule, "
+    "or change the policy and resume under it (`--policy`); or `plangate close` the plan"
+)
+
+
+def next_step(error: str | None, status: str = "failed") -> str:
+    """What a person does about a halt, from how the halting step ended."""
+    if status == "outcome_unknown":
+        return SETTLE
+    return REFUSED if (error or "").startswith(POLICY_REFUSAL) else RESUME
+
 
 @dataclass(frozen=True, kw_only=True)
 class Progress:
@@ -79,5 +97,5 @@ def recorded_result(plan_id: str, version: int, plan: Plan, rows: Mapping[int, S
         tool=step.tool if step else None,
         rationale=step.rationale if step else None,
         error=failed.error if failed else None,
-        next_step="fix the cause, then `plangate resume`",
+        next_step=next_step(failed.error, failed.status) if failed else RESUME,
     )

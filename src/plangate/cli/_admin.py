@@ -95,6 +95,8 @@ def register_group() -> None:
 @click.argument("state", type=click.Choice(["on", "off"]))
 @identity_options
 @click.option("--reason", required=True, help="Why (recorded).")
+@policy_option
+@click.option("--force", is_flag=True, help="Turn it on even though the policy never approves CATEGORY automatically.")
 @db_option
 @server_option
 def register_set_command(
@@ -104,19 +106,28 @@ def register_set_command(
     user: str | None,
     token: str | None,
     reason: str,
+    policy_file: Path | None,
+    force: bool,
     db: str | None,
     server: str | None,
 ) -> None:
-    """Turn automatic approval of CATEGORY on or off (never beyond what the policy allows); governance only."""
+    """Turn automatic approval of CATEGORY on or off (never beyond what the policy allows); governance only.
+
+    Turning on a category the policy (--policy; the server's own with --server) always sends
+    to a person, or does not define, is refused (exit 4): the register would say "on" for
+    plans that never go without a person. --force records it anyway.
+    """
     from plangate.register import Entry, Register
 
     if server:
-        body = {"category": category, "state": state, "reason": reason}
+        body = {"category": category, "state": state, "reason": reason, "force": force}
         entry = Entry(**_remote.client(server, token).call("POST", "/register", body))
     else:
-        runtime = open_runtime(db)
+        runtime = open_runtime(db, policy_file=policy_file)
         person = acting(runtime, user, token, "register")
-        entry = Register(runtime.store, runtime.clock).set(category, state == "on", by=person, reason=reason)
+        entry = Register(runtime.store, runtime.clock).set(
+            category, state == "on", by=person, reason=reason, policy=runtime.policy, force=force
+        )
     click.echo(
         f"{entry.category}: automatic approval {'on' if entry.auto else 'off'} (by {entry.changed_by}: {entry.reason})"
     )

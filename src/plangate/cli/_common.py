@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
@@ -21,6 +22,8 @@ if TYPE_CHECKING:
     from plangate.identity import Doing
 
 # -- options ---------------------------------------------------------------------------------
+
+_Command = TypeVar("_Command", bound=Callable[..., Any])
 
 tools_option = click.option(
     "--tools",
@@ -73,14 +76,20 @@ recorded_tools_option = click.option(
     help="Tools module (default: the one recorded when the plan was submitted).",
 )
 
-model_option = click.option(
-    "--model",
-    "model_spec",
-    envvar="PLANGATE_MODEL",
-    metavar="PROVIDER:NAME",
-    help="anthropic:MODEL, openai:MODEL, openai-compatible:MODEL (with --base-url) or llamacpp:PATH.gguf. "
-    "Without it only the plan library is used. Env: PLANGATE_MODEL.",
-)
+
+def model_option_saying(role: str) -> Callable[[_Command], _Command]:
+    """``--model``, its help saying what the command does with a model (or without one)."""
+    return click.option(
+        "--model",
+        "model_spec",
+        envvar="PLANGATE_MODEL",
+        metavar="PROVIDER:NAME",
+        help="anthropic:MODEL, openai:MODEL, openai-compatible:MODEL (with --base-url) or llamacpp:PATH.gguf. "
+        f"{role} Env: PLANGATE_MODEL.",
+    )
+
+
+model_option = model_option_saying("Without it only the plan library is used.")
 base_url_option = click.option("--base-url", metavar="URL", help="Server URL for openai-compatible models.")
 prices_option = click.option(
     "--prices",

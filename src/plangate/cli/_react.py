@@ -13,7 +13,7 @@ from plangate.cli._common import (
     acting,
     base_url_option,
     db_option,
-    model_option,
+    model_option_saying,
     open_runtime,
     policy_option,
     prices_option,
@@ -27,9 +27,15 @@ from plangate.errors import UsageError
 @click.command("react")
 @click.argument("question", required=False)
 @tools_option
-@model_option
+@model_option_saying("Required: the model that thinks and chooses each action.")
 @base_url_option
-@policy_option
+@click.option(
+    "--policy",
+    "policy_file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    envvar="PLANGATE_POLICY",
+    help="Policy YAML file to hold each action against. Env: PLANGATE_POLICY.",
+)
 @click.option(
     "--as",
     "user",
@@ -133,7 +139,7 @@ def _print_step(step: Any) -> None:
 @click.command("compare")
 @click.argument("tasks_file", metavar="TASKS.yaml", type=click.Path(dir_okay=False, path_type=Path))
 @tools_option
-@model_option
+@model_option_saying("Required: the model both modes use.")
 @base_url_option
 @policy_option
 @click.option(

@@ -206,7 +206,14 @@ def close_command(
 
 
 @click.command("worker")
-@recorded_tools_option
+@click.option(
+    "--tools",
+    "tools_spec",
+    envvar="PLANGATE_TOOLS",
+    metavar="MODULE",
+    help="Tools module the claimed plans run with: an import path (pkg.tools) or a .py file (required). "
+    "Env: PLANGATE_TOOLS.",
+)
 @policy_option
 @db_option
 @click.option(

@@ -9,7 +9,10 @@ string; the provider's SDK is imported only then, so the core never needs it.
 | ``openai:MODEL`` | OpenAI, reasoning effort, structured output | ``openai`` |
 | ``openai-compatible:MODEL`` (with a base URL) | vLLM, Ollama, the llama.cpp server | ``openai`` |
 | ``llamacpp:PATH.gguf`` | a local GGUF model in process, schema-constrained | ``llamacpp`` |
-| ``scripted:`` / ``function:`` | :mod:`plangate.models.test` | none |
+
+Any other provider is refused with a UsageError naming these four. The test doubles,
+``ScriptedModel`` and ``FunctionModel`` in :mod:`plangate.models.test`, have no spec:
+build them directly and pass them where a model goes.
 """
 
 from __future__ import annotations

@@ -38,12 +38,15 @@ def visible(rt: Runtime, user: User, plan_id: str) -> PlanRecord:
     return record
 
 
-def change_register(rt: Runtime, user: User, category: str, *, on: bool, reason: str) -> Any:
-    """Clear (or stop clearing) a category for automatic approval: governance only (403 for anyone else)."""
+def change_register(rt: Runtime, user: User, category: str, *, on: bool, reason: str, force: bool = False) -> Any:
+    """Clear (or stop clearing) a category for automatic approval: governance only (403 for anyone else).
+
+    Held against the server's policy: turning on a category it never approves automatically is refused (409).
+    """
     from plangate.register import Register
 
     permit(user, "register")
-    return Register(rt.store).set(category, on, by=user.name, reason=reason)
+    return Register(rt.store).set(category, on, by=user.name, reason=reason, policy=rt.policy, force=force)
 
 
 def may_audit(user: User) -> None:

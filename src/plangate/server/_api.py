@@ -62,6 +62,7 @@ class RegisterChange(_Body):
     category: str
     state: Literal["on", "off"]
     reason: str
+    force: bool = Field(False, description="turn it on even though the server's policy never approves it automatically")
 
 
 class TokenRequest(_Body):
@@ -210,7 +211,8 @@ def register(rt: Rt, _: Reader, days: Annotated[int, Query(ge=1, le=36_500)] = 9
 def change_register(rt: Rt, caller: Writer, body: Annotated[RegisterChange, json_of(RegisterChange)]) -> dict[str, Any]:
     """Turn automatic approval of a category on or off, saying why (governance only)."""
 
-    entry = _actions.change_register(rt, caller.user, body.category, on=body.state == "on", reason=body.reason)
+    on = body.state == "on"
+    entry = _actions.change_register(rt, caller.user, body.category, on=on, reason=body.reason, force=body.force)
     return asdict(entry)
 
 

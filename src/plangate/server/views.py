@@ -13,7 +13,7 @@ from plangate.graph import PlanGraph, run_deps
 from plangate.plan import Plan
 from plangate.record import PlanRecord
 from plangate.runtime import Runtime
-from plangate.tools import Catalogue
+from plangate.tools import Catalogue, Tool
 
 _RISK = {"read": 0, "write": 1, "irreversible": 2}
 
@@ -50,15 +50,19 @@ def touch(record: PlanRecord, catalogue: Catalogue) -> list[str]:
     if record.plan is None:
         return []
     tools = [(s, catalogue.get(s.tool)) for s in record.plan.steps]
-    effects: Counter[str] = Counter(t.effect for _, t in tools if t is not None)
+    effects: Counter[str] = Counter(_kind(t) for _, t in tools if t is not None)
+    lasting = sorted({t.name for _, t in tools if t is not None and _kind(t) == "write-kept"})
     lines = [
         f"{effects[kind]} step(s) that {words}"
         for kind, words in (
             ("read", "only read"),
-            ("write", "change something that can be undone"),
+            ("write", "change something that can be undone (a compensating tool undoes it on rollback)"),
+            ("write-kept", "change something that nothing undoes (no compensating tool)"),
             ("irreversible", "cannot be undone"),
         )
     ]
+    if lasting:
+        lines[2] += ": " + ", ".join(lasting)
     external = [s.tool for s, t in tools if t is not None and t.external]
     lines.append(f"{len(external)} call(s) outside the company" + (f": {', '.join(external)}" if external else ""))
     resources = sorted({r for s, t in tools if t is not None and (r := t.resource_for(s.params))})
@@ -68,6 +72,11 @@ def touch(record: PlanRecord, catalogue: Catalogue) -> list[str]:
     if scopes:
         lines.append("scopes needed: " + ", ".join(scopes))
     return lines
+
+
+def _kind(tool: Tool) -> str:
+    """A write counts as undoable only with a compensating tool, the one a rollback would call."""
+    return "write-kept" if tool.effect == "write" and tool.compensate is None else tool.effect
 
 
 def graph_svg(record: PlanRecord, catalogue: Catalogue) -> str:

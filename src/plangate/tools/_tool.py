@@ -192,6 +192,11 @@ def tool(fn: None = None, /, **meta: Any) -> Callable[[F], Tool]: ...
 def tool(fn: Callable[..., Any] | None = None, /, **meta: Any) -> Tool | Callable[[Callable[..., Any]], Tool]:
     """Make a tool from a typed function: ``@tool``, ``@tool(effect="write")`` or ``tool(fn, ...)``.
 
+    Its parameter and return types become JSON Schemas (by pydantic). An output with named
+    fields is a ``TypedDict``, a dataclass or a pydantic model; on Python 3.11 a
+    ``TypedDict`` must be ``typing_extensions.TypedDict`` (pydantic refuses
+    ``typing.TypedDict`` before 3.12).
+
     Metadata (all keyword-only):
 
     - ``name``, ``description``: default to the function's name and docstring.
@@ -249,7 +254,7 @@ def _build(
         output = TypeAdapter(output_type)
         output_schema = output.json_schema(mode="serialization")
     except (PydanticUserError, TypeError, ValueError) as exc:
-        raise ToolDefinitionError(f"{where}: its types cannot be described as JSON Schema: {exc}") from None
+        raise _types_error(where, "its types cannot be described as JSON Schema", exc) from None
     params_schema.pop("title", None)
     resource_parts = _resource_template(resource, params_schema, where)
     return Tool(
@@ -303,8 +308,18 @@ def _signature(fn: Callable[..., Any], where: str, docs: Mapping[str, str]) -> t
     try:
         model = create_model(model_name, __config__=config, **fields)
     except (PydanticUserError, TypeError) as exc:
-        raise ToolDefinitionError(f"{where}: its parameter types are not supported: {exc}") from None
+        raise _types_error(where, "its parameter types are not supported", exc) from None
     return model, ctx_param, hints["return"]
+
+
+def _types_error(where: str, what: str, exc: Exception) -> ToolDefinitionError:
+    """One line saying what to change; pydantic's own text spans lines and points at a web page."""
+    if isinstance(exc, PydanticUserError) and exc.code == "typed-dict-version":
+        return ToolDefinitionError(
+            f"{where}: it uses typing.TypedDict, which pydantic refuses before Python 3.12: "
+            "write 'from typing_extensions import TypedDict' instead"
+        )
+    return ToolDefinitionError(f"{where}: {what}: {str(exc).strip().splitlines()[0]}")
 
 
 def _resource_template(
