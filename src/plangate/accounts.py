@@ -35,6 +35,7 @@ from functools import partial
 from typing import Any, Literal, get_args
 
 from plangate._clock import Clock, SystemClock, iso, parse_iso
+from plangate._extras import need
 from plangate._input import check_text
 from plangate._patterns import matches_any
 from plangate.errors import GovernanceError, NotFoundError, UsageError
@@ -454,10 +455,9 @@ def _refuse_look_alike(name: str, folded: dict[str, _Account]) -> None:
 @functools.cache
 def _hasher() -> Any:
     """Argon2id, loaded only where a password is checked or set (tokens and sessions need no extra)."""
-    try:
-        from argon2 import PasswordHasher
-    except ImportError:  # pragma: no cover - depends on the environment
-        raise UsageError("passwords need argon2-cffi: pip install 'plangate[server]'") from None
+    need("server", "passwords", ("argon2",))
+    from argon2 import PasswordHasher
+
     return PasswordHasher()
 
 

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import click
 
+from plangate._extras import need
 from plangate.cli import _remote
 from plangate.cli._common import (
     acting,
@@ -50,6 +51,7 @@ def serve_command(
     """
     import os
 
+    need("server", "serve")
     import uvicorn
 
     from plangate.notify import SlackNotifier

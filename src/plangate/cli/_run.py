@@ -11,6 +11,7 @@ from typing import Any, NoReturn
 
 import click
 
+from plangate._extras import need
 from plangate.cli import _remote
 from plangate.cli._common import (
     absolute,
@@ -254,6 +255,8 @@ def worker_command(
         raise UsageError("a worker needs --tools (or PLANGATE_TOOLS)")
     if temporal_address:
         import asyncio
+
+        need("temporal", "worker --temporal")
 
         from plangate.store import default_url
         from plangate.temporal import serve

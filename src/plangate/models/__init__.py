@@ -17,6 +17,7 @@ build them directly and pass them where a model goes.
 
 from __future__ import annotations
 
+from plangate._extras import need
 from plangate.errors import UsageError
 from plangate.models._base import (
     Effort,
@@ -44,6 +45,7 @@ __all__ = [
 ]
 
 PROVIDERS = ("anthropic", "openai", "openai-compatible", "llamacpp")
+_EXTRA = {"anthropic": "anthropic", "openai": "openai", "openai-compatible": "openai", "llamacpp": "llamacpp"}
 
 
 def from_spec(spec: str, *, base_url: str | None = None) -> Model:
@@ -51,6 +53,8 @@ def from_spec(spec: str, *, base_url: str | None = None) -> Model:
     provider, _, name = spec.partition(":")
     if not name:
         raise UsageError(f"model {spec!r}: write PROVIDER:NAME, with PROVIDER one of {', '.join(PROVIDERS)}")
+    if provider in _EXTRA:
+        need(_EXTRA[provider], f"the {provider} model provider")
     if provider == "anthropic":
         from plangate.models.anthropic import AnthropicModel
 

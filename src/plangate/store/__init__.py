@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 from urllib.parse import parse_qs, urlsplit
 
+from plangate._extras import need
 from plangate.errors import StoreError
 from plangate.store._base import Store
 from plangate.store._records import (
@@ -67,6 +68,7 @@ def open_store(url: str | None = None) -> Store:
             raise StoreError(f"synchronous must be normal or full, not {synchronous!r}")
         return SQLiteStore(path, synchronous="full" if synchronous == "full" else "normal")
     if parts.scheme in ("postgresql", "postgres"):
+        need("postgres", "a PostgreSQL store")
         from plangate.store.postgres import PostgresStore
 
         return PostgresStore(url)
