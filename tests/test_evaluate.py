@@ -216,7 +216,7 @@ def test_a_wrong_parameter_passes_the_gate_but_does_not_match(
     assert (refund.valid, refund.check, refund.policy, refund.match) == (True, True, True, False)
     assert refund.note == "no step calls issue_refund with the parameters of reference step 1"
     assert refund.plan is not None and refund.plan["steps"][0]["params"]["amount"] == 25
-    assert report.misses({"match": 0.9, "check": 1.0}) == ["missed --min-match 90%: match rate 50%"]
+    assert report.misses({"match": 0.9, "check": 1.0}) == ["missed --min-match 90.0%: match rate 50.0%"]
 
 
 def test_the_table(suite: Suite, catalogue: Catalogue, policy: Policy) -> None:
@@ -255,7 +255,7 @@ def test_without_a_policy_or_a_reference_those_measures_are_left_out(catalogue: 
     [result] = report.results
     assert (result.valid, result.check, result.policy, result.match, result.category) == (True, True, None, None, "-")
     assert report.rate("policy") is None and report.misses({"policy": 0.5}) == [
-        "missed --min-policy 50%: policy rate no task it applies to"
+        "missed --min-policy 50.0%: policy rate no task it applies to"
     ]
 
 
@@ -309,7 +309,7 @@ def test_eval_planner_json_and_a_missed_threshold(scripted: FunctionModel, tmp_p
     count = len(report["tasks"])
     assert report["model"] == "function:test" and report["rates"]["match"] == (count - 1) / count
     assert report["totals"]["calls"] == count and report["totals"]["input_tokens"] == 10 * count
-    assert done.stderr.splitlines()[-1] == f"missed --min-match 99%: match rate {(count - 1) / count:.0%}"
+    assert done.stderr.splitlines()[-1] == f"missed --min-match 99.0%: match rate {(count - 1) / count:.1%}"
     from plangate.store import open_store
 
     assert len(open_store(f"sqlite:///{tmp_path}/p.db").calls()) == count, "the calls are in the cost ledger"

@@ -65,13 +65,13 @@ class EvalReport:
 
     def rate(self, measure: Measure) -> float | None:
         """The share of tasks that pass ``measure``, of those it applies to (None when none)."""
-        values = [getattr(r, measure) for r in self.results]
-        counted = [v for v in values if v is not None]
-        return sum(counted) / len(counted) if counted else None
+        passed, counted = self.passed(measure)
+        return passed / counted if counted else None
 
     def passed(self, measure: Measure) -> tuple[int, int]:
-        counted = [getattr(r, measure) for r in self.results if getattr(r, measure) is not None]
-        return sum(counted), len(counted)
+        """How many tasks pass ``measure``, of how many it applies to."""
+        values = [getattr(r, measure) for r in self.results if getattr(r, measure) is not None]
+        return sum(values), len(values)
 
     @property
     def cost(self) -> float | None:
@@ -95,8 +95,8 @@ class EvalReport:
         for measure, wanted in thresholds.items():
             got = self.rate(measure)
             if got is None or got < wanted:
-                shown = "no task it applies to" if got is None else f"{got:.0%}"
-                out.append(f"missed --min-{measure} {wanted:.0%}: {measure} rate {shown}")
+                shown = "no task it applies to" if got is None else f"{got:.1%}"
+                out.append(f"missed --min-{measure} {wanted:.1%}: {measure} rate {shown}")
         return out
 
     def to_dict(self) -> dict[str, Any]:
