@@ -190,6 +190,29 @@ def _resolve_text(text: str, outputs: Mapping[int, Any], nulls: Collection[int])
     return _TOKEN.sub(render, text)
 
 
+def renumber(value: Any, ids: Mapping[int, int]) -> Any:
+    """``value`` with each reference to step N made a reference to step ``ids[N]``.
+
+    A reference to a step ``ids`` does not name, or one that does not parse, is left as it
+    is; the text around references, and ``$${`` escapes, are kept.
+    """
+    if isinstance(value, str):
+        return _TOKEN.sub(lambda match: _renumbered(match, ids), value) if has_refs(value) else value
+    if isinstance(value, Mapping):
+        return {k: renumber(v, ids) for k, v in value.items()}
+    if isinstance(value, list):
+        return [renumber(v, ids) for v in value]
+    return value
+
+
+def _renumbered(match: re.Match[str], ids: Mapping[int, int]) -> str:
+    body = match.group(1)
+    parsed = _BODY.fullmatch(body) if body is not None else None
+    if parsed is None or int(parsed.group(1)) not in ids:
+        return match.group(0)
+    return "${" + str(ids[int(parsed.group(1))]) + parsed.group(2) + "}"
+
+
 def as_text(value: Any) -> str:
     """How a value reads when interpolated into a string."""
     if isinstance(value, str):
