@@ -27,8 +27,10 @@ def run(*args: str) -> tuple[int, str, str]:
 
 
 def clean_env(**extra: str) -> dict[str, str]:
-    """This process's environment without what points at this checkout's code or venv."""
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "PLANGATE_DB")}
+    """This process's environment without what points at this checkout's code or venv, or at an outer make
+    (run under `make test`, a nested make would print its directory and take the outer one's flags)."""
+    outside = ("PYTHONPATH", "VIRTUAL_ENV", "PLANGATE_DB", "MAKEFLAGS", "MAKELEVEL", "MFLAGS", "MAKEOVERRIDES")
+    env = {k: v for k, v in os.environ.items() if k not in outside}
     return {**env, **extra}
 
 
