@@ -141,14 +141,13 @@ class Comparison:
     def plan_mode(self, number: int, task: Task) -> Row:
         clock = self.clock or SystemClock()
         runtime = Runtime(self.catalogue, self.policy, db=self.store, clock=clock)
-        planner = Planner(
+        planner = Planner.model_alone(
             self.catalogue,
-            model=self.model,
+            self.model,
             store=self.store,
             policy=self.policy,
-            prices=self.prices or PriceTable.load(),
+            prices=self.prices,
             clock=clock,
-            use_library=False,
             max_tokens=self.max_tokens,
         )
         start = time.perf_counter()

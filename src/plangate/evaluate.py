@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
-from plangate._clock import Clock, SystemClock
+from plangate._clock import Clock
 from plangate.check import check
 from plangate.costs import PriceTable
 from plangate.equivalence import match
@@ -121,14 +121,13 @@ class Evaluation:
     max_tokens: int = MAX_ANSWER_TOKENS
 
     def run(self, tasks: Sequence[EvalTask], progress: Callable[[int, TaskResult], None] | None = None) -> EvalReport:
-        planner = Planner(
+        planner = Planner.model_alone(
             self.catalogue,
-            model=self.model,
+            self.model,
             store=self.store,
             policy=self.policy,
-            prices=self.prices or PriceTable.load(),
-            clock=self.clock or SystemClock(),
-            use_library=False,
+            prices=self.prices,
+            clock=self.clock,
             max_tokens=self.max_tokens,
         )
         results = []

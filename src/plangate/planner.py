@@ -119,6 +119,30 @@ class Planner:
     tokens), or the full JSON Schema. The request carries the JSON Schema either way, for
     providers that constrain decoding to it."""
 
+    @classmethod
+    def model_alone(
+        cls,
+        catalogue: Catalogue,
+        model: Model,
+        *,
+        store: Store | None = None,
+        policy: Policy | None = None,
+        prices: PriceTable | None = None,
+        clock: Clock | None = None,
+        max_tokens: int = MAX_ANSWER_TOKENS,
+    ) -> Planner:
+        """A planner that always asks the model (the library off), for measuring the model itself."""
+        return cls(
+            catalogue,
+            model=model,
+            store=store,
+            policy=policy,
+            prices=prices or PriceTable.load(),
+            clock=clock or SystemClock(),
+            use_library=False,
+            max_tokens=max_tokens,
+        )
+
     def plan(self, task: str) -> PlanningResult:
         task = task.strip()
         if not task:

@@ -13,6 +13,7 @@ import json
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any, Literal
 
@@ -405,6 +406,11 @@ class _Evaluation:
     reasons: list[str] = field(default_factory=list)
     named: list[tuple[int, str]] = field(default_factory=list)
 
+    @cached_property
+    def runs(self) -> PlanGraph:
+        """What each step waits for in a dataflow plan: the steps it reads and those its ``after`` names."""
+        return PlanGraph.of(self.plan, after=True)
+
     def run(self) -> PolicyDecision:
         steps = self.plan.steps
         tools = [self.catalogue.get(s.tool) for s in steps]
@@ -522,7 +528,6 @@ class _Evaluation:
     def _resource_conflicts(self, tools: list[Tool | None], resources: list[str | None]) -> None:
         if self.plan.order != "dataflow":
             return  # in listed order every write waits for the steps before it: two never overlap
-        ordering = PlanGraph.of(self.plan, after=True)
         writers = [  # (step, resource, declared): a write whose tool declares no resource may touch anything
             (step.id, "*" if resource is None else resource, resource is not None)
             for step, tool, resource in zip(self.plan.steps, tools, resources, strict=True)
@@ -532,7 +537,7 @@ class _Evaluation:
             clashes = [
                 e
                 for e, res_a, _ in writers[:index]
-                if _resources_clash(res_a, res_b) and not ordering.ordered(e, later)
+                if _resources_clash(res_a, res_b) and not self.runs.ordered(e, later)
             ]
             if clashes:  # one violation per step, however many it clashes with: a plan's size never squares
                 others = f" (and {len(clashes) - 1} more)" if len(clashes) > 1 else ""
@@ -547,7 +552,7 @@ class _Evaluation:
     def _sequences(self, tools: list[Tool | None], resources: list[str | None]) -> None:
         rows = list(zip(self.plan.steps, tools, resources, strict=True))
         # In a dataflow plan a step listed first may run last: only what it waits for is before it.
-        runs = PlanGraph.of(self.plan, after=True) if self.plan.order == "dataflow" else None
+        runs = self.runs if self.plan.order == "dataflow" else None
         for rule in self.policy.sequences:
             seen: list[int] = []  # earlier steps that match the rule's `after`
             for index, (step, tool, resource) in enumerate(rows):
