@@ -6,6 +6,7 @@ These tests install for real (a virtual environment, pip), so each takes tens of
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -160,3 +161,44 @@ def test_pip_install_then_demo_and_init_work_from_that_venv(tmp_path: Path) -> N
             text=True,
         )
         assert checked.returncode == 0 and checked.stdout.startswith("ok: plan "), checked.stdout + checked.stderr
+
+
+def test_demo_serve_leaves_the_dashboard_up_with_the_demos_plans(tmp_path: Path) -> None:
+    """`make demo SERVE=1` is `plangate demo --serve`: the story, then a dashboard a reviewer can log into."""
+    import http.cookiejar
+    import signal
+    import urllib.parse
+    import urllib.request
+
+    from plangate.testing import free_port
+    from tests.helpers import wait_until_up
+
+    port = free_port()
+    log = tmp_path / "demo.log"
+    plangate = str(Path(sys.executable).parent / "plangate")
+    with log.open("w") as out:
+        process = subprocess.Popen(
+            [plangate, "demo", "--dir", "D", "--serve", "--port", str(port)],
+            cwd=tmp_path,
+            env=clean_env(),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        url = f"http://127.0.0.1:{port}"
+        wait_until_up(f"{url}/login", process, log, seconds=90)
+        assert f"log in at {url} as dave, carol, alice, gina or audrey, password demo-password" in log.read_text()
+        jar = http.cookiejar.CookieJar()
+        browser = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(jar))
+        browser.open(f"{url}/login").read()
+        csrf = next(cookie.value for cookie in jar if cookie.name == "plangate_login_csrf")
+        form = urllib.parse.urlencode({"name": "dave", "password": "demo-password", "csrf": csrf}).encode()
+        queue = browser.open(f"{url}/login", data=form).read().decode()  # the redirect lands on the queue
+        waiting = re.search(r"alice's second refund plan (\w{8}) waits in the queue", log.read_text())
+        assert waiting and waiting[1] in queue and "Refund invoice 42" in queue, queue[-2000:]
+        every = browser.open(f"{url}/plans").read().decode()
+        assert every.count("Refund invoice 42") >= 2 and "status-succeeded" in every, every[-2000:]  # dave sees refunds
+    finally:
+        os.killpg(process.pid, signal.SIGTERM)
+        process.wait(timeout=30)

@@ -33,7 +33,7 @@ from plangate.costs import PriceTable
 from plangate.errors import PlanError, PlangateError, RefusedInputError
 from plangate.models import Message, Model, ModelError, ModelRequest, ModelResponse, Usage
 from plangate.plan import SCHEMA_VERSION, Plan, plan_json_schema
-from plangate.policy import Policy
+from plangate.policy import Envelope, Policy
 from plangate.store import CallRow, Store
 from plangate.tools import Catalogue, render_tool
 
@@ -312,7 +312,23 @@ def _limits(policy: Policy | None) -> str:
         f"- {', '.join(rule.params)} of {', '.join(rule.tools)}: one read-only SQL statement (a single SELECT)"
         for rule in policy.require
     ]
+    if policy.categories is not None:
+        lines.append("- the category must be one of these (a step outside its category's envelope is refused):")
+        lines += [f"  - {name}: {_envelope(envelope)}" for name, envelope in policy.categories.items()]
     return "\nThe policy's limits:\n" + "\n".join(lines) + "\n" if lines else ""
+
+
+def _envelope(envelope: Envelope) -> str:
+    """What a category's plans may do, in one line of the planning prompt."""
+    allows = []
+    if envelope.tools is not None:
+        allows.append("every tool" if envelope.tools == ("*",) else f"tools {', '.join(envelope.tools)}")
+    if envelope.effects is not None:
+        allows.append(f"{' or '.join(envelope.effects)} tools only")
+    if not envelope.external:
+        allows.append("no external tools")
+    said = "; ".join(allows)
+    return f"{envelope.description} ({said})" if envelope.description else said
 
 
 # -- lenient parsing ------------------------------------------------------------------------

@@ -208,6 +208,8 @@ def _effect_counts() -> dict[str, int]:
 
 def _serve(story: _Story, port: int) -> None:
     story.say("The dashboard, with the demo's plans in it (Ctrl-C to stop)")
+    waiting, _ = story.submit("refund", "alice")
+    click.echo(f"alice's second refund plan {waiting[:8]} waits in the queue for an approver (dave or carol)")
     # The first account needs nothing; after it, accounts change only with a governance account's token.
     password = "demo-password\n"
     story.quiet("users", "add", "gina", "--role", "governance", "--category", "*", "--password-stdin", stdin=password)
