@@ -89,13 +89,13 @@ def test_init_refuses_a_folder_that_is_not_empty_without_force(tmp_path: Path) -
 
 
 def test_every_package_ships_in_the_wheel() -> None:
-    """pyproject.toml lists the packages by hand (examples/ is mapped into one of them): none is forgotten."""
+    """pyproject.toml lists the packages by hand (examples/ and docs/ are mapped into two of them): none is forgotten."""
     listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
     found = {
         ".".join(path.parent.relative_to(ROOT / "src").parts)
         for path in (ROOT / "src" / "plangate").rglob("__init__.py")
     }
-    assert listed == found | {"plangate._examples"}
+    assert listed == found | {"plangate._examples", "plangate._docs"}
 
 
 def test_pip_install_then_demo_and_init_work_from_that_venv(tmp_path: Path) -> None:

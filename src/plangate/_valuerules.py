@@ -16,7 +16,8 @@ from typing import Any, Literal
 from pydantic import Field, field_validator
 
 from plangate import references
-from plangate._frozen import Frozen, cached
+from plangate._frozen import cached
+from plangate._justified import Justified
 from plangate._patterns import Meter, PatternError, TooCostlyError, matches_any
 from plangate._regex import Regex
 from plangate._sqlguard import ReadOnlySQL
@@ -27,7 +28,7 @@ RULE_NAME = r"^[a-z0-9][a-z0-9_.-]{0,99}$"
 _READ_ONLY = "must be one read-only SQL statement"
 
 
-class ValueRule(Frozen):
+class ValueRule(Justified):
     """Which values a rule looks at: parameters named by ``params`` of steps whose tool and resource match."""
 
     name: str = Field(pattern=RULE_NAME)

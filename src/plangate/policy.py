@@ -21,6 +21,7 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 
 from plangate import _input, names
 from plangate._frozen import Frozen, cached
+from plangate._justified import Justified
 from plangate._patterns import REMEMBERED, matches_any, star_match
 from plangate._valuerules import RULE_NAME, DenyRule, RequireRule, plan_meter, value_violations
 from plangate.errors import PolicyError, RefusedInputError
@@ -53,6 +54,7 @@ POLICY_RULES: dict[str, str] = {
 
 class _Rules(Frozen):
     pass
+
 
 
 class StepMatch(_Rules):
@@ -94,13 +96,13 @@ class StepMatch(_Rules):
         return self.resources is None or (resource is not None and matches_any(self.resources, resource))
 
 
-class Role(_Rules):
+class Role(Justified):
     tools: tuple[str, ...] = Field(default=("*",), description="Tool name patterns this role may use.")
     scopes: tuple[str, ...] = Field(default=(), description="Scopes held; patterns such as 'invoices:*'.")
     description: str | None = None
 
 
-class Limits(_Rules):
+class Limits(Justified):
     max_steps: int | None = Field(default=None, ge=1)
     max_external_calls: int | None = Field(default=None, ge=0)
     tool_timeout: float | None = Field(
@@ -121,7 +123,7 @@ class Limits(_Rules):
         return self
 
 
-class SequenceRule(_Rules):
+class SequenceRule(Justified):
     name: str = Field(pattern=RULE_NAME)
     after: StepMatch
     forbid: StepMatch
@@ -130,7 +132,7 @@ class SequenceRule(_Rules):
     message: str | None = None
 
 
-class Envelope(_Rules):
+class Envelope(Justified):
     """What the plans of one category may do.
 
     A plan's category is its requester's own label, and approval rules key on it; the
@@ -169,24 +171,24 @@ class Envelope(_Rules):
         return f"{' and '.join(limits)}; {tool.name!r} {' and '.join(facts)}" if limits else None
 
 
-class Budgets(_Rules):
+class Budgets(Justified):
     """Caps on what planning may cost, in US dollars (prices from the price table)."""
 
     per_plan_usd: float | None = Field(default=None, ge=0)
     per_day_usd: float | None = Field(default=None, ge=0)
 
 
-class CompensationRules(_Rules):
+class CompensationRules(Justified):
     on_halt: Literal["manual", "auto"] = Field(
         default="manual", description="auto: roll back a plan's completed steps as soon as it halts on a failure."
     )
 
 
-class ResourceRules(_Rules):
+class ResourceRules(Justified):
     exclusive_writes: bool = True
 
 
-class ApprovalRules(_Rules):
+class ApprovalRules(Justified):
     default: Approval = "human"
     auto: tuple[str, ...] = Field(default=(), description="Categories that may be approved automatically.")
     human: tuple[str, ...] = Field(default=(), description="Categories that always need a person.")
