@@ -89,7 +89,7 @@ def test_init_refuses_a_folder_that_is_not_empty_without_force(tmp_path: Path) -
 
 
 def test_every_package_ships_in_the_wheel() -> None:
-    """pyproject.toml lists the packages by hand (examples/ and docs/ are mapped into two of them): none is forgotten."""
+    """pyproject.toml lists the packages by hand (examples/ and docs/ are mapped into two): none is forgotten."""
     listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
     found = {
         ".".join(path.parent.relative_to(ROOT / "src").parts)

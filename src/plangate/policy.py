@@ -56,7 +56,6 @@ class _Rules(Frozen):
     pass
 
 
-
 class StepMatch(_Rules):
     """Which steps a rule is about; every field given must hold."""
 

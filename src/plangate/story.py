@@ -105,6 +105,15 @@ _TELLERS: dict[str, Teller] = {
     "step.retrying": _step("retrying"),
     "step.outcome_unknown": _step("outcome unknown"),
     "account.changed": lambda d, _: _account(d),
+    "compensation.started": lambda d, _: f"ROLLBACK started: {d['reason']!r}",
+    "compensation.step_started": lambda d, step: f"undo of step {step} started: {d['tool']} with {_short(d['params'])}",
+    "compensation.step_succeeded": lambda d, step: f"step {step} UNDONE: {_short(d['output'])}",
+    "compensation.step_failed": lambda d, step: f"the undo of step {step} FAILED: {d['error']}",
+    "compensation.finished": lambda d, _: (
+        f"rollback finished: {d['status']}; undone steps {d['undone'] or 'none'}"
+        + "".join(f"; step {s} cannot be undone: {why}" for s, why in d["not_undoable"])
+        + "".join(f"; step {s}'s undo failed: {error}" for s, error in d["failed"])
+    ),
     "step.settled": lambda d, step: (
         f"step {step} ({d.get('tool')}) SETTLED by a person as "
         + (f"done, with the output they saw: {_short(d.get('output'))}" if d["done"] else "not done")

@@ -10,4 +10,14 @@ from plangate.governance._approvals import COLUMNS as APPROVAL_COLUMNS
 from plangate.governance._export import ARTEFACTS, ExportReport, export, parse_since, runbook
 from plangate.governance._manifest import MANIFEST, Verdict, verify
 
-__all__ = ["APPROVAL_COLUMNS", "ARTEFACTS", "MANIFEST", "ExportReport", "Verdict", "export", "parse_since", "runbook", "verify"]
+__all__ = [
+    "APPROVAL_COLUMNS",
+    "ARTEFACTS",
+    "MANIFEST",
+    "ExportReport",
+    "Verdict",
+    "export",
+    "parse_since",
+    "runbook",
+    "verify",
+]

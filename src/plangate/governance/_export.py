@@ -239,7 +239,9 @@ def _register_document(data: dict[str, Any]) -> str:
     if not data["entries"]:
         lines.append("| (empty: every category follows the policy) | | | | |")
     lines += ["", "## Changes", ""]
-    lines += [f"- {c['at']} {c['by']}: {c['category']} {'on' if c['auto'] else 'off'}: {c['reason']}" for c in data["changes"]]
+    lines += [
+        f"- {c['at']} {c['by']}: {c['category']} {'on' if c['auto'] else 'off'}: {c['reason']}" for c in data["changes"]
+    ]
     lines += [] if data["changes"] else ["- none in this window"]
     evidence = data["evidence"]
     lines += ["", f"## Evidence: the last {evidence['days']} days", ""]
@@ -266,7 +268,9 @@ def _incidents_document(incidents: list[_incidents.Incident], since: str | None)
         lines += ["", "| plan | task | halted | now | open |", "| --- | --- | --- | --- | --- |"]
         for i in incidents:
             when = i.halts[0][:19]
-            lines.append(f"| {i.plan.id} | {i.plan.task} | {when} | {i.plan.status} | {'yes' if _is_open(i) else 'no'} |")
+            lines.append(
+                f"| {i.plan.id} | {i.plan.task} | {when} | {i.plan.status} | {'yes' if _is_open(i) else 'no'} |"
+            )
     for i in incidents:
         lines += ["", *i.lines()]
     return "\n".join(lines) + "\n"

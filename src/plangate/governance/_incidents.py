@@ -50,7 +50,7 @@ class Incident:
 
     def lines(self) -> list[str]:
         p = self.plan
-        out = [
+        return [
             f"## Plan {p.id}: {p.task}",
             "",
             f"Category {p.category}, requested by {p.requested_by}; now **{p.status}**. "
@@ -68,7 +68,6 @@ class Incident:
             "Still open:",
             *(f"- {o}" for o in self.open),
         ]
-        return out
 
 
 def incident(plan: PlanRow, events: list[Event], steps: dict[int, StepRow], effect_of: EffectOf) -> Incident | None:

@@ -59,7 +59,9 @@ class Verdict:
     def __str__(self) -> str:
         if self.problem is not None:
             return f"export does not verify: {self.problem}"
-        return f"ok: {self.files} files match the manifest (sha256 {self.manifest_sha256}), audit head {self.audit_head}"
+        return (
+            f"ok: {self.files} files match the manifest (sha256 {self.manifest_sha256}), audit head {self.audit_head}"
+        )
 
 
 def verify(folder: Path, store: Store | None = None) -> Verdict:
@@ -88,7 +90,8 @@ def _read(folder: Path) -> dict[str, Any]:
     head = manifest.get("audit_head") if ok else None
     if not ok or not isinstance(head, dict) or not isinstance(head.get("seq"), int) or "hash" not in head:
         raise UsageError(f"{path} is not a manifest of format {FORMAT} (files, audit_head)")
-    return manifest
+    found: dict[str, Any] = manifest
+    return found
 
 
 def _files_problem(folder: Path, listed: dict[str, str]) -> str | None:

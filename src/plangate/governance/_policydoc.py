@@ -82,7 +82,9 @@ def document(revisions: list[Revision]) -> str:
     ]
     for r in revisions:
         cells = [r.name or "(text not recorded)", r.revision or "", f"`{r.hash[:16]}`"]
-        lines.append("| " + " | ".join([*cells, r.first_used or "never", r.last_used or "never", str(len(r.plans))]) + " |")
+        lines.append(
+            "| " + " | ".join([*cells, r.first_used or "never", r.last_used or "never", str(len(r.plans))]) + " |"
+        )
     for r in revisions:
         lines += ["", *_rules(r)]
     return "\n".join(lines) + "\n"
