@@ -13,7 +13,7 @@ from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
-from plangate import _input, approval, drift, ledger, lifecycle, plandiff, recovery, replay
+from plangate import _input, approval, drift, ledger, lifecycle, plandiff, recovery, replay, rundiff
 from plangate._clock import Clock, SystemClock, iso
 from plangate.check import CheckResult, check
 from plangate.compensation import Compensation, CompensationResult
@@ -26,6 +26,7 @@ from plangate.policy import Policy
 from plangate.record import Claim, PlanRecord
 from plangate.replay import ReplayResult
 from plangate.results import Progress, RunResult, recorded_result
+from plangate.rundiff import RunDiff
 from plangate.store import ApprovalRow, CheckRecord, Event, PlanRow, Store, VersionRow, open_store
 from plangate.tools import Catalogue
 
@@ -492,6 +493,13 @@ class Runtime:
         (see :mod:`plangate.replay`).
         """
         return replay.replay(self.store, self.resolve_id(plan_id), self._catalogue(), policy, against=against)
+
+    def compare(self, a: str, b: str) -> RunDiff:
+        """Plan ``a``'s run against plan ``b``'s, step by step (ids or unique prefixes)."""
+        ids = [self.resolve_id(a), self.resolve_id(b)]
+        for plan_id in ids:
+            _not_react(self._current(plan_id)[0])
+        return rundiff.between_runs(self.store, *ids)
 
     def list_plans(self, status: str | None = None, limit: int = 100) -> list[PlanRow]:
         return self.store.list_plans(status, limit)
