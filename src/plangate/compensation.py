@@ -114,8 +114,7 @@ class Compensation:
                 f"the undo started at {previous.started_at} with no recorded outcome, and {undo.name} is not "
                 "idempotent: a person must check it"
             )
-        source: dict[str, Any] = {**step.params, **(row.output if isinstance(row.output, dict) else {})}
-        params = {name: source[name] for name in undo.param_names if name in source}
+        params = undo_params(step, row.output, undo)
         try:
             kwargs = undo.validate_params(params)
         except ParamsError as exc:
@@ -168,3 +167,9 @@ class Compensation:
                 at=iso(self.clock.now()),
                 data=data,
             )
+
+
+def undo_params(step: Step, output: Any, undo: Tool) -> dict[str, Any]:
+    """The undo's parameters, found by name: in the step's recorded output first, then in its own parameters."""
+    source: dict[str, Any] = {**step.params, **(output if isinstance(output, dict) else {})}
+    return {name: source[name] for name in undo.param_names if name in source}

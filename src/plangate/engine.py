@@ -36,10 +36,11 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from plangate import _calls as calls
-from plangate import lifecycle, references, results, timeouts
+from plangate import lifecycle, results, timeouts
 from plangate._calls import Outcome
 from plangate._clock import Clock, iso, parse_iso
-from plangate.errors import ConditionError, LeaseLostError, ParamsError, RefError
+from plangate._decide import SKIPPED, decide
+from plangate.errors import LeaseLostError
 from plangate.graph import run_deps
 from plangate.plan import Plan, Step
 from plangate.policy import Policy
@@ -48,7 +49,6 @@ from plangate.store import DONE, StepRow, StepStatus, Store
 from plangate.tools import Catalogue, RunContext, Tool
 
 DEFAULT_CONCURRENCY = 8
-_SKIPPED = object()
 
 
 @dataclass
@@ -260,7 +260,7 @@ class _Run:
         """What a finished step's row says it gave: its output, null (an optional failure) or a skip."""
         if row.status == "failed_optional":
             self.nulls.add(row.step_id)
-        self.outputs[row.step_id] = _SKIPPED if row.status == "skipped" else row.output
+        self.outputs[row.step_id] = SKIPPED if row.status == "skipped" else row.output
 
     def _done(self, step_id: int, output: Any) -> None:
         """Record an output (or a skip) and make ready the steps that waited only for it."""
@@ -343,22 +343,15 @@ class _Run:
         return launch
 
     def _prepare(self, step_id: int) -> bool:
-        """Condition, references, validation, policy, then the durable ``started`` record."""
+        """Condition, references, validation, policy (:func:`plangate._decide.decide`), then the durable ``started``."""
         step = self.steps[step_id]
-        skipped_input = [d for d in sorted(step.refs.depends_on) if self.outputs[d] is _SKIPPED]
-        if skipped_input:
-            return self._skip(step, f"step {skipped_input[0]}, whose output it reads, was skipped")
-        try:
-            if step.refs.condition is not None and not step.refs.condition.evaluate(self._lookup):
-                return self._skip(step, f"its condition is false: {step.condition}")
-            params = references.resolve(step.params, self.outputs, self.nulls)
-            kwargs = self._tool(step_id).validate_params(params)
-        except (ConditionError, RefError, ParamsError) as exc:
-            return self._fail_before_call(step, str(exc))
-        if self.e.policy is not None:
-            denied = self.e.policy.call_violations(step, self._tool(step_id), params)
-            if denied:
-                return self._fail_before_call(step, f"{results.POLICY_REFUSAL}{denied[0]}")
+        decision = decide(step, self._tool(step_id), self.e.policy, self.outputs, self.nulls)
+        if decision.action == "skip":
+            return self._skip(step, decision.reason)
+        if decision.action == "fail":
+            return self._fail_before_call(step, decision.reason)
+        params, kwargs = decision.params, decision.kwargs
+        assert kwargs is not None
         previous = self.rows.get(step_id)
         attempt = previous.attempt + 1 if previous is not None else 1
         row = StepRow(
@@ -383,7 +376,7 @@ class _Run:
         return True
 
     def _skip(self, step: Step, why: str) -> bool:
-        self._done(step.id, _SKIPPED)
+        self._done(step.id, SKIPPED)
         row = StepRow(
             plan_id=self.plan_id,
             step_id=step.id,
@@ -418,11 +411,6 @@ class _Run:
         self._report("failed", step.id, error)
         self.halt = (step.id, error, None)
         return False
-
-    def _lookup(self, ref: references.Ref) -> Any:
-        if self.outputs.get(ref.step) is _SKIPPED:
-            raise RefError(f"{ref}: step {ref.step} was skipped")
-        return references.lookup(ref, self.outputs, self.nulls)
 
     # -- calling tools -------------------------------------------------------------------
     def _context(self, step_id: int) -> RunContext:
@@ -522,9 +510,9 @@ class _Run:
 
     # -- ending --------------------------------------------------------------------------
     def _end(self) -> RunResult:
-        skipped = tuple(s for s in self.order if self.outputs.get(s) is _SKIPPED)
+        skipped = tuple(s for s in self.order if self.outputs.get(s) is SKIPPED)
         failed_optional = tuple(s for s in self.order if s in self.nulls)
-        outputs = {s: v for s, v in self.outputs.items() if v is not _SKIPPED}
+        outputs = {s: v for s, v in self.outputs.items() if v is not SKIPPED}
         if self.halt is None:
             self._move("succeeded", "run.succeeded", {"steps": len(outputs), "skipped": list(skipped)})
             return RunResult(

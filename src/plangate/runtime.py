@@ -8,12 +8,12 @@ the hash-chained audit log under the plan's UUID.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
-from plangate import _input, approval, drift, ledger, lifecycle, plandiff, recovery
+from plangate import _input, approval, drift, ledger, lifecycle, plandiff, recovery, replay, rundiff
 from plangate._clock import Clock, SystemClock, iso
 from plangate.check import CheckResult, check
 from plangate.compensation import Compensation, CompensationResult
@@ -24,7 +24,9 @@ from plangate.plandiff import PlanDiff
 from plangate.planner import PlanningResult
 from plangate.policy import Policy
 from plangate.record import Claim, PlanRecord
+from plangate.replay import ReplayResult
 from plangate.results import Progress, RunResult, recorded_result
+from plangate.rundiff import RunDiff
 from plangate.store import ApprovalRow, CheckRecord, Event, PlanRow, Store, VersionRow, open_store
 from plangate.tools import Catalogue
 
@@ -483,6 +485,21 @@ class Runtime:
         plan, _ = self._current(plan_id)
         _not_react(plan)
         return plandiff.between(self.store, plan, from_version, to_version)
+
+    def replay(self, plan_id: str, *, policy: Policy | None = None, against: Sequence[str] = ()) -> ReplayResult:
+        """The plan's runs replayed over the recorded outputs with this runtime's tools, calling no tool.
+
+        ``policy``: hold the steps against this one instead of the one each run was under
+        (see :mod:`plangate.replay`).
+        """
+        return replay.replay(self.store, self.resolve_id(plan_id), self._catalogue(), policy, against=against)
+
+    def compare(self, a: str, b: str) -> RunDiff:
+        """Plan ``a``'s run against plan ``b``'s, step by step (ids or unique prefixes)."""
+        ids = [self.resolve_id(a), self.resolve_id(b)]
+        for plan_id in ids:
+            _not_react(self._current(plan_id)[0])
+        return rundiff.between_runs(self.store, *ids)
 
     def list_plans(self, status: str | None = None, limit: int = 100) -> list[PlanRow]:
         return self.store.list_plans(status, limit)

@@ -25,6 +25,7 @@ from plangate.cli import (
     _planning,
     _plans,
     _react,
+    _replay,
     _run,
     _users,
     _versions,
@@ -47,6 +48,20 @@ def main() -> None:
     """
 
 
-for _module in (_plans, _versions, _run, _audit, _planning, _react, _eval, _admin, _governance, _users, _demo, _init):
+for _module in (
+    _plans,
+    _versions,
+    _run,
+    _replay,
+    _audit,
+    _planning,
+    _react,
+    _eval,
+    _admin,
+    _governance,
+    _users,
+    _demo,
+    _init,
+):
     for _command in _module.COMMANDS:
         main.add_command(_command)

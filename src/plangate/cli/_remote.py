@@ -9,12 +9,14 @@ tools are the ones that count, so ``--tools`` and ``--policy`` are not sent.
 from __future__ import annotations
 
 from typing import Any
+from urllib.parse import quote
 
 import click
 
 from plangate.client import SERVER_VARIABLE, Client
 from plangate.plandiff import PlanDiff
 from plangate.record import PlanRecord
+from plangate.rundiff import RunDiff
 from plangate.store import Event, PlanRow
 
 server_option = click.option(
@@ -65,3 +67,8 @@ def edit(api: Client, plan_id: str, plan: dict[str, Any]) -> PlanRecord:
 def diff(api: Client, plan_id: str, from_version: int | None, to_version: int | None) -> PlanDiff:
     versions: dict[str, Any] = {"from": from_version, "to": to_version}
     return PlanDiff.from_dict(api.call("GET", api.plan_path(plan_id, "diff"), **versions))
+
+
+def compare(api: Client, plan_id: str, other: str) -> RunDiff:
+    """Two plans' runs side by side, as the server tells them (both must be plans the caller may read)."""
+    return RunDiff.from_dict(api.call("GET", api.plan_path(plan_id, f"compare/{quote(other, safe='')}")))

@@ -22,6 +22,9 @@ from plangate.cli._common import (
     with_tools,
 )
 from plangate.cli._remote import server_option
+from plangate.errors import UsageError
+from plangate.plandiff import PlanDiff
+from plangate.rundiff import RunDiff
 
 VERSION = click.IntRange(1, 1_000_000_000)
 
@@ -67,6 +70,7 @@ def edit_command(
 
 @click.command("diff")
 @click.argument("plan_id", metavar="ID")
+@click.argument("other", metavar="[OTHER_ID]", required=False)
 @click.option("--from", "from_version", type=VERSION, metavar="V", help="The older version (default: the one before).")
 @click.option("--to", "to_version", type=VERSION, metavar="V", help="The newer version (default: the latest).")
 @db_option
@@ -76,6 +80,7 @@ def edit_command(
 def diff_command(
     *,
     plan_id: str,
+    other: str | None,
     from_version: int | None,
     to_version: int | None,
     db: str | None,
@@ -83,15 +88,23 @@ def diff_command(
     token: str | None,
     as_json: bool,
 ) -> None:
-    """Show what changed between two versions of plan ID, step by step.
+    """Show what changed between two versions of plan ID, step by step; or, given OTHER_ID, two plans' runs.
 
-    Steps added, removed or changed (each changed field, old -> new, parameters one by
-    one), the task, the category and the order the steps are listed in.
+    Two versions: steps added, removed or changed (each changed field, old -> new,
+    parameters one by one), the task, the category and the order the steps are listed in.
+
+    Two plans (ids or unique prefixes): each step matched by id, its status, parameters as
+    resolved when it ran, output and duration in each run, with the change in duration.
     """
+    if other is not None and (from_version or to_version):
+        raise UsageError("--from and --to compare versions of one plan; give one ID with them")
+    diff: PlanDiff | RunDiff
     if server:
-        diff = _remote.diff(_remote.client(server, token), plan_id, from_version, to_version)
+        api = _remote.client(server, token)
+        diff = _remote.compare(api, plan_id, other) if other else _remote.diff(api, plan_id, from_version, to_version)
     else:
-        diff = open_runtime(db).diff(plan_id, from_version, to_version)
+        runtime = open_runtime(db)
+        diff = runtime.compare(plan_id, other) if other else runtime.diff(plan_id, from_version, to_version)
     if as_json:
         click.echo(json.dumps(diff.to_dict(), indent=2, ensure_ascii=False))
         return

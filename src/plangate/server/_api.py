@@ -163,6 +163,13 @@ def diff(
     return rt.diff(record.id, from_version, to_version).to_dict()
 
 
+@router.get("/plans/{plan_id}/compare/{other}")
+def compare(plan_id: str, other: str, rt: Rt, caller: Reader) -> dict[str, Any]:
+    """Two plans' runs side by side, step by step: status, parameters as run, output, duration (both readable)."""
+    a, b = (_actions.visible(rt, caller.user, x) for x in (plan_id, other))
+    return rt.compare(a.id, b.id).to_dict()
+
+
 @router.get("/plans/{plan_id}/review")
 def review(plan_id: str, rt: Rt, caller: Reader) -> dict[str, Any]:
     """What `plangate show` prints beside the plan: the policy's reasons, each step's effect and rollback, and

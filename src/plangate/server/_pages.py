@@ -115,6 +115,17 @@ def plan_page(
     )
 
 
+@router.get("/plans/{plan_id}/compare", response_class=HTMLResponse)
+def compare_page(
+    request: Request, plan_id: str, rt: Rt, caller: Reader, other: Annotated[str, Query(alias="with", max_length=80)]
+) -> HTMLResponse:
+    """Two plans' runs side by side; both must be plans the reader may see."""
+    a, b = (_actions.visible(rt, caller.user, x) for x in (plan_id, other.strip()))
+    diff = rt.compare(a.id, b.id)
+    details = diff.lines()[len(diff.steps) + 2 :]
+    return render(request, "compare.html", caller, diff=diff, table=diff.rows(), details=details)
+
+
 @router.get("/plans/{plan_id}/edit", response_class=HTMLResponse)
 def edit_page(request: Request, plan_id: str, rt: Rt, caller: Reader) -> HTMLResponse:
     record = _actions.visible(rt, caller.user, plan_id)
