@@ -81,11 +81,12 @@ class AuditLog:
         seq, prev = self._head[0] + 1, self._head[1]
         chain_of = plan_id if plan_id is not None else f"~{kind}"  # events of no plan chain by kind
         plan_prev = self._plan_head(chain_of)
-        row = (seq, plan_id, version, step_id, kind, actor, at, _dump(data), prev, "", plan_prev)
+        text = _dump(data)
+        row = (seq, plan_id, version, step_id, kind, actor, at, text, prev, "", plan_prev, audit.data_digest(text))
         digest = self._chain_for_append(seq - 1).hash(row)
         self._exec(
-            f"INSERT INTO events ({audit.COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (*row[:9], digest, plan_prev),
+            f"INSERT INTO events ({audit.COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (*row[:9], digest, *row[10:]),
         )
         self._head = (seq, digest)
         self._plan_heads[chain_of] = digest
