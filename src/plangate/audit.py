@@ -97,7 +97,7 @@ class Chain:
         return mac.hexdigest()
 
     def purge_seal(self, seq: int, digest: str, kept: str) -> str:
-        """The tag that lets an event's data be ``kept`` (what a purge left, as text) instead of what ``digest`` names."""
+        """The tag that lets an event's data be ``kept`` (what a purge left) instead of what ``digest`` names."""
         mac = self._mac.copy()
         mac.update(f"purged\n{seq}\n{digest}\n{kept}".encode())
         return mac.hexdigest()

@@ -186,6 +186,18 @@ class ResourceRules(_Rules):
     exclusive_writes: bool = True
 
 
+RETENTION_FLOOR_DAYS = 90
+"""No purge removes the payloads of plans whose last event is younger than this; a policy may only raise it."""
+
+
+class RetentionRules(_Rules):
+    min_days: int = Field(
+        default=RETENTION_FLOOR_DAYS,
+        ge=RETENTION_FLOOR_DAYS,
+        description=f"The fewest days a finished plan's payloads are kept (at least {RETENTION_FLOOR_DAYS}).",
+    )
+
+
 class ApprovalRules(_Rules):
     default: Approval = "human"
     auto: tuple[str, ...] = Field(default=(), description="Categories that may be approved automatically.")
@@ -216,6 +228,9 @@ class Policy(_Rules):
     )
     budgets: Budgets = Field(default_factory=Budgets)
     compensation: CompensationRules = Field(default_factory=CompensationRules)
+    retention: RetentionRules | None = Field(
+        default=None, description="How long finished plans' payloads are kept at least (plangate retention purge)."
+    )
 
     @field_validator("users")
     @classmethod
@@ -284,7 +299,10 @@ class Policy(_Rules):
         return cls.from_yaml(text, source=str(path))
 
     def canonical_json(self) -> str:
-        return canonical(self.model_dump(mode="json"))
+        data = self.model_dump(mode="json")
+        if data["retention"] is None:  # a policy that says nothing of retention keeps the hash it always had
+            del data["retention"]
+        return canonical(data)
 
     @cached
     def hash(self) -> str:

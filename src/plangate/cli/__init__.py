@@ -15,7 +15,20 @@ from __future__ import annotations
 import click
 
 from plangate import __version__
-from plangate.cli import _admin, _audit, _demo, _eval, _init, _planning, _plans, _react, _run, _users, _versions
+from plangate.cli import (
+    _admin,
+    _audit,
+    _demo,
+    _eval,
+    _init,
+    _planning,
+    _plans,
+    _react,
+    _retention,
+    _run,
+    _users,
+    _versions,
+)
 from plangate.cli._errors import PlainErrors
 
 __all__ = ["main"]
@@ -34,6 +47,6 @@ def main() -> None:
     """
 
 
-for _module in (_plans, _versions, _run, _audit, _planning, _react, _eval, _admin, _users, _demo, _init):
+for _module in (_plans, _versions, _run, _audit, _planning, _react, _eval, _admin, _retention, _users, _demo, _init):
     for _command in _module.COMMANDS:
         main.add_command(_command)

@@ -74,6 +74,7 @@ SCHEMA_V9 = [
     # An event's hash covers the digest of its data from here on, so its data can be purged and the
     # chain still verified. Events written before keep NULL and their hash over the data itself.
     "ALTER TABLE events ADD COLUMN data_hash TEXT",
+    "ALTER TABLE plans ADD COLUMN purged_at TEXT",
 ]
 MIGRATIONS: list[list[str]] = [
     SCHEMA_V1,
