@@ -2,11 +2,13 @@
 
 Each event's hash is the HMAC-SHA256, under the audit key, of its header (a compact JSON
 array: sequence number, plan, version, step, kind, actor, time, the previous event's hash,
-and the hash of the same plan's previous event) and its data in canonical JSON, joined by
-a newline. The second link makes each plan's events a chain of their own, so one plan's
-story is checked before it runs (:func:`verify_plan`) without walking the whole log. The
-key is kept outside the database (``PLANGATE_AUDIT_KEY`` or a key file, see
-``plangate._auditkey``); the store records only
+and the hash of the same plan's previous event) and the SHA-256 of its data in canonical
+JSON (events written before schema version 9: the data itself), joined by newlines; the
+digest lets a retention purge remove an event's payloads under a seal made with the key
+(:meth:`Chain.purge_seal`) while the event keeps its hash. The second link makes each
+plan's events a chain of their own, so one plan's story is checked before it runs
+(:func:`verify_plan`) without walking the whole log. The key is kept outside the database
+(``PLANGATE_AUDIT_KEY`` or a key file, see ``plangate._auditkey``); the store records only
 the key's id (an HMAC of a fixed text under the key, which reveals nothing of the key)
 when the first event is appended. A process with another key may not append (one log,
 one key) and is told plainly that its key is not the log's, rather than that the log is
