@@ -150,10 +150,20 @@ COMMANDS = [(), *commands(main)]
 
 
 def test_the_walk_finds_every_group_and_its_subcommands() -> None:
-    assert len(COMMANDS) == 54
-    assert {("edit",), ("diff",), ("replay",), ("close",), ("demo",), ("init",), ("eval", "planner"), ("governance", "export")} <= set(COMMANDS)
+    assert len(COMMANDS) == 55
+    assert {
+        ("edit",),
+        ("diff",),
+        ("replay",),
+        ("close",),
+        ("demo",),
+        ("init",),
+        ("eval", "planner"),
+        ("governance", "export"),
+    } <= set(COMMANDS)
     assert {("audit", "verify"), ("library", "remove"), ("users", "token"), ("approvals", "report")} <= set(COMMANDS)
     assert {("users", "revoke"), ("users", "disable"), ("login",), ("logout",)} <= set(COMMANDS)
+    assert ("retention", "purge") in COMMANDS
 
 
 @pytest.mark.parametrize("command", COMMANDS, ids=lambda words: " ".join(words) or "plangate")

@@ -2,11 +2,13 @@
 
 Each event's hash is the HMAC-SHA256, under the audit key, of its header (a compact JSON
 array: sequence number, plan, version, step, kind, actor, time, the previous event's hash,
-and the hash of the same plan's previous event) and its data in canonical JSON, joined by
-a newline. The second link makes each plan's events a chain of their own, so one plan's
-story is checked before it runs (:func:`verify_plan`) without walking the whole log. The
-key is kept outside the database (``PLANGATE_AUDIT_KEY`` or a key file, see
-``plangate._auditkey``); the store records only
+and the hash of the same plan's previous event) and the SHA-256 of its data in canonical
+JSON (events written before schema version 9: the data itself), joined by newlines; the
+digest lets a retention purge remove an event's payloads under a seal made with the key
+(:meth:`Chain.purge_seal`) while the event keeps its hash. The second link makes each
+plan's events a chain of their own, so one plan's story is checked before it runs
+(:func:`verify_plan`) without walking the whole log. The key is kept outside the database
+(``PLANGATE_AUDIT_KEY`` or a key file, see ``plangate._auditkey``); the store records only
 the key's id (an HMAC of a fixed text under the key, which reveals nothing of the key)
 when the first event is appended. A process with another key may not append (one log,
 one key) and is told plainly that its key is not the log's, rather than that the log is
@@ -47,9 +49,11 @@ from plangate._auditkey import FILE_VARIABLE, KEY_VARIABLE, key_path
 
 GENESIS = "0" * 64
 _HEADER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
-COLUMNS = "seq, plan_id, version, step_id, kind, actor, at, data, prev, hash, plan_prev"
+COLUMNS = "seq, plan_id, version, step_id, kind, actor, at, data, prev, hash, plan_prev, data_hash"
 """An event as the hash covers it: ``prev`` links it to the event before it in the log,
-``plan_prev`` to the event before it of the same plan (GENESIS for a plan's first)."""
+``plan_prev`` to the event before it of the same plan (GENESIS for a plan's first),
+``data_hash`` the SHA-256 of its data as first written (None: an event hashed over its data
+itself, written before events could be purged)."""
 KEY_ID = "audit_key_id"
 """The ``settings`` row naming the key the log is written with."""
 
@@ -76,17 +80,53 @@ class Chain:
         self.key_id = key_id(key)
 
     def hash(self, row: Sequence[Any]) -> str:
-        """The hash of an event given as its row (:data:`COLUMNS`), its data as text; its own hash is ignored."""
+        """The hash of an event given as its row (:data:`COLUMNS`), its data as text; its own hash is ignored.
+
+        With a ``data_hash`` the hash covers the digest, and the data must be the text that
+        digest names or a purge this key sealed (:func:`purge_seal`); else the answer is ``""``,
+        which matches no stored hash. The two forms cannot be taken for each other: the
+        second's text starts with ``2``, the first's with the header's ``[``.
+        """
         header = _HEADER.encode((*row[:7], row[8], row[10]))  # seq .. at, prev, plan_prev: a JSON array
         mac = self._mac.copy()
-        mac.update(f"{header}\n{row[7]}".encode())
+        digest = row[11] if len(row) > 11 else None
+        if digest is None:
+            mac.update(f"{header}\n{row[7]}".encode())
+        elif data_digest(row[7]) == digest or self._sealed_purge(row[0], digest, row[7]):
+            mac.update(f"2\n{header}\n{digest}".encode())
+        else:
+            return ""
         return mac.hexdigest()
+
+    def purge_seal(self, seq: int, digest: str, kept: str) -> str:
+        """The tag that lets an event's data be ``kept`` (what a purge left) instead of what ``digest`` names."""
+        mac = self._mac.copy()
+        mac.update(f"purged\n{seq}\n{digest}\n{kept}".encode())
+        return mac.hexdigest()
+
+    def _sealed_purge(self, seq: int, digest: str, text: str) -> bool:
+        """Whether ``text`` is what a purge by this key left of event ``seq`` (its data's ``purged`` names the seal)."""
+        try:
+            data = json.loads(text)
+        except ValueError:
+            return False
+        marker = data.get("purged") if isinstance(data, dict) else None
+        seal = marker.pop("seal", None) if isinstance(marker, dict) else None
+        if not isinstance(seal, str):
+            return False
+        kept = json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+        return hmac.compare_digest(seal, self.purge_seal(seq, digest, kept))
 
     def seal_text(self, text: str) -> str:
         """A tag, under the key, of a row kept outside the log (a plan's newest event, a register entry)."""
         mac = self._mac.copy()
         mac.update(f"seal\n{text}".encode())
         return mac.hexdigest()
+
+
+def data_digest(text: str) -> str:
+    """What an event's hash commits to in place of its data: the SHA-256 of the data's text."""
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def key_problem(written_with: str | None, chain: Chain | None, *, has_events: bool) -> str | None:

@@ -28,7 +28,7 @@ from plangate.store import Store
 
 TOKEN_VARIABLE = "PLANGATE_TOKEN"
 SIGN_IN = "sign in with `plangate login NAME`, or pass --token / set PLANGATE_TOKEN to an API token"
-Doing = Literal["submit", "edit", "execute", "decide", "register", "accounts", "library"]
+Doing = Literal["submit", "edit", "execute", "decide", "register", "accounts", "library", "retention"]
 
 
 @dataclass(frozen=True)
@@ -125,7 +125,7 @@ def permit(user: User | None, doing: Doing, category: str | None = None, *, requ
         raise NotPermittedError(f"the account {user.name} is disabled")
     if user.read_only:
         raise NotPermittedError(f"{user.name} is an auditor: auditors read, they do not change anything")
-    if doing in ("register", "accounts") and user.role != "governance":
+    if doing in ("register", "accounts", "retention") and user.role != "governance":
         raise NotPermittedError(f"{user.name} ({user.role}) may not change the {doing}; governance does that")
     if doing in ("decide", "library") and not user.may_approve(category or ""):
         raise NotPermittedError(f"{user.name} ({user.role}) may not decide on plans of category {category!r}")

@@ -16,7 +16,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from plangate import approval
+from plangate import _purged, approval
 from plangate.audit import AuditReport
 from plangate.errors import GovernanceError
 from plangate.plan import Plan
@@ -54,6 +54,8 @@ class PlanLedger:
     """The hashes of the ReAct actions that were carried out after their approval."""
     events: list[Event] = field(default_factory=list)
     """The events it was folded from, when they were read to act on the plan."""
+    purged: str | None = None
+    """When a retention purge removed the plan's payloads (from its sealed events)."""
     broken: list[str] = field(default_factory=list)
     """Events that do not follow from the ones before them (a transition from a state the plan was not in)."""
 
@@ -99,6 +101,7 @@ def fold(plan_id: str, events: Iterable[Event]) -> PlanLedger:
 
 def _apply(ledger: PlanLedger, event: Event) -> None:
     data, kind = event.data, event.kind
+    ledger.purged = _purged.purged_at(data) or ledger.purged
     if kind == "plan.submitted":
         ledger.kind = "plan"
         ledger.requested_by, ledger.role = event.actor, data.get("role")
@@ -215,12 +218,13 @@ def problems(store: Store, ledger: PlanLedger, row: PlanRow | None = None) -> li
         "category": ledger.category,
         "tools": ledger.tools,
         "hash": ledger.version.hash if ledger.version else None,
+        "purged_at": ledger.purged,
     }
     for name, value in expected.items():
         if getattr(row, name) != value:
             found.append(_differs(plan_id, name, getattr(row, name), value))
     for _, version in sorted(ledger.versions.items()):
-        found += _version_problems(store, plan_id, version)
+        found += _version_problems(store, plan_id, version, ledger.purged)
     found += _approval_problems(store, ledger)
     found += _step_problems(store, ledger)
     return found
@@ -229,15 +233,16 @@ def problems(store: Store, ledger: PlanLedger, row: PlanRow | None = None) -> li
 def _react_problems(store: Store, row: PlanRow, ledger: PlanLedger) -> list[str]:
     found = [
         _differs(ledger.plan_id, name, getattr(row, name), value)
-        for name, value in (("status", ledger.status), ("version", ledger.current))
+        for name, value in (("status", ledger.status), ("version", ledger.current), ("purged_at", ledger.purged))
         if getattr(row, name) != value
     ]
     version = ledger.version
     if version is not None:
         stored = store.get_version(ledger.plan_id, version.number)
+        purged = stored is not None and ledger.purged and _purged.body_purged_at(stored.body) == ledger.purged
         if (
             stored is None
-            or hashlib.sha256(stored.body.encode()).hexdigest() != version.hash
+            or (hashlib.sha256(stored.body.encode()).hexdigest() != version.hash and not purged)
             or row.hash != version.hash
         ):
             found.append(f"plan {ledger.plan_id} v{version.number}: the pending action's text or hash was changed")
@@ -279,7 +284,7 @@ def _step_problems(store: Store, ledger: PlanLedger) -> list[str]:
     return found
 
 
-def _version_problems(store: Store, plan_id: str, version: Version) -> list[str]:
+def _version_problems(store: Store, plan_id: str, version: Version, purged: str | None) -> list[str]:
     row = store.get_version(plan_id, version.number)
     where = f"plan {plan_id} v{version.number}"
     if row is None:
@@ -289,7 +294,9 @@ def _version_problems(store: Store, plan_id: str, version: Version) -> list[str]
         stored, logged = approval.apart(row.hash, version.hash)
         found.append(f"{where}: plan_versions.hash is {stored}, the audit log says {logged}")
     body_hash = hashlib.sha256(row.body.encode()).hexdigest()  # the canonical text is what was hashed
-    if body_hash != version.hash:
+    if purged is not None and _purged.body_purged_at(row.body) == purged:
+        pass  # the text was purged, as the plan's sealed events say: its hash stays on record
+    elif body_hash != version.hash:
         hashed, approved = approval.apart(body_hash, version.hash)
         found.append(
             f"{where}: the stored plan text hashes to {hashed}, not to its approved hash {approved}: "

@@ -187,6 +187,18 @@ class ResourceRules(Justified):
     exclusive_writes: bool = True
 
 
+RETENTION_FLOOR_DAYS = 90
+"""No purge removes the payloads of plans whose last event is younger than this; a policy may only raise it."""
+
+
+class RetentionRules(Justified):
+    min_days: int = Field(
+        default=RETENTION_FLOOR_DAYS,
+        ge=RETENTION_FLOOR_DAYS,
+        description=f"The fewest days a finished plan's payloads are kept (at least {RETENTION_FLOOR_DAYS}).",
+    )
+
+
 class ApprovalRules(Justified):
     default: Approval = "human"
     auto: tuple[str, ...] = Field(default=(), description="Categories that may be approved automatically.")
@@ -217,6 +229,9 @@ class Policy(_Rules):
     )
     budgets: Budgets = Field(default_factory=Budgets)
     compensation: CompensationRules = Field(default_factory=CompensationRules)
+    retention: RetentionRules | None = Field(
+        default=None, description="How long finished plans' payloads are kept at least (plangate retention purge)."
+    )
 
     @field_validator("users")
     @classmethod
@@ -285,7 +300,10 @@ class Policy(_Rules):
         return cls.from_yaml(text, source=str(path))
 
     def canonical_json(self) -> str:
-        return canonical(self.model_dump(mode="json"))
+        data = self.model_dump(mode="json")
+        if data["retention"] is None:  # a policy that says nothing of retention keeps the hash it always had
+            del data["retention"]
+        return canonical(data)
 
     @cached
     def hash(self) -> str:

@@ -31,6 +31,8 @@ class PlanRecord:
     needs: tuple[str, ...] = ()
     kind: str = "plan"
     action: dict[str, Any] | None = None
+    purged: str | None = None
+    """When a retention purge removed the plan's payloads (its text among them: ``plan`` is then None)."""
 
     @classmethod
     def of(cls, plan: PlanRow, version: VersionRow | None, needs: Sequence[str] = ()) -> PlanRecord:
@@ -46,12 +48,13 @@ class PlanRecord:
             role=plan.role,
             kind=plan.kind,
             plan=None,
+            purged=plan.purged_at,
         )
         if version is None:
             return record
         return replace(
             record,
-            plan=None if plan.kind == "react" else Plan.parse(version.body),
+            plan=None if plan.kind == "react" or plan.purged_at else Plan.parse(version.body),
             violations=tuple(Violation(**v) for v in version.check.violations),
             decision=version.check.policy,
             needs=tuple(needs),
@@ -74,6 +77,7 @@ class PlanRecord:
             "policy": self.decision,
             "plan": self.plan.data() if self.plan else None,
             "action": self.action,
+            "purged": self.purged,
         }
 
     @classmethod
@@ -101,11 +105,14 @@ class PlanRecord:
             needs=tuple(data.get("needs", ())),
             kind=data.get("kind", "plan"),
             action=data.get("action"),
+            purged=data.get("purged"),
         )
 
     def __str__(self) -> str:
         what = "ReAct run" if self.kind == "react" else "plan"
         text = f"{what} {self.id} v{self.version} {self.hash[:12]}: {self.status}"
+        if self.purged:
+            text += f" (payloads purged on {self.purged[:10]})"
         if self.status == "pending_approval" and self.needs:
             text += f" (needs approval by {' and by '.join(self.needs)})"
         if self.violations:

@@ -6,6 +6,7 @@ import json
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from plangate import _purged
 from plangate.store import Event
 
 Teller = Callable[[dict[str, Any], int | None], str]
@@ -17,7 +18,7 @@ def tell(events: Iterable[Event]) -> list[str]:
 
 
 def describe(event: Event) -> str:
-    data, step = event.data, event.step_id
+    data, step = _purged.shown(event.data), event.step_id
     teller = _TELLERS.get(event.kind)
     if teller is not None:
         return teller(data, step)

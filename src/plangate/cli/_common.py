@@ -210,6 +210,14 @@ def show_recorded(record: Any, as_json: bool) -> None:
         sys.exit(EXIT_VIOLATIONS)
 
 
+def purged_line(at: str) -> str:
+    """What is said of a plan whose payloads a retention purge removed."""
+    return (
+        f"payloads purged on {at[:10]} (retention): step parameters and outputs and the plan's text are gone; "
+        "its status, hashes and decisions remain"
+    )
+
+
 def show_record(record: Any, described: dict[str, Any] | None = None) -> None:
     """A plan (or a paused ReAct action) as a reviewer reads it before deciding.
 
@@ -219,6 +227,8 @@ def show_record(record: Any, described: dict[str, Any] | None = None) -> None:
     what = "ReAct run" if record.kind == "react" else "plan"
     click.echo(f"{what} {record.id} v{record.version} ({record.status}), requested by {record.requested_by}")
     click.echo(f"  task: {record.task} [{record.category}]  hash: {record.hash}")
+    if record.purged:
+        click.echo(f"  {purged_line(record.purged)}")
     if record.plan is not None and record.plan.order == "dataflow":
         click.echo("  order: dataflow: a step starts once the steps it reads or names in 'after' are done;")
         click.echo("         the listed order is not the execution order")

@@ -18,6 +18,7 @@ from plangate.cli._common import (
     json_option,
     open_runtime,
     policy_option,
+    purged_line,
     read_plan,
     show_record,
     show_recorded,
@@ -275,8 +276,11 @@ def show_command(
         show_record(record, api.call("GET", api.plan_path(record.id, "review")))
         return
     runtime = open_runtime(db)
-    record = runtime.get(plan_id)
-    show_record(record, review(runtime.store, record, _catalogue(runtime, record.id, tools_spec)))
+    try:
+        record = runtime.get(plan_id)
+        show_record(record, review(runtime.store, record, _catalogue(runtime, record.id, tools_spec)))
+    finally:
+        runtime.close()
 
 
 def _catalogue(runtime: Any, plan_id: str, tools_spec: str | None) -> Catalogue | None:
@@ -305,11 +309,16 @@ def trace_command(*, plan_id: str, db: str | None, server: str | None, token: st
         record, events = _remote.record(api, plan_id), _remote.events(api, plan_id)
     else:
         runtime = open_runtime(db)
-        record, events = runtime.get(plan_id), runtime.trace(plan_id)
+        try:
+            record, events = runtime.get(plan_id), runtime.trace(plan_id)
+        finally:
+            runtime.close()
     if as_json:
         click.echo(json.dumps([e.to_dict() for e in events], indent=2, ensure_ascii=False))
         return
     click.echo(f"plan {record.id}: {record.task!r} ({record.category}), now {record.status}")
+    if record.purged:
+        click.echo(purged_line(record.purged))
     for line in tell(events):
         click.echo(line)
 

@@ -105,7 +105,7 @@ def plan_page(
         flash=config.flashed(flash, sig),
         reasons=review.reasons(record),
         closed=recovery.closed_note(rt.store, record.id) if record.status == "closed" else "",
-        changes=rt.diff(record.id).lines()[1:] if record.version > 1 and record.kind == "plan" else [],
+        changes=rt.diff(record.id).lines()[1:] if _has_changes(record) else [],
         steps=views.steps(record, config.catalogue),
         touch=views.touch(record, config.catalogue),
         graph=views.graph_svg(record, config.catalogue),
@@ -300,3 +300,8 @@ def register_form(
 
     _actions.change_register(rt, caller.user, form.category, on=form.state == "on", reason=form.reason)
     return back(request, "/register")
+
+
+def _has_changes(record: Any) -> bool:
+    """Whether the page shows the changes from the version before (not once a purge removed the texts)."""
+    return record.version > 1 and record.kind == "plan" and not record.purged

@@ -108,6 +108,11 @@ class Store(abc.ABC):
         """Append one event to the hash-chained audit log."""
 
     @abc.abstractmethod
+    def purge_event(self, seq: int, kept: dict[str, Any], at: str) -> None:
+        """Inside a transaction: keep only ``kept`` of event ``seq``'s data, marked and sealed as purged on ``at``
+        (see :mod:`plangate.retention`); its hash, which covers its data's digest, stays."""
+
+    @abc.abstractmethod
     def verified_events(self, kind: str) -> list[Event]:
         """The events of ``kind`` that belong to no plan (the register's), each checked under this process's key."""
 

@@ -81,11 +81,12 @@ class AuditLog:
         seq, prev = self._head[0] + 1, self._head[1]
         chain_of = plan_id if plan_id is not None else f"~{kind}"  # events of no plan chain by kind
         plan_prev = self._plan_head(chain_of)
-        row = (seq, plan_id, version, step_id, kind, actor, at, _dump(data), prev, "", plan_prev)
+        text = _dump(data)
+        row = (seq, plan_id, version, step_id, kind, actor, at, text, prev, "", plan_prev, audit.data_digest(text))
         digest = self._chain_for_append(seq - 1).hash(row)
         self._exec(
-            f"INSERT INTO events ({audit.COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (*row[:9], digest, plan_prev),
+            f"INSERT INTO events ({audit.COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (*row[:9], digest, *row[10:]),
         )
         self._head = (seq, digest)
         self._plan_heads[chain_of] = digest
@@ -102,6 +103,21 @@ class AuditLog:
             prev=prev,
             hash=digest,
         )
+
+    def purge_event(self, seq: int, kept: dict[str, Any], at: str) -> None:
+        """Replace event ``seq``'s data with ``kept`` marked purged on ``at``, sealed under the key.
+
+        Its hash stays as it is: it covers the digest of the data as first written, which the
+        event keeps; the seal lets the verifier take the marked data in its place.
+        """
+        self._require_tx()
+        row = self._exec("SELECT data_hash FROM events WHERE seq = ?", (seq,)).fetchone()
+        if row is None or row[0] is None:
+            raise StoreError(f"event {seq} was hashed over its data itself: its payload cannot be purged")
+        marked = {**kept, "purged": {"at": at}}
+        seal = self._keyed_chain().purge_seal(seq, str(row[0]), _dump(marked))
+        sealed = _dump({**kept, "purged": {"at": at, "seal": seal}})
+        self._exec("UPDATE events SET data = ? WHERE seq = ?", (sealed, seq))
 
     def verified_events(self, kind: str) -> list[Event]:
         """Every event of ``kind`` that belongs to no plan, each checked under the key, in order.

@@ -40,6 +40,8 @@ class PlanRow:
     kind: Literal["plan", "react"] = "plan"
     lease_owner: str | None = None
     lease_until: str | None = None
+    purged_at: str | None = None
+    """When a retention purge removed the plan's payloads (see :mod:`plangate.retention`)."""
 
 
 @dataclass(frozen=True, kw_only=True)

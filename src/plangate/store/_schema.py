@@ -70,6 +70,12 @@ SCHEMA_V8 = [
     "CREATE INDEX events_plan_prev ON events (plan_prev)",  # a chain that goes on under another name is found
     "DELETE FROM settings WHERE key = 'secret'",  # the signing secret now lives outside the database
 ]
+SCHEMA_V9 = [
+    # An event's hash covers the digest of its data from here on, so its data can be purged and the
+    # chain still verified. Events written before keep NULL and their hash over the data itself.
+    "ALTER TABLE events ADD COLUMN data_hash TEXT",
+    "ALTER TABLE plans ADD COLUMN purged_at TEXT",
+]
 MIGRATIONS: list[list[str]] = [
     SCHEMA_V1,
     SCHEMA_V2,
@@ -79,5 +85,6 @@ MIGRATIONS: list[list[str]] = [
     SCHEMA_V6,
     SCHEMA_V7,
     SCHEMA_V8,
+    SCHEMA_V9,
 ]
 """Schema migrations, in order: migration N brings the schema from version N-1 to N."""

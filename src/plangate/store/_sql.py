@@ -26,7 +26,7 @@ from plangate.store._records import (
 _PLAN_FIELDS = ("version", "hash", "task", "category", "updated_at")
 _PLAN_COLUMNS = (
     "id, status, version, hash, task, category, requested_by, role, tools, created_at, updated_at, kind,"
-    " lease_owner, lease_until"
+    " lease_owner, lease_until, purged_at"
 )
 
 
@@ -502,4 +502,5 @@ def _plan(row: Any) -> PlanRow:
         kind=row[11],
         lease_owner=row[12],
         lease_until=row[13],
+        purged_at=row[14],
     )
