@@ -150,7 +150,7 @@ COMMANDS = [(), *commands(main)]
 
 
 def test_the_walk_finds_every_group_and_its_subcommands() -> None:
-    assert len(COMMANDS) == 55
+    assert len(COMMANDS) == 56
     assert {
         ("edit",),
         ("diff",),
