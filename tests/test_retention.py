@@ -208,3 +208,22 @@ def test_a_log_written_before_data_digests_still_verifies_and_is_not_purged(
     code, out = cli("retention", "purge", "--older-than", "100", "--yes", "--db", url)
     assert code == 0 and "purged 0 plan(s)" in out and "written before plangate kept data digests" in out, out
     assert len(ids) == 5
+
+
+def test_replay_and_the_governance_export_after_a_purge(tmp_path: Path, catalogue: Catalogue, policy: Policy) -> None:
+    """A purged plan cannot be replayed (its outputs are gone) and says so; the export still verifies."""
+    url = f"sqlite:///{tmp_path}/plangate.db"
+    ids = plans(url, catalogue, policy)
+    assert cli("replay", ids["done"], "--db", url, "--tools", str(EXAMPLES / "business.py"))[0] == 0
+    assert cli("retention", "purge", "--older-than", "90", "--yes", "--db", url)[0] == 0
+    code, out = cli("replay", ids["done"], "--db", url, "--tools", str(EXAMPLES / "business.py"))
+    assert code == 2 and "payloads were purged on" in out and "nothing to replay" in out, out
+    assert cli("replay", ids["recent"], "--db", url, "--tools", str(EXAMPLES / "business.py"))[0] == 0
+    export = tmp_path / "export"
+    code, out = cli("governance", "export", "--out", str(export), "--db", url)
+    assert code == 0, out
+    assert (
+        "(purged)" in (export / "traces" / f"{ids['done']}.txt").read_text()
+        or "purged" in (export / "traces" / f"{ids['done']}.jsonl").read_text()
+    )
+    assert cli("governance", "verify", str(export), "--db", url)[0] == 0

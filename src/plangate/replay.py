@@ -120,6 +120,11 @@ def replay(
         raise NotFoundError(f"no plan {plan_id!r}")
     if row.kind == "react":
         raise UsageError(f"{plan_id} is a ReAct run, not a plan: replay runs over plans")
+    if row.purged_at is not None:
+        raise UsageError(
+            f"plan {plan_id}'s payloads were purged on {row.purged_at} (retention): its parameters and outputs "
+            "are gone, so there is nothing to replay; its decisions and hashes remain in `plangate trace`"
+        )
     with store.snapshot():
         events, broken = store.plan_events(plan_id)
         if broken is not None:
