@@ -143,6 +143,29 @@ def test_a_changed_byte_an_extra_and_a_missing_file_are_named(
     assert run("governance", "verify", str(tmp_path)).exit_code == 2, "a folder with no manifest"
 
 
+def test_a_manifest_rewritten_to_match_a_changed_file_is_caught_by_its_kept_digest(
+    tmp_path: Path, store: tuple[str, dict[str, str]]
+) -> None:
+    """Whoever edits a file and its line in the manifest fools the manifest, not the digest kept elsewhere."""
+    import hashlib
+    import re
+
+    db, ids = store
+    out = tmp_path / "export"
+    done = run("governance", "export", "--out", str(out), "--db", db)
+    kept = re.search(r"manifest sha256 ([0-9a-f]{64})", done.output)
+    assert kept, done.output
+    assert run("governance", "verify", str(out), "--manifest-sha256", kept[1]).exit_code == 0
+    trace = out / "traces" / f"{ids['open']}.txt"
+    trace.write_text(trace.read_text().replace("halted", "finished"))
+    manifest = json.loads((out / "manifest.json").read_text())
+    manifest["files"][f"traces/{ids['open']}.txt"] = hashlib.sha256(trace.read_bytes()).hexdigest()
+    (out / "manifest.json").write_text(json.dumps(manifest, indent=2))
+    assert run("governance", "verify", str(out)).exit_code == 0, "the manifest alone vouches for the edit"
+    done = run("governance", "verify", str(out), "--manifest-sha256", kept[1])
+    assert done.exit_code == 1 and "manifest.json: its SHA-256 is" in done.output and kept[1] in done.output
+
+
 def test_the_audit_head_must_be_in_the_store_given(
     tmp_path: Path, store: tuple[str, dict[str, str]], catalogue: Catalogue, policy: Policy
 ) -> None:

@@ -57,9 +57,17 @@ def governance_export_command(
 @governance_group.command("verify")
 @click.argument("folder", type=click.Path(path_type=Path))
 @click.option("--db", "db", metavar="URL", help="Also check the manifest's audit head against this store.")
-def governance_verify_command(*, folder: Path, db: str | None) -> None:
+@click.option(
+    "--manifest-sha256",
+    "expected",
+    metavar="HEX",
+    help="The manifest's SHA-256 as the export printed it, kept elsewhere: catches a rewritten manifest.",
+)
+def governance_verify_command(*, folder: Path, db: str | None, expected: str | None) -> None:
     """Check an export: every file's SHA-256, no file missing or extra; with --db, its audit head in the store.
 
+    The manifest vouches for every other file; to vouch for the manifest itself, keep the
+    SHA-256 that the export printed somewhere else and give it with --manifest-sha256.
     Exit 0 when it verifies; 1 naming the first file that does not (and what); 2 when FOLDER
     is not an export.
     """
@@ -67,7 +75,7 @@ def governance_verify_command(*, folder: Path, db: str | None) -> None:
 
     runtime = open_runtime(db) if db else None
     try:
-        verdict = verify(folder, runtime.store if runtime is not None else None)
+        verdict = verify(folder, runtime.store if runtime is not None else None, manifest_sha256=expected)
     finally:
         if runtime is not None:
             runtime.close()

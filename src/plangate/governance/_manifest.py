@@ -64,16 +64,30 @@ class Verdict:
         )
 
 
-def verify(folder: Path, store: Store | None = None) -> Verdict:
-    """Check an export folder against its manifest (and, given ``store``, its audit head against the store)."""
+def verify(folder: Path, store: Store | None = None, *, manifest_sha256: str | None = None) -> Verdict:
+    """Check an export folder against its manifest (and, given ``store``, its audit head against the store).
+
+    ``manifest_sha256``: the manifest's digest as the export printed it, kept elsewhere; a
+    manifest rewritten to match changed files then no longer verifies.
+    """
     manifest = _read(folder)
     listed: dict[str, str] = manifest["files"]
     head = manifest["audit_head"]
     verdict = Verdict(
         files=len(listed), manifest_sha256=sha256(folder / MANIFEST), audit_head=f"{head['seq']}:{head['hash']}"
     )
-    problem = _files_problem(folder, listed) or (_head_problem(store, head) if store is not None else None)
+    problem = (
+        _manifest_problem(verdict.manifest_sha256, manifest_sha256)
+        or _files_problem(folder, listed)
+        or (_head_problem(store, head) if store is not None else None)
+    )
     return Verdict(**{**verdict.__dict__, "problem": problem})
+
+
+def _manifest_problem(actual: str, expected: str | None) -> str | None:
+    if expected is None or actual == expected.strip().lower():
+        return None
+    return f"{MANIFEST}: its SHA-256 is {actual}, not the {expected.strip()} kept from the export"
 
 
 def _read(folder: Path) -> dict[str, Any]:
