@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import click
 
-from plangate import __version__
+from plangate import __version__, tracing
 from plangate.cli import _admin, _audit, _demo, _eval, _init, _planning, _plans, _react, _run, _users, _versions
 from plangate.cli._errors import PlainErrors
 
@@ -32,6 +32,7 @@ def main() -> None:
     records a decision or starts work needs your API token: plangate login NAME, or
     --token / PLANGATE_TOKEN. See docs/security.md.
     """
+    click.get_current_context().call_on_close(tracing.flush)  # a short command's spans go out before it ends
 
 
 for _module in (_plans, _versions, _run, _audit, _planning, _react, _eval, _admin, _users, _demo, _init):
