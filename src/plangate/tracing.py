@@ -271,20 +271,25 @@ NO_RUN: RunSpans = _NoRun()
 
 def traced_decision(
     decision: str,
-) -> Callable[[Callable[Concatenate[Any, str, str, P], R]], Callable[Concatenate[Any, str, str, P], R]]:
+) -> Callable[[Callable[Concatenate[Any, P], R]], Callable[Concatenate[Any, P], R]]:
     """A runtime method ``(self, plan_id, approver, ...)`` that decides on a plan, under a
     ``plangate.approval`` span; the version, hash, role and status are read back after it."""
 
-    def wrap(method: Callable[Concatenate[Any, str, str, P], R]) -> Callable[Concatenate[Any, str, str, P], R]:
+    def wrap(method: Callable[Concatenate[Any, P], R]) -> Callable[Concatenate[Any, P], R]:
         @functools.wraps(method)
-        def traced(self: Any, plan_id: str, approver: str, /, *args: P.args, **kwargs: P.kwargs) -> R:
+        def traced(self: Any, /, *args: P.args, **kwargs: P.kwargs) -> R:
             traces: Traces = self.traces
             if not traces.enabled:
-                return method(self, plan_id, approver, *args, **kwargs)
-            attributes = {"plangate.plan_id": plan_id, "plangate.approval.actor": approver}
-            with traces.span("plangate.approval", {**attributes, "plangate.approval.decision": decision}) as span:
-                record = method(self, plan_id, approver, *args, **kwargs)
-                span.set_attributes(_decided(self, record, approver))
+                return method(self, *args, **kwargs)
+            named = dict(zip(("plan_id", "approver"), args, strict=False)) | kwargs
+            attributes = {
+                "plangate.plan_id": str(named.get("plan_id")),
+                "plangate.approval.actor": str(named.get("approver")),
+                "plangate.approval.decision": decision,
+            }
+            with traces.span("plangate.approval", attributes) as span:
+                record = method(self, *args, **kwargs)
+                span.set_attributes(_decided(self, record, attributes["plangate.approval.actor"]))
                 return record
 
         return traced
