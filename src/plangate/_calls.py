@@ -11,6 +11,7 @@ import asyncio
 import concurrent.futures
 import functools
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,6 +21,8 @@ from plangate import timeouts
 from plangate._jsontypes import value_type
 from plangate.plan import Step, expected_types
 from plangate.tools import Tool
+
+Fn = Callable[..., Any]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -36,12 +39,17 @@ class Outcome:
     handled: bool = False  # already recorded (a retry that could not start): nothing left to record
 
 
-def inline(step: Step, tool: Tool, kwargs: dict[str, Any], seconds: float, watch: timeouts.Watch) -> Outcome:
-    """A sync call on this thread, under the watch's eye: if it overruns, the run goes on without it."""
+def inline(
+    step: Step, tool: Tool, kwargs: dict[str, Any], seconds: float, watch: timeouts.Watch, *, fn: Fn | None = None
+) -> Outcome:
+    """A sync call on this thread, under the watch's eye: if it overruns, the run goes on without it.
+
+    ``fn``, when given, is called in place of the tool's function (the same function, wrapped: traced).
+    """
     call = watch.begin(step.id, seconds)
     start = time.perf_counter()
     try:
-        value = tool.fn(**kwargs)
+        value = (fn or tool.fn)(**kwargs)
     except Exception as exc:  # noqa: BLE001 - a tool's failure is recorded, never raised through
         return raised(step.id, exc, start)
     finally:
@@ -49,10 +57,13 @@ def inline(step: Step, tool: Tool, kwargs: dict[str, Any], seconds: float, watch
     return checked(step, tool, value, start)
 
 
-def bounded(step: Step, tool: Tool, kwargs: dict[str, Any], seconds: float, pool: Any) -> Outcome:
+def bounded(
+    step: Step, tool: Tool, kwargs: dict[str, Any], seconds: float, pool: Any, *, fn: Fn | None = None
+) -> Outcome:
     """A call on a thread of ``pool``, waited for up to its limit (no event loop, no watch)."""
     start = time.perf_counter()
-    call = functools.partial(asyncio.run, tool.fn(**kwargs)) if tool.is_async else functools.partial(tool.fn, **kwargs)
+    fn = fn or tool.fn
+    call = functools.partial(asyncio.run, fn(**kwargs)) if tool.is_async else functools.partial(fn, **kwargs)
     try:
         value = pool.submit(call).result(timeout=seconds)
     except concurrent.futures.TimeoutError:
@@ -62,13 +73,16 @@ def bounded(step: Step, tool: Tool, kwargs: dict[str, Any], seconds: float, pool
     return checked(step, tool, value, start)
 
 
-async def on_loop(step: Step, tool: Tool, kwargs: dict[str, Any], seconds: float, pool: Any) -> Outcome:
+async def on_loop(
+    step: Step, tool: Tool, kwargs: dict[str, Any], seconds: float, pool: Any, *, fn: Fn | None = None
+) -> Outcome:
     """An async tool on the event loop, a sync one on a thread of ``pool``; either is let go when it overruns."""
     start = time.perf_counter()
+    fn = fn or tool.fn
     if tool.is_async:
-        future: asyncio.Future[Any] = asyncio.ensure_future(tool.fn(**kwargs))
+        future: asyncio.Future[Any] = asyncio.ensure_future(fn(**kwargs))
     else:
-        future = asyncio.get_running_loop().run_in_executor(pool, functools.partial(tool.fn, **kwargs))
+        future = asyncio.get_running_loop().run_in_executor(pool, functools.partial(fn, **kwargs))
     try:
         done, _ = await asyncio.wait((future,), timeout=seconds)
         if not done:

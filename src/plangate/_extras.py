@@ -21,6 +21,7 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "llamacpp": ("llama_cpp",),
     "anthropic": ("anthropic",),
     "openai": ("openai",),
+    "otel": ("opentelemetry.sdk", "opentelemetry.exporter.otlp.proto.http"),
 }
 
 

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from plangate import _calls as calls
-from plangate import lifecycle, results, timeouts
+from plangate import lifecycle, results, timeouts, tracing
 from plangate._calls import Outcome
 from plangate._clock import Clock, iso, parse_iso
 from plangate._decide import SKIPPED, decide
@@ -47,6 +47,7 @@ from plangate.policy import Policy
 from plangate.results import Progress, RunResult
 from plangate.store import DONE, StepRow, StepStatus, Store
 from plangate.tools import Catalogue, RunContext, Tool
+from plangate.tracing import Traces
 
 DEFAULT_CONCURRENCY = 8
 
@@ -67,6 +68,8 @@ class Engine:
     """Set when the lease was lost: no new step starts, and the run stops."""
     backoff: timeouts.Backoff = field(default_factory=timeouts.Backoff)
     """The waits before the retries of idempotent tools that declare ``retries``."""
+    traces: Traces | None = None
+    """Where the run's spans go (:mod:`plangate.tracing`); None: the process's, off unless configured."""
 
     def run(self, plan_id: str, version: int, plan: Plan, *, actor: str = "engine") -> RunResult:
         """Run (or continue) the plan to its end or to a halt.
@@ -107,13 +110,16 @@ class _Run:
         self.halting = asyncio.Event()  # set when the run halts: retries waiting out a backoff stop waiting
         self.pool = timeouts.shared("plangate-step")  # started as needed, reused, never waited for
         self.watch: timeouts.Watch | None = None
+        self.spans = tracing.NO_RUN  # the run's spans: opened by ``watched``
         self.deps = run_deps(plan, lambda name: engine.catalogue[name].effect if name in engine.catalogue else None)
 
     # -- the loop ------------------------------------------------------------------------
     def watched(self) -> RunResult:
         """The loop on a thread of its own, under a watch; a call that overran leaves its thread behind."""
         self.watch = timeouts.Watch()
-        result = self.watch.run(lambda: asyncio.run(self.go()), self._overran)
+        self.spans = (self.e.traces or tracing.default()).run(self.plan_id, self.version, self.plan, actor=self.actor)
+        with self.spans:
+            result = self.watch.run(lambda: asyncio.run(self.go()), self._overran)
         assert isinstance(result, RunResult)
         return result
 
@@ -298,6 +304,7 @@ class _Run:
         self.store.put_step(self.rows[row.step_id])
         self._event("step.outcome_unknown", row.step_id, {"error": error})
         self._report("outcome_unknown", row.step_id, error)
+        self.spans.step_ended(row.step_id, tool.name, "outcome_unknown", error)
         self.halt = (row.step_id, error, results.SETTLE)
 
     def _record_finished(self) -> None:
@@ -329,6 +336,7 @@ class _Run:
                 self._event("step.failed", step.id, {"error": outcome.error, "ms": round(outcome.ms, 3)})
                 self.halt = self.halt or (step.id, outcome.error or "failed", None)
             self._report(status, step.id, outcome.error or "", outcome.ms)
+            self.spans.step_ended(step.id, step.tool, status, outcome.error, outcome.ms)
             self.ran.append(step.id)
         self.finished.clear()
 
@@ -373,6 +381,7 @@ class _Run:
         )
         self.kwargs[step_id] = kwargs
         self._report("started", step_id, "")
+        self.spans.step_started(step_id, step.tool, attempt)
         return True
 
     def _skip(self, step: Step, why: str) -> bool:
@@ -391,6 +400,7 @@ class _Run:
         self.store.put_step(row)
         self._event("step.skipped", step.id, {"reason": why})
         self._report("skipped", step.id, why)
+        self.spans.step_ended(step.id, step.tool, "skipped", why)
         return False
 
     def _fail_before_call(self, step: Step, error: str) -> bool:
@@ -409,6 +419,7 @@ class _Run:
         self.store.put_step(row)
         self._event("step.failed", step.id, {"error": error, "before_call": True})
         self._report("failed", step.id, error)
+        self.spans.step_ended(step.id, step.tool, "failed", error)
         self.halt = (step.id, error, None)
         return False
 
@@ -416,34 +427,41 @@ class _Run:
     def _context(self, step_id: int) -> RunContext:
         row = self.rows[step_id]
         return RunContext(
-            plan_id=self.plan_id, step_id=step_id, now=parse_iso(row.started_at or self._now()), attempt=row.attempt
+            plan_id=self.plan_id,
+            step_id=step_id,
+            now=parse_iso(row.started_at or self._now()),
+            attempt=row.attempt,
+            trace_context=self.spans.traceparent(step_id),
         )
 
-    def _arguments(self, step_id: int) -> tuple[Tool, dict[str, Any]]:
+    def _arguments(self, step_id: int) -> tuple[Tool, dict[str, Any], Callable[..., Any]]:
+        """The tool, its arguments, and its function made to run with the step's span current."""
         tool = self._tool(step_id)
         kwargs = self.kwargs.pop(step_id)
         if tool.ctx_param is not None:
             kwargs[tool.ctx_param] = self._context(step_id)
-        return tool, kwargs
+        return tool, kwargs, self.spans.wrap(step_id, tool.fn, tool.is_async)
 
     def _call_inline(self, step_id: int) -> Outcome:
         """A sync call on the loop's own thread (nothing else to overlap with), under the watch's eye."""
         if self.watch is None:
             return self._call_bounded(step_id)
-        tool, kwargs = self._arguments(step_id)
-        return calls.inline(self.steps[step_id], tool, kwargs, timeouts.call_limit(tool, self.e.policy), self.watch)
+        tool, kwargs, fn = self._arguments(step_id)
+        limit = timeouts.call_limit(tool, self.e.policy)
+        return calls.inline(self.steps[step_id], tool, kwargs, limit, self.watch, fn=fn)
 
     def _call_bounded(self, step_id: int) -> Outcome:
         """A call on a thread of its own, waited for up to its limit (for :meth:`one`: no loop, no watch)."""
-        tool, kwargs = self._arguments(step_id)
-        return calls.bounded(self.steps[step_id], tool, kwargs, timeouts.call_limit(tool, self.e.policy), self.pool)
+        tool, kwargs, fn = self._arguments(step_id)
+        limit = timeouts.call_limit(tool, self.e.policy)
+        return calls.bounded(self.steps[step_id], tool, kwargs, limit, self.pool, fn=fn)
 
     async def _call(self, step_id: int) -> Outcome:
         if self.watch is not None and self.watch.stopped:
             raise timeouts.Abandoned  # nobody waits for the run any more: call nothing
-        tool, kwargs = self._arguments(step_id)
+        tool, kwargs, fn = self._arguments(step_id)
         seconds = timeouts.call_limit(tool, self.e.policy)
-        outcome = await calls.on_loop(self.steps[step_id], tool, kwargs, seconds, self.pool)
+        outcome = await calls.on_loop(self.steps[step_id], tool, kwargs, seconds, self.pool, fn=fn)
         self.strays += tool.is_async and outcome.timed_out is not None  # cancelled, not waited for
         return outcome
 
@@ -488,6 +506,7 @@ class _Run:
             f"{outcome.error}; {tool.name!r} is idempotent, so it runs again with the same key {row.idempotency_key}"
         )
         self._event("step.retrying", step_id, {"reason": reason, "attempt": row.attempt + 1, "delay": delay})
+        self.spans.step_retrying(step_id, row.attempt + 1, reason, delay)
         return delay
 
     async def _retry(self, last: Outcome, delay: float) -> Outcome:
@@ -515,6 +534,7 @@ class _Run:
         outputs = {s: v for s, v in self.outputs.items() if v is not SKIPPED}
         if self.halt is None:
             self._move("succeeded", "run.succeeded", {"steps": len(outputs), "skipped": list(skipped)})
+            self.spans.end("succeeded")
             return RunResult(
                 plan_id=self.plan_id,
                 version=self.version,
@@ -530,6 +550,7 @@ class _Run:
         self._move(
             "halted", "run.halted", {"step": step_id, "error": error, "rationale": step.rationale, "tool": step.tool}
         )
+        self.spans.end("halted", error, step_id)
         return RunResult(
             plan_id=self.plan_id,
             version=self.version,

@@ -26,7 +26,7 @@ from importlib import resources
 from string import Template
 from typing import Any, Literal
 
-from plangate import _input, library
+from plangate import _input, library, tracing
 from plangate._clock import Clock, SystemClock, iso
 from plangate.budget import Budget, BudgetAllocator
 from plangate.costs import PriceTable
@@ -36,6 +36,7 @@ from plangate.plan import SCHEMA_VERSION, Plan, plan_json_schema
 from plangate.policy import Envelope, Policy
 from plangate.store import CallRow, Store
 from plangate.tools import Catalogue, render_tool
+from plangate.tracing import Traces
 
 MAX_ANSWER_TOKENS = 8192
 
@@ -118,6 +119,8 @@ class Planner:
     """How the prompt shows the plan's format: TypeScript-like types (about a sixth of the
     tokens), or the full JSON Schema. The request carries the JSON Schema either way, for
     providers that constrain decoding to it."""
+    traces: Traces | None = None
+    """Where model calls' spans go (:mod:`plangate.tracing`); None: the process's, off unless configured."""
 
     @classmethod
     def model_alone(
@@ -229,7 +232,7 @@ class Planner:
             ok=False,
         )
         try:
-            response = model.complete(request)
+            response = (self.traces or tracing.default()).complete(model, request, purpose=purpose)
         except ModelError as exc:
             self._record(calls, replace(row, error=str(exc)))
             raise PlanningError(f"planning failed: {exc}", calls=tuple(calls)) from None

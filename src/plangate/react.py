@@ -35,7 +35,7 @@ from typing import Any, Literal
 
 from pydantic import ValidationError
 
-from plangate import _input, approval, lifecycle
+from plangate import _input, approval, lifecycle, tracing
 from plangate._clock import Clock, SystemClock, iso, parse_iso
 from plangate._reactstate import Act, Mode, ReActResult, ReActStep, RunState
 from plangate.costs import PriceTable
@@ -46,6 +46,7 @@ from plangate.planner import prompt
 from plangate.policy import Policy
 from plangate.store import CallRow, CheckRecord, PlanRow, Store, VersionRow
 from plangate.tools import Catalogue, RunContext, Tool, render_tool
+from plangate.tracing import Traces
 
 _ACTION = re.compile(r"^\s*Action\s*:\s*(?P<tool>[A-Za-z_][\w.\-]*)\s*(?P<rest>.*)$", re.MULTILINE | re.DOTALL)
 _ACTION_INPUT = re.compile(r"^\s*Action Input\s*:\s*(?P<input>.*)$", re.MULTILINE | re.DOTALL)
@@ -83,6 +84,8 @@ class ReActAgent:
     category: str = "react"
     on_step: Callable[[ReActStep], None] | None = None
     lease_seconds: float = 30.0
+    traces: Traces | None = None
+    """Where the run's spans go (:mod:`plangate.tracing`); None: the process's, off unless configured."""
 
     def __post_init__(self) -> None:
         # The role comes from the policy; a claim may only name the role the user holds.
@@ -196,10 +199,16 @@ class ReActAgent:
         return self._finish(state)
 
     def _finish(self, state: RunState) -> ReActResult:
-        for step in self.steps(state):
-            if self.on_step is not None:
-                self.on_step(step)
-        return state.result()
+        with self._traces().span("plangate.react", _run_attributes(state, self.model.name)) as span:
+            for step in self.steps(state):
+                if self.on_step is not None:
+                    self.on_step(step)
+            result = state.result()
+            tracing.annotate(span, {"plangate.run.status": result.status})
+            return result
+
+    def _traces(self) -> Traces:
+        return self.traces or tracing.default()
 
     def steps(self, state: RunState) -> Iterator[ReActStep]:
         """The loop: each call the last turn asked for, then the model again, one step per action, until it ends."""
@@ -394,12 +403,20 @@ class ReActAgent:
         )
 
     def _call(self, state: RunState, number: int, tool: Tool, kwargs: dict[str, Any]) -> str:
+        attributes = {"plangate.plan_id": state.run_id, "plangate.step_id": number, "plangate.tool": tool.name}
+        with self._traces().span("plangate.react.action", attributes):
+            return self._call_tool(state, number, tool, kwargs)
+
+    def _call_tool(self, state: RunState, number: int, tool: Tool, kwargs: dict[str, Any]) -> str:
         if state.owner is not None:  # a tool is called only while this process holds the run
             with self.store.transaction():
                 self.store.fence(state.run_id, state.owner)
         if tool.ctx_param is not None:
             kwargs[tool.ctx_param] = RunContext(
-                plan_id=state.run_id, step_id=number, now=parse_iso(iso(self.clock.now()))
+                plan_id=state.run_id,
+                step_id=number,
+                now=parse_iso(iso(self.clock.now())),
+                trace_context=tracing.current_traceparent(),
             )
         state.tool_calls += 1
         try:
@@ -453,7 +470,7 @@ class ReActAgent:
         at = iso(self.clock.now())
         state.model_calls += 1
         try:
-            response = self.model.complete(request)
+            response = self._traces().complete(self.model, request, purpose="react", plan_id=state.run_id)
         except ModelError as exc:
             self._ledger(state, at, Usage(), 0.0, error=str(exc))
             self._stop(state, state.turns + 1, f"the model failed: {exc}")
@@ -539,6 +556,10 @@ class ReActAgent:
                     error=error,
                 )
             )
+
+
+def _run_attributes(state: RunState, model: str) -> dict[str, Any]:
+    return {"plangate.plan_id": state.run_id, "plangate.mode": "react", "plangate.react.model": model}
 
 
 def _arguments(raw: str, tool: Tool | None) -> dict[str, Any]:

@@ -13,7 +13,7 @@ from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
-from plangate import _input, approval, drift, ledger, lifecycle, plandiff, recovery, replay, rundiff
+from plangate import _input, approval, drift, ledger, lifecycle, plandiff, recovery, replay, rundiff, tracing
 from plangate._clock import Clock, SystemClock, iso
 from plangate.check import CheckResult, check
 from plangate.compensation import Compensation, CompensationResult
@@ -29,6 +29,7 @@ from plangate.results import Progress, RunResult, recorded_result
 from plangate.rundiff import RunDiff
 from plangate.store import ApprovalRow, CheckRecord, Event, PlanRow, Store, VersionRow, open_store
 from plangate.tools import Catalogue
+from plangate.tracing import Traces, traced_decision
 
 PlanInput = Plan | Mapping[str, Any] | str | bytes
 
@@ -58,6 +59,7 @@ class Runtime:
         tools: str | None = None,
         notify: Callable[[PlanRecord], str | None] | None = None,
         lease_seconds: float = 30.0,
+        traces: Traces | None = None,
     ) -> None:
         self.catalogue = catalogue
         self.policy = policy
@@ -67,6 +69,7 @@ class Runtime:
         self.tools = tools
         self.notify = notify
         self.lease_seconds = lease_seconds
+        self.traces = traces or tracing.default()  # runs' and approvals' spans: the process's unless given
 
     # -- submit, decide, edit --------------------------------------------------------------
     def submit(self, plan: PlanInput | PlanningResult, requested_by: str, role: str | None = None) -> PlanRecord:
@@ -120,6 +123,7 @@ class Runtime:
             row = self._new_version(row, parsed, requested_by, result, self.policy)
         return self._notified(self.get(plan_id))
 
+    @traced_decision("approved")
     def approve(
         self, plan_id: str, approver: str, plan_hash: str, comment: str | None = None, role: str | None = None
     ) -> PlanRecord:
@@ -150,6 +154,7 @@ class Runtime:
                 )
         return self._record_of(plan, version)
 
+    @traced_decision("rejected")
     def reject(self, plan_id: str, approver: str, comment: str, plan_hash: str | None = None) -> PlanRecord:
         """Reject the current version, with the reason why."""
         if comment is None or not _input.check_text(comment, "comment", what="rejection").strip():
@@ -413,6 +418,7 @@ class Runtime:
             progress=progress,
             owner=claim.owner,
             lease_lost=keeper.lost,
+            traces=self.traces,
         )
         with keeper:
             result = engine.run(claim.plan.id, claim.plan.version, claim.body, actor=claim.actor)

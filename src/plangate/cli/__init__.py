@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import click
 
-from plangate import __version__
+from plangate import __version__, tracing
 from plangate.cli import (
     _admin,
     _audit,
@@ -47,6 +47,7 @@ def main() -> None:
     records a decision or starts work needs your API token: plangate login NAME, or
     --token / PLANGATE_TOKEN. See docs/security.md.
     """
+    click.get_current_context().call_on_close(tracing.flush)  # a short command's spans go out before it ends
 
 
 for _module in (

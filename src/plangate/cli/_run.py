@@ -11,6 +11,7 @@ from typing import Any, NoReturn
 
 import click
 
+from plangate import tracing
 from plangate._extras import need
 from plangate.cli import _remote
 from plangate.cli._common import (
@@ -294,6 +295,7 @@ def _leave_now() -> NoReturn:
     stopped), may still be alive; finalizing the interpreter around them can abort the
     process after its work is done. The worker's stores are closed by now.
     """
+    tracing.flush()
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)

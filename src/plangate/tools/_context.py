@@ -11,12 +11,17 @@ class RunContext:
     A tool asks for it by declaring a parameter named ``ctx`` (or annotated
     ``RunContext``); that parameter is not part of the tool's schema, so a plan can
     never set it. ``now`` comes from the engine's clock, so a replay sees the same time.
+    While the tool runs, the step's span is the current OpenTelemetry span, on whatever
+    thread it runs: a span the tool opens is a child of its step.
     """
 
     plan_id: str
     step_id: int
     now: datetime
     attempt: int = 1
+    trace_context: str | None = None
+    """The W3C ``traceparent`` of the step's span when the run is traced (:mod:`plangate.tracing`),
+    for a tool that calls another service to pass on; None when it is not."""
 
     @property
     def idempotency_key(self) -> str:
