@@ -7,9 +7,10 @@ and, beside the axis, its turns in order: thought, action, observation.
 
 The axis is broken where nothing runs. An approval may wait days while a step takes
 milliseconds: one linear axis would draw the run as a dot, and a log axis would bend every
-bar in it. So each stretch of activity (a run, a resume, a rollback, or moments less than
-:data:`MERGE` apart) keeps its own linear scale, where bars compare truthfully, and each
-idle gap between stretches is drawn at one fixed width with its length written on it.
+bar in it. So each stretch of activity (a run, a resume, a rollback; or, as a point, moments
+less than :data:`MERGE` apart with nothing running) keeps its own linear scale, where bars
+compare truthfully, and each idle gap between stretches is drawn at one fixed width with its
+length written on it.
 A stretch's width grows with the logarithm of its length, so a run of milliseconds and a
 run of minutes both stay readable side by side.
 """
@@ -30,8 +31,8 @@ from plangate.store import Event
 from plangate.story import describe
 
 MERGE = timedelta(seconds=1)
-"""Moments closer than this share a stretch of the axis even when nothing runs between them."""
-PLOT = 860.0
+"""Moments outside any run closer than this share one point of the axis (a submission and its check)."""
+PLOT = 720.0
 """The width (px) the axis fills at least; a long history scrolls sideways instead of shrinking."""
 BREAK = 72.0
 """The width (px) of an idle gap, whatever its length."""
@@ -463,7 +464,7 @@ def _stretches(moments: Sequence[datetime], busy: Sequence[tuple[datetime, datet
     ran: list[bool] = [False]
     for before, after in itertools.pairwise(moments):
         during = any(start <= before and after <= stop for start, stop in busy)
-        if during or after - before <= MERGE:
+        if during or after - before <= _join(before, after, busy):
             groups[-1].append(after)
             ran[-1] = ran[-1] or during
         else:
@@ -480,6 +481,13 @@ def _stretches(moments: Sequence[datetime], busy: Sequence[tuple[datetime, datet
         out.append(Stretch(start=group[0], end=group[-1], x=x, width=width))
         x += width + BREAK
     return tuple(out)
+
+
+def _join(before: datetime, after: datetime, busy: Sequence[tuple[datetime, datetime]]) -> timedelta:
+    """The longest wait that does not break the axis: :data:`MERGE`, or less next to a run: no longer
+    than the run itself, so that a wait beside it never squeezes its bars into a corner."""
+    runs = [stop - start for start, stop in busy if start <= before <= stop or start <= after <= stop]
+    return min([MERGE, *runs])
 
 
 def _natural(seconds: float) -> float:

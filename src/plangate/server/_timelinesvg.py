@@ -11,10 +11,11 @@ from collections.abc import Iterator
 from datetime import datetime
 from html import escape
 
-from plangate.server._timeline import POINT, Bar, Lane, Marker, Timeline, span
+from plangate.server._timeline import POINT, STATES, Bar, Lane, Marker, Timeline, span
 
-LEFT = 250.0  # the lane titles
+LEFT = 200.0  # the lane titles
 PAD = 18.0  # between the titles and the first moment
+RIGHT = 96.0  # room for the last bar's words
 TOP = 52.0  # the axis
 LANE = 40.0
 STACK = 18.0  # a marker that would overlap the one before it on its lane moves down this much
@@ -33,7 +34,7 @@ def draw(timeline: Timeline) -> str:
     for lane in timeline.lanes:
         tops[lane.key] = y
         y += LANE + STACK * (rows[lane.key] - 1)
-    width, height = LEFT + PAD * 2 + timeline.width, y + 8
+    width, height = LEFT + PAD * 2 + timeline.width + RIGHT, y + 8
     parts = [
         f'<svg xmlns="http://www.w3.org/2000/svg" class="timeline" width="{width:.0f}" height="{height:.0f}" '
         f'viewBox="0 0 {width:.0f} {height:.0f}" role="img" aria-labelledby="timeline-title">'
@@ -77,7 +78,7 @@ def _lanes(timeline: Timeline, tops: dict[str, float], rows: dict[str, int], wid
         out.append(
             f'<rect class="lane{" odd" if index % 2 else ""}" x="0" y="{y:.1f}" width="{width:.0f}" height="{h:.1f}"/>'
         )
-        title = escape(lane.title if len(lane.title) <= 30 else lane.title[:29] + "…")
+        title = escape(lane.title if len(lane.title) <= 24 else lane.title[:23] + "…")
         out.append(f'<text class="lane-title" x="10" y="{y + 17:.1f}">{title}</text>')
         if lane.key.startswith(("step-", "action-")):
             out.append(f'<text class="lane-state t-{lane.state}" x="10" y="{y + 32:.1f}">{escape(lane.caption)}</text>')
@@ -118,7 +119,8 @@ def _bar(timeline: Timeline, bar: Bar, top: float, *, label: bool) -> str:
     y, h = (top + 25, 10.0) if bar.undo else (top + (LANE - BAR_H) / 2, BAR_H)
     classes = f"bar b-{bar.state}" + (" undo" if bar.undo else "") + (" open" if bar.open else "")
     hover = f"{bar.words} (started {clock(bar.start)} UTC)" + (f"\n{bar.who}: {bar.text}" if bar.text else "")
-    words = f"{bar.words.split(':')[0]} · {span(bar.seconds)}" if label else ""
+    glyph = STATES[bar.state][0]
+    words = f"{glyph} {'' if bar.attempt == 1 or bar.undo else f'#{bar.attempt} '}{span(bar.seconds)}" if label else ""
     return (
         f'<g class="{classes}" tabindex="0"><title>{escape(hover)}</title>'
         f'<rect x="{x0:.1f}" y="{y:.1f}" width="{width:.1f}" height="{h:.0f}" rx="3"/>'
