@@ -192,14 +192,43 @@ def test_a_react_run_tells_each_thought_action_and_observation_in_order(setup: d
         ("Answer", 2),
     ]
     assert timeline.turns[2].text == 'search {"query": "refund window"}'
-    assert [lane.key for lane in timeline.lanes] == ["people", "run", "action-1"]
+    assert [lane.key for lane in timeline.lanes] == ["run", "action-1"], "nobody was asked: no lane for people"
     assert [(b.lane, b.state) for b in timeline.bars] == [("action-1", "observed")]
-    assert [m.kind for m in timeline.markers if m.lane == "run"] == ["react.started", "react.answered"]
+    started, answered = (m for m in timeline.markers if m.lane == "run")
+    assert started.text == "ReAct run started (scripted:test, text protocol): 'How long to refund?'"
+    assert answered.text == "ANSWERED: 30 days" and answered.glyph == "✓"
 
     client, _ = browser(setup, "audrey")
     page = client.get(f"/plans/{result.run_id}/trace").text
     assert 'id="react"' in page and "<b>Action</b>" in page and "30 days" in page
     assert page.index("<b>Thought</b>") < page.index("<b>Action</b>") < page.index("<b>Observation</b>")
+    store.close()
+
+
+def test_a_react_action_that_waited_a_day_for_approval_runs_on_resume(setup: dict[str, Any]) -> None:
+    from plangate.store import open_store
+
+    store, clock = open_store(setup["db"]), JumpClock()
+    model = ScriptedModel(["Thought: write it down.\nAction: save_note[hello]", "Thought: done.\nFinal Answer: saved"])
+    agent = ReActAgent(model, CAT, store, clock=clock, user="alice", category="ops")
+    paused = agent.run("Note hello")
+    assert paused.status == "paused"
+    clock.later += timedelta(days=1)
+    Runtime(CAT, None, db=store, clock=clock).approve(paused.run_id, "carol", paused.pending_hash or "")
+    assert agent.resume(paused.run_id).status == "answered"
+    rt = Runtime(CAT, None, db=store)
+    timeline = build(rt.get(paused.run_id), rt.trace(paused.run_id))
+    assert timeline is not None
+    assert [(b.attempt, b.state) for b in timeline.bars] == [(1, "paused"), (2, "observed")]
+    assert lane(timeline, "action-1").state == "observed"
+    assert [m.kind for m in timeline.markers if m.lane == "run"] == ["react.started", "react.resumed", "react.answered"]
+    assert [m.who for m in timeline.markers if m.kind == "plan.approval"] == ["carol"]
+    assert [g[2] for g in timeline.gaps()] == ["1 d"]
+    parts = [t.part for t in timeline.turns]
+    assert parts == ["Question", "Thought", "Action", "Approval", "Observation", "Thought", "Answer"]
+    client, _ = browser(setup, "audrey")
+    page = client.get(f"/plans/{paused.run_id}/trace")
+    assert page.status_code == 200 and "waiting for approval" in page.text and "save_note (write) waits" in page.text
     store.close()
 
 
@@ -242,7 +271,8 @@ def test_the_trace_page_draws_the_timeline_and_keeps_the_raw_events(setup: dict[
     page = client.get(f"/plans/{submitted.id}/trace").text
     assert page.count('<g class="bar b-') == 3 and 'class="bar b-retried"' in page
     assert '<g class="gap"><title>nothing ran for 3 d</title>' in page
-    assert 'class="node n-succeeded"' in page and "✓ succeeded · " in page, "the graph says where each step stands"
+    assert 'class="node n-succeeded"' in page, "the graph says where each step stands"
+    assert re.search(r'class="node-state t-succeeded" [^>]*>✓ succeeded · [0-9.]+ ms ×2</text>', page)
     assert "<title>" in page and "carol: approved" in page, "who did what, on hover and in the table"
     assert '<details id="events">' in page and "run SUCCEEDED" in page, "the raw events stay on the page"
     assert re.search(r"<td>\+3 d( \d+ \w+)?</td><td>carol</td>", page)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
@@ -198,6 +198,13 @@ class Lane:
         tries = f", {self.attempts} attempts" if self.attempts > 1 else ""
         return f"{self.words} · {span(self.seconds)}{tries}"
 
+    @property
+    def short(self) -> str:
+        """The caption in a graph's box: attempts as ``×3``."""
+        if not self.attempts:
+            return self.words
+        return f"{self.words} · {span(self.seconds)}" + (f" ×{self.attempts}" if self.attempts > 1 else "")
+
 
 @dataclass(frozen=True, kw_only=True)
 class Stretch:
@@ -350,7 +357,7 @@ class _Builder:
                 mark=mark,
                 glyph=glyph,
                 who=event.actor,
-                text=describe(event),
+                text=_words(event),
             )
         )
 
@@ -367,6 +374,29 @@ class _Builder:
             self.close(replace(bar, end=end, state=state, open=True))
         self.open.clear()
         return _laid_out(self, end)
+
+
+_REACT_SAYS: dict[str, Callable[[dict[str, Any], int | None], str]] = {
+    "react.started": lambda d, _: (
+        f"ReAct run started ({d.get('model')}, {d.get('mode')} protocol): {d.get('question')!r}"
+    ),
+    "react.resumed": lambda d, _: "ReAct run resumed: the approved action runs now",
+    "react.approval_needed": lambda d, step: (
+        f"action {step} {d.get('tool')} ({d.get('effect')}) waits for approval by {' and by '.join(d.get('needs', []))}"
+    ),
+    "react.refused": lambda d, step: (
+        f"action {step} REFUSED by the policy: " + "; ".join(str(v.get("rule")) for v in d.get("violations", []))
+    ),
+    "react.answered": lambda d, _: f"ANSWERED: {d.get('answer')}",
+    "react.stopped": lambda d, _: f"STOPPED: {d.get('reason')}",
+    "react.unparsed": lambda d, _: f"the model's turn could not be read: {d.get('problem')}",
+}
+"""A ReAct run's markers in words (the raw events below keep the audit log's own wording)."""
+
+
+def _words(event: Event) -> str:
+    says = _REACT_SAYS.get(event.kind)
+    return says(event.data, event.step_id) if says is not None else describe(event)
 
 
 _SAID = {
@@ -424,7 +454,8 @@ def build(record: PlanRecord, events: Iterable[Event]) -> Timeline | None:
 def _laid_out(builder: _Builder, end: datetime) -> Timeline:
     moments = sorted({m.at for m in builder.markers} | {t for b in builder.bars for t in (b.start, b.end)})
     stretches = _stretches(moments, _busy(builder.markers, end))
-    lanes = sorted(builder.lanes.values(), key=_lane_order)
+    people = any(m.lane == PEOPLE for m in builder.markers)  # a ReAct run that never waited for anyone: no lane
+    lanes = sorted((lane for lane in builder.lanes.values() if people or lane.key != PEOPLE), key=_lane_order)
     return Timeline(
         start=moments[0],
         end=end,

@@ -128,7 +128,7 @@ def graph_svg(record: PlanRecord, catalogue: Catalogue, states: Mapping[int, tup
             f"{step_id}. {escape(tools[step_id][:18])}</text>"
         )
         if states is not None:
-            parts.append(f'<text class="node-state t-{state}" x="{x + 10}" y="{y + 42}">{escape(words[:26])}</text>')
+            parts.append(f'<text class="node-state t-{state}" x="{x + 10}" y="{y + 42}">{escape(words[:28])}</text>')
     parts.append("</svg>")
     return "".join(parts)
 
@@ -166,7 +166,7 @@ def trace(rt: Runtime, record: PlanRecord, catalogue: Catalogue) -> dict[str, An
     events = list(rt.trace(record.id))
     timeline = _timeline.build(record, events)
     lanes = timeline.lanes if timeline else ()
-    states = {int(lane.key[5:]): (lane.state, lane.caption) for lane in lanes if lane.key.startswith("step-")}
+    states = {int(lane.key[5:]): (lane.state, lane.short) for lane in lanes if lane.key.startswith("step-")}
     return {
         "timeline": timeline,
         "drawing": _timelinesvg.draw(timeline) if timeline else "",
