@@ -282,7 +282,8 @@ class _Builder:
         number = event.step_id or 0
         if event.kind.startswith("react."):
             return self.lane(f"action-{number}", f"{number}. {event.data.get('tool') or 'action'}")
-        tool = event.data.get("tool") or _tool_of(self.record, number)
+        undo = event.kind.startswith("compensation.")  # its tool is the undoing one: the lane keeps the step's
+        tool = (None if undo else event.data.get("tool")) or _tool_of(self.record, number)
         return self.lane(f"step-{number}", f"{number}. {tool}")
 
     def add(self, event: Event) -> None:
