@@ -156,6 +156,10 @@ def test_review_edit_approve_execute(server: dict[str, Any], browser: Browser) -
     )  # an editor may not approve their edit
 
     carol = log_in(browser, server, "carol")
+    refused: list[str] = []
+    carol.on(
+        "console", lambda message: refused.append(message.text) if "Content Security Policy" in message.text else None
+    )
     carol.goto(f"{server['url']}/plans/{plan['id']}")
     carol.fill("form[action$='/approve'] input[name=comment]", "12.5 EUR is right")
     carol.click("#approve")
@@ -166,8 +170,18 @@ def test_review_edit_approve_execute(server: dict[str, Any], browser: Browser) -
     expect(carol.locator("#detail-2")).to_contain_text('"amount": 12.5')
     carol.screenshot(path=str(SHOTS / "run.png"), full_page=True)
     carol.click("text=Trace")
-    expect(carol.locator("pre")).to_contain_text("run SUCCEEDED")
-    carol.screenshot(path=str(SHOTS / "trace.png"), full_page=True)
+    bars = carol.locator("svg.timeline g.bar")
+    expect(bars).to_have_count(2)  # one attempt of each step
+    for index in range(2):
+        box = bars.nth(index).locator("rect").bounding_box()
+        assert box is not None and box["width"] >= 4 and box["height"] >= 10
+    expect(carol.locator("svg.timeline g.mk.m-edit")).to_have_count(1)
+    expect(carol.locator("#lane-step-2")).to_contain_text("✓ succeeded")
+    expect(carol.locator("#moments")).to_contain_text("12.5 EUR is right")
+    expect(carol.locator("svg[aria-label='the order steps run in'] .n-succeeded")).to_have_count(2)
+    expect(carol.locator("#events pre")).to_contain_text("run SUCCEEDED")  # the raw events, folded away
+    carol.screenshot(path=str(SHOTS / "timeline.png"), full_page=True)
+    assert refused == [], "the timeline page runs under the CSP"
 
 
 def test_self_approval_and_forms_without_csrf_are_refused(server: dict[str, Any], browser: Browser) -> None:
@@ -226,7 +240,7 @@ def test_pages_carry_the_security_headers_and_run_under_their_csp(server: dict[s
     dave.on(
         "console", lambda message: refused.append(message.text) if "Content Security Policy" in message.text else None
     )
-    for path in ("/", f"/plans/{plan['id']}", f"/plans/{plan['id']}/edit", f"/plans/{plan['id']}/run"):
+    for path in ("/", *(f"/plans/{plan['id']}{page}" for page in ("", "/edit", "/trace", "/run"))):
         reply = dave.goto(f"{server['url']}{path}")
         assert reply is not None and reply.status == 200
         for name, value in HEADERS:

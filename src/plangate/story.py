@@ -80,7 +80,9 @@ _TELLERS: dict[str, Teller] = {
         + f", {d['calls']} call(s), {d['seconds']:.1f} s"
     ),
     "plan.approval": _approval,
-    "plan.pending_approval": lambda d, _: f"waiting for approval by {' and by '.join(d['needs'])}",
+    "plan.pending_approval": lambda d, _: (  # a ReAct run's pause names its needs in react.approval_needed
+        "waiting for approval" + (f" by {' and by '.join(d['needs'])}" if d.get("needs") else "")
+    ),
     "plan.approved": lambda d, _: (
         "APPROVED" + (" automatically: " + "; ".join(d["reasons"]) if d["by"] == "auto" else "")
     ),

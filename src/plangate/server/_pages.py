@@ -143,18 +143,10 @@ def run_page(request: Request, plan_id: str, rt: Rt, caller: Reader) -> HTMLResp
 
 
 @router.get("/plans/{plan_id}/trace", response_class=HTMLResponse)
-def trace_page(request: Request, plan_id: str, rt: Rt, caller: Reader) -> HTMLResponse:
-    from plangate.story import tell
-
+def trace_page(request: Request, plan_id: str, rt: Rt, caller: Reader, config: Config) -> HTMLResponse:
+    """The plan's life on one time axis, its steps' graph with where each stands, and every event as recorded."""
     record = _actions.visible(rt, caller.user, plan_id)
-    return render(
-        request,
-        "lines.html",
-        caller,
-        heading=f"Trace: {record.task}",
-        subtitle=f"Every event recorded under {record.id}, in order.",
-        lines=tell(rt.trace(record.id)),
-    )
+    return render(request, "trace.html", caller, record=record, **views.trace(rt, record, config.catalogue))
 
 
 @router.get("/audit", response_class=HTMLResponse)

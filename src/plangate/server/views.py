@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from collections.abc import Mapping
 from html import escape
 from typing import Any
 
@@ -13,6 +14,8 @@ from plangate.graph import PlanGraph, run_deps
 from plangate.plan import Plan
 from plangate.record import PlanRecord
 from plangate.runtime import Runtime
+from plangate.server import _timeline, _timelinesvg
+from plangate.story import tell
 from plangate.tools import Catalogue, Tool
 
 _RISK = {"read": 0, "write": 1, "irreversible": 2}
@@ -79,10 +82,11 @@ def _kind(tool: Tool) -> str:
     return "write-kept" if tool.effect == "write" and tool.compensate is None else tool.effect
 
 
-def graph_svg(record: PlanRecord, catalogue: Catalogue) -> str:
+def graph_svg(record: PlanRecord, catalogue: Catalogue, states: Mapping[int, tuple[str, str]] | None = None) -> str:
     """The order steps run in, as an inline SVG: one column per depth; solid arrows carry data from
     a step to the steps that read it, dotted ones are a step's ``after``, dashed ones the plan's
-    listed order around effects."""
+    listed order around effects. With ``states`` (step id: a state and its words), each box also
+    says where its step stands, in words and in the colour of its state's class."""
     if record.plan is None:
         return ""
     graph = PlanGraph.of(record.plan)
@@ -93,7 +97,7 @@ def graph_svg(record: PlanRecord, catalogue: Catalogue) -> str:
     columns: dict[int, list[int]] = {}
     for step_id in graph.order:
         columns.setdefault(depth[step_id], []).append(step_id)
-    box_w, box_h, gap_x, gap_y = 170, 44, 60, 18
+    box_w, box_h, gap_x, gap_y = 170, 44 if states is None else 58, 60, 18
     where = {
         sid: (20 + col * (box_w + gap_x), 20 + row * (box_h + gap_y))
         for col, ids in columns.items()
@@ -116,11 +120,15 @@ def graph_svg(record: PlanRecord, catalogue: Catalogue) -> str:
                 f'stroke="#5b6577" marker-end="url(#arrow)"{_EDGE[_why_waits(record.plan, graph, step_id, dep)]}/>'
             )
     for step_id, (x, y) in where.items():
+        state, words = (states or {}).get(step_id, ("", ""))
         parts.append(
-            f'<rect x="{x}" y="{y}" width="{box_w}" height="{box_h}" rx="6" fill="#fff" stroke="#2f5bd3"/>'
-            f'<text x="{x + 10}" y="{y + 27}" font-size="13" font-family="system-ui">{step_id}. '
-            f"{escape(tools[step_id][:18])}</text>"
+            f'<rect x="{x}" y="{y}" width="{box_w}" height="{box_h}" rx="6" fill="#fff" stroke="#2f5bd3"'
+            + (f' class="node n-{state}"/>' if states is not None else "/>")
+            + f'<text x="{x + 10}" y="{y + (22 if states else 27)}" font-size="13" font-family="system-ui">'
+            f"{step_id}. {escape(tools[step_id][:18])}</text>"
         )
+        if states is not None:
+            parts.append(f'<text class="node-state t-{state}" x="{x + 10}" y="{y + 42}">{escape(words[:28])}</text>')
     parts.append("</svg>")
     return "".join(parts)
 
@@ -151,3 +159,20 @@ def pretty_plan(plan: Plan) -> str:
 def progress(rt: Runtime, record: PlanRecord) -> dict[str, Any]:
     steps = review.progress(record, rt.store.steps(record.id), rt.trace(record.id))
     return {"status": rt.get(record.id).status, "steps": steps}
+
+
+def trace(rt: Runtime, record: PlanRecord, catalogue: Catalogue) -> dict[str, Any]:
+    """What the trace page shows: the timeline (and its drawing), the graph with each step's state, the raw lines."""
+    events = list(rt.trace(record.id))
+    timeline = _timeline.build(record, events)
+    lanes = timeline.lanes if timeline else ()
+    states = {int(lane.key[5:]): (lane.state, lane.short) for lane in lanes if lane.key.startswith("step-")}
+    return {
+        "timeline": timeline,
+        "drawing": _timelinesvg.draw(timeline) if timeline else "",
+        "graph": graph_svg(record, catalogue, states),
+        "lines": tell(events),
+        "clock": _timelinesvg.clock,
+        "span": _timeline.span,
+        "states": _timeline.STATES,
+    }
