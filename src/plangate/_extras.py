@@ -15,7 +15,8 @@ __all__ = ["EXTRAS", "MissingExtraError", "need"]
 
 # Each extra and the modules it brings (import names, not distribution names).
 EXTRAS: dict[str, tuple[str, ...]] = {
-    "server": ("fastapi", "uvicorn", "jinja2", "itsdangerous", "multipart", "argon2"),
+    "server": ("fastapi", "uvicorn", "jinja2", "itsdangerous", "multipart", "argon2", "prometheus_client"),
+    "metrics": ("prometheus_client",),
     "temporal": ("temporalio",),
     "postgres": ("psycopg",),
     "llamacpp": ("llama_cpp",),

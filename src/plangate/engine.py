@@ -36,7 +36,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from plangate import _calls as calls
-from plangate import lifecycle, references, results, timeouts
+from plangate import lifecycle, metrics, references, results, timeouts
 from plangate._calls import Outcome
 from plangate._clock import Clock, iso, parse_iso
 from plangate.errors import ConditionError, LeaseLostError, ParamsError, RefError
@@ -358,6 +358,7 @@ class _Run:
         if self.e.policy is not None:
             denied = self.e.policy.call_violations(step, self._tool(step_id), params)
             if denied:
+                metrics.violations(denied[:1])
                 return self._fail_before_call(step, f"{results.POLICY_REFUSAL}{denied[0]}")
         previous = self.rows.get(step_id)
         attempt = previous.attempt + 1 if previous is not None else 1
@@ -606,6 +607,7 @@ class _Run:
         )
 
     def _report(self, kind: Any, step_id: int, detail: str, ms: float | None = None) -> None:
+        metrics.step(self.steps[step_id].tool, kind, ms)
         if self.e.progress is not None:
             done = len(self.outputs)
             self.e.progress(
