@@ -239,7 +239,7 @@ def close_command(
     help="Serve this worker's Prometheus metrics at http://HOST:PORT/metrics (needs the metrics extra).",
 )
 @click.option(
-    "--metrics-host", default="127.0.0.1", show_default=True, help="Address the metrics listen on (with --metrics-port)."
+    "--metrics-host", default="127.0.0.1", show_default=True, help="Address the metrics listen on (--metrics-port)."
 )
 def worker_command(
     *,
