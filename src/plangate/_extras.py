@@ -17,6 +17,7 @@ __all__ = ["EXTRAS", "MissingExtraError", "need"]
 EXTRAS: dict[str, tuple[str, ...]] = {
     "server": ("fastapi", "uvicorn", "jinja2", "itsdangerous", "multipart", "argon2", "prometheus_client"),
     "metrics": ("prometheus_client",),
+    "otel": ("opentelemetry.sdk", "opentelemetry.exporter.otlp.proto.http"),
     "temporal": ("temporalio",),
     "postgres": ("psycopg",),
     "llamacpp": ("llama_cpp",),

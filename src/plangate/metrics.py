@@ -151,11 +151,12 @@ def stop() -> None:
     _switch.on = None
 
 
-def exposition(registry: CollectorRegistry) -> tuple[bytes, str]:
-    """The registry in Prometheus's text format, and its content type."""
-    from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+def exposition(registry: CollectorRegistry, accept: str = "") -> tuple[bytes, str]:
+    """The registry in the format the scraper's ``Accept`` header asks for (OpenMetrics, else text), and its type."""
+    from prometheus_client.exposition import choose_encoder
 
-    return generate_latest(registry), CONTENT_TYPE_LATEST
+    encode, content_type = choose_encoder(accept)
+    return encode(registry), content_type
 
 
 def serve_http(registry: CollectorRegistry, host: str, port: int) -> Any:

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import hmac
 
-from fastapi import APIRouter, HTTPException, Request, Response
+from fastapi import APIRouter, Request, Response
+from fastapi.responses import PlainTextResponse
 
 from plangate import metrics
 
@@ -24,8 +25,9 @@ def router(db: str, token: str | None) -> APIRouter:
     @routes.get("/metrics")
     def scrape(request: Request) -> Response:
         if token is not None and not _bearer_is(request.headers.get("authorization", ""), token):
-            raise HTTPException(401, "metrics need the scrape token", headers={"WWW-Authenticate": "Bearer"})
-        body, content_type = metrics.exposition(registry)
+            # a plain 401 for a scraper, not the dashboard's way to the login page
+            return PlainTextResponse("metrics need the scrape token\n", 401, headers={"WWW-Authenticate": "Bearer"})
+        body, content_type = metrics.exposition(registry, request.headers.get("accept", ""))
         return Response(body, media_type=content_type)
 
     return routes
