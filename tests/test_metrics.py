@@ -4,6 +4,7 @@ and Debian's real Prometheus server scraping a running ``plangate serve``."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import time
@@ -25,7 +26,7 @@ from plangate.planner import Planner
 from plangate.runtime import Runtime
 from plangate.server import create_app
 from plangate.testing import free_port
-from tests.conftest import EXAMPLES, load_plan
+from tests.conftest import EXAMPLES, ROOT, load_plan
 from tests.helpers import FixedClock
 from tests.serverkit import serving
 
@@ -49,6 +50,7 @@ LOOKUP = {
 MISSING = {**LOOKUP, "steps": [{"id": 1, "tool": "get_invoice", "params": {"invoice_id": "999"}, "rationale": "r"}]}
 """A lookup that fails: the run halts."""
 
+DOC_CONFIG = re.compile(r"^```prometheus\n(.*?)^```", re.MULTILINE | re.DOTALL)
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
 
@@ -179,6 +181,28 @@ def test_counting_is_off_until_a_process_exposes_metrics(catalogue: Catalogue, p
         metrics.stop()
 
 
+def dashboard_queries() -> list[str]:
+    dashboard = json.loads((ROOT / "deploy" / "grafana" / "plangate.json").read_text())
+    return [target["expr"] for panel in dashboard["panels"] for target in panel["targets"]]
+
+
+def test_the_dashboard_asks_only_for_metrics_that_exist(tmp_path: Path, counting: None) -> None:
+    registry = metrics.start(f"sqlite:///{tmp_path}/plangate.db")
+    exposed = {sample for family in registry.collect() for sample in _sample_names(family)}
+    wanted = {name for expr in dashboard_queries() for name in re.findall(r"\bplangate_\w+", expr)}
+    assert wanted and wanted <= exposed, wanted - exposed
+    titles = {
+        panel["title"] for panel in json.loads((ROOT / "deploy" / "grafana" / "plangate.json").read_text())["panels"]
+    }
+    assert {"Step success rate", "Plan latency (run start to end)", "Approvals pending"} <= titles
+    assert {"Approval wait (submitted to decided)", "Policy violations by rule", "Model cost (USD, per day)"} <= titles
+
+
+def _sample_names(family: Any) -> set[str]:
+    suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_count", "_sum"), "gauge": ("",)}
+    return {family.name + suffix for suffix in suffixes[family.type]}
+
+
 def _get(url: str) -> str:
     with urllib.request.urlopen(url, timeout=5) as reply:
         return str(reply.read().decode())
@@ -234,11 +258,10 @@ def test_prometheus_scrapes_plangate_serve(tmp_path: Path, catalogue: Catalogue,
     runtime.close()
     with serving(tmp_path, {}, "--tools", TOOLS, "--policy", POLICY, "--db", db) as (url, _server):
         target = urllib.parse.urlsplit(url).netloc
-        config = tmp_path / "prometheus.yml"
-        config.write_text(
-            "global: {scrape_interval: 1s}\n"
-            f"scrape_configs:\n  - job_name: plangate\n    static_configs: [{{targets: ['{target}']}}]\n"
-        )
+        config = tmp_path / "prometheus.yml"  # the docs' example, scraping this server every second
+        example = DOC_CONFIG.search((ROOT / "docs" / "observability.md").read_text())
+        assert example is not None
+        config.write_text(example[1].replace("15s", "1s").replace("127.0.0.1:8420", target))
         port = free_port()
         arguments = [f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'tsdb'}"]
         arguments.append(f"--web.listen-address=127.0.0.1:{port}")
@@ -256,6 +279,14 @@ def test_prometheus_scrapes_plangate_serve(tmp_path: Path, catalogue: Catalogue,
                 result = _poll(f"Prometheus scraped plangate: {log.read_text()[-2000:]}", scraped)
                 assert result[0]["metric"]["instance"] == target
                 assert result[0]["value"][1] == "1"
+                for expr in dashboard_queries():  # Grafana is not here; its dashboard's queries run all the same
+                    answer = json.loads(
+                        _get(
+                            f"http://127.0.0.1:{port}/api/v1/query?"
+                            + urllib.parse.urlencode({"query": expr.replace("$__rate_interval", "1m")})
+                        )
+                    )
+                    assert answer["status"] == "success", (expr, answer)
             finally:
                 p.terminate()
                 p.wait(10)
