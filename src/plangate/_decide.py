@@ -15,6 +15,7 @@ from plangate.errors import ConditionError, ParamsError, RefError
 from plangate.plan import Step
 from plangate.policy import Policy
 from plangate.tools import Tool
+from plangate.violations import Violation
 
 SKIPPED: Any = object()
 """The output of a skipped step: steps that read it are skipped too."""
@@ -29,6 +30,8 @@ class Decision(NamedTuple):
     kwargs: dict[str, Any] | None = None
     condition: bool | None = None
     """The condition's value, when the step has one and it was worked out."""
+    violation: Violation | None = None
+    """The policy rule that refused the call, when one did."""
 
 
 def decide(
@@ -51,7 +54,8 @@ def decide(
     if policy is not None:
         denied = policy.call_violations(step, tool, params)
         if denied:
-            return Decision("fail", f"{results.POLICY_REFUSAL}{denied[0]}", params, condition=condition)
+            reason = f"{results.POLICY_REFUSAL}{denied[0]}"
+            return Decision("fail", reason, params, condition=condition, violation=denied[0])
     return Decision("start", params=params, kwargs=kwargs, condition=condition)
 
 

@@ -15,13 +15,14 @@ __all__ = ["EXTRAS", "MissingExtraError", "need"]
 
 # Each extra and the modules it brings (import names, not distribution names).
 EXTRAS: dict[str, tuple[str, ...]] = {
-    "server": ("fastapi", "uvicorn", "jinja2", "itsdangerous", "multipart", "argon2"),
+    "server": ("fastapi", "uvicorn", "jinja2", "itsdangerous", "multipart", "argon2", "prometheus_client"),
+    "metrics": ("prometheus_client",),
+    "otel": ("opentelemetry.sdk", "opentelemetry.exporter.otlp.proto.http"),
     "temporal": ("temporalio",),
     "postgres": ("psycopg",),
     "llamacpp": ("llama_cpp",),
     "anthropic": ("anthropic",),
     "openai": ("openai",),
-    "otel": ("opentelemetry.sdk", "opentelemetry.exporter.otlp.proto.http"),
 }
 
 

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from plangate import _calls as calls
-from plangate import lifecycle, results, timeouts, tracing
+from plangate import lifecycle, metrics, results, timeouts, tracing
 from plangate._calls import Outcome
 from plangate._clock import Clock, iso, parse_iso
 from plangate._decide import SKIPPED, decide
@@ -357,6 +357,8 @@ class _Run:
         if decision.action == "skip":
             return self._skip(step, decision.reason)
         if decision.action == "fail":
+            if decision.violation is not None:
+                metrics.violations([decision.violation])
             return self._fail_before_call(step, decision.reason)
         params, kwargs = decision.params, decision.kwargs
         assert kwargs is not None
@@ -615,6 +617,7 @@ class _Run:
         )
 
     def _report(self, kind: Any, step_id: int, detail: str, ms: float | None = None) -> None:
+        metrics.step(self.steps[step_id].tool, kind, ms)
         if self.e.progress is not None:
             done = len(self.outputs)
             self.e.progress(

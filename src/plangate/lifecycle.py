@@ -40,6 +40,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from plangate import metrics
 from plangate.errors import StateError
 from plangate.store import PlanRow, PlanStatus, Store
 
@@ -158,6 +159,7 @@ def move(
         at=at,
         data={**(data or {}), "transition": transition},
     )
+    metrics.plan_moved(plan, to, at, data)
     return replace(plan, status=to, updated_at=at, lease_owner=lease[0], lease_until=lease[1])
 
 

@@ -26,7 +26,7 @@ from importlib import resources
 from string import Template
 from typing import Any, Literal
 
-from plangate import _input, library, tracing
+from plangate import _input, library, metrics, tracing
 from plangate._clock import Clock, SystemClock, iso
 from plangate.budget import Budget, BudgetAllocator
 from plangate.costs import PriceTable
@@ -253,6 +253,7 @@ class Planner:
 
     def _record(self, calls: list[CallRow], row: CallRow) -> None:
         calls.append(row)
+        metrics.model_call(row)
         if self.store is not None:
             with self.store.transaction():
                 self.store.record_call(row)

@@ -35,7 +35,7 @@ from typing import Any, Literal
 
 from pydantic import ValidationError
 
-from plangate import _input, approval, lifecycle, tracing
+from plangate import _input, approval, lifecycle, metrics, tracing
 from plangate._clock import Clock, SystemClock, iso, parse_iso
 from plangate._reactstate import Act, Mode, ReActResult, ReActStep, RunState
 from plangate.costs import PriceTable
@@ -336,6 +336,7 @@ class ReActAgent:
         decision = self.policy.evaluate(plan, self.catalogue, user=self.user, role=self.role)
         mine = [v for v in decision.violations if v.step in (act.number, None)]
         if mine:
+            metrics.violations(mine)
             state.violations += len(mine)
             self._event(state, "react.refused", act.number, {"violations": [v.to_dict() for v in mine]})
             return ReActStep(
@@ -537,7 +538,7 @@ class ReActAgent:
     def _ledger(self, state: RunState, at: str, usage: Usage, seconds: float, error: str | None = None) -> None:
         with self.store.transaction():
             self.store.record_call(
-                CallRow(
+                row := CallRow(
                     id=self.clock.new_id(),
                     at=at,
                     plan_id=state.run_id,
@@ -556,6 +557,7 @@ class ReActAgent:
                     error=error,
                 )
             )
+        metrics.model_call(row)
 
 
 def _run_attributes(state: RunState, model: str) -> dict[str, Any]:

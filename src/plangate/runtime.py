@@ -13,7 +13,7 @@ from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
-from plangate import _input, approval, drift, ledger, lifecycle, plandiff, recovery, replay, rundiff, tracing
+from plangate import _input, approval, drift, ledger, lifecycle, metrics, plandiff, recovery, replay, rundiff, tracing
 from plangate._clock import Clock, SystemClock, iso
 from plangate.check import CheckResult, check
 from plangate.compensation import Compensation, CompensationResult
@@ -121,6 +121,7 @@ class Runtime:
                 self._record(row, "plan.planned", planning.model or "library", planning.record())
                 self.store.link_calls([call.id for call in planning.calls], plan_id)
             row = self._new_version(row, parsed, requested_by, result, self.policy)
+        metrics.submitted()
         return self._notified(self.get(plan_id))
 
     @traced_decision("approved")
@@ -612,6 +613,7 @@ class Runtime:
         self._record(plan, "plan.checked", "checker", checked.to_dict())
         now = self._now()
         if not result.ok:
+            metrics.violations(result.violations)
             data = {"by": "check", "violations": len(result.violations)}
             return lifecycle.move(self.store, plan, "rejected", actor="checker", at=now, data=data)
         if decision is not None and decision["approval"] == "auto":

@@ -30,6 +30,12 @@ from plangate.tools import Catalogue
 @db_option
 @click.option("--session-hours", default=8.0, show_default=True, help="How long a login lasts.")
 @click.option("--api-docs", is_flag=True, help="Serve the API's docs at /docs and /openapi.json (to logged-in users).")
+@click.option(
+    "--metrics/--no-metrics",
+    default=True,
+    show_default=True,
+    help="Serve Prometheus metrics at /metrics (no login; set PLANGATE_METRICS_TOKEN to require a bearer token).",
+)
 def serve_command(
     *,
     host: str,
@@ -39,8 +45,9 @@ def serve_command(
     db: str | None,
     session_hours: float,
     api_docs: bool,
+    metrics: bool,
 ) -> None:
-    """Serve the dashboard and the JSON API.
+    """Serve the dashboard, the JSON API and Prometheus metrics (/metrics).
 
     The session-signing secret comes from PLANGATE_SECRET_KEY or its key file
     (~/.config/plangate/secret.key, made on first start, mode 0600), never the database.
@@ -48,6 +55,9 @@ def serve_command(
     Chat notifications: set PLANGATE_SLACK_WEBHOOK (an incoming-webhook URL),
     PLANGATE_SLACK_SIGNING_SECRET (to accept the approve/reject buttons at /slack/actions)
     and PLANGATE_BASE_URL (for links to plan pages).
+
+    Metrics: /metrics needs no login unless PLANGATE_METRICS_TOKEN is set (then a scrape
+    sends it as a bearer token); --no-metrics turns it off.
     """
     import os
 
@@ -74,6 +84,8 @@ def serve_command(
         slack_signing_secret=os.environ.get("PLANGATE_SLACK_SIGNING_SECRET"),
         api_docs=api_docs,
         origins=(_origin(public),) if public else (),
+        metrics=metrics,
+        metrics_token=os.environ.get("PLANGATE_METRICS_TOKEN") or None,
     )
     click.echo(f"plangate serving on http://{host}:{port}" + (" (API docs at /docs)" if api_docs else ""))
     uvicorn.run(app, host=host, port=port, log_level="warning")

@@ -233,6 +233,15 @@ def close_command(
     metavar="HOST:PORT",
     help="Run plans as Temporal workflows (each step an activity) on this Temporal server.",
 )
+@click.option(
+    "--metrics-port",
+    type=click.IntRange(1, 65535),
+    metavar="PORT",
+    help="Serve this worker's Prometheus metrics at http://HOST:PORT/metrics (needs the metrics extra).",
+)
+@click.option(
+    "--metrics-host", default="127.0.0.1", show_default=True, help="Address the metrics listen on (--metrics-port)."
+)
 def worker_command(
     *,
     tools_spec: str | None,
@@ -242,11 +251,14 @@ def worker_command(
     drain: bool,
     name: str | None,
     temporal_address: str | None,
+    metrics_port: int | None,
+    metrics_host: str,
 ) -> None:
     """Claim approved plans and run them; several workers (on several machines) share the work.
 
     Use a PostgreSQL store (--db postgresql://...) to share it across machines. A killed
-    worker's plan is taken over by another once its lease expires.
+    worker's plan is taken over by another once its lease expires. With --metrics-port, the
+    worker serves its own Prometheus metrics (no login: keep it on loopback or a private network).
     """
 
     from plangate import lifecycle
@@ -254,6 +266,8 @@ def worker_command(
 
     if tools_spec is None:
         raise UsageError("a worker needs --tools (or PLANGATE_TOOLS)")
+    if metrics_port is not None:
+        _serve_metrics(db, metrics_host, metrics_port)
     if temporal_address:
         import asyncio
 
@@ -283,6 +297,18 @@ def worker_command(
     click.echo(f"worker {worker.name} on {worker.db or 'the default store'}", err=True)
     ran = worker.serve(drain=drain, on_result=lambda r: click.echo(f"{r.plan_id}: {r.status}"))
     click.echo(f"worker {worker.name}: {ran} plans run", err=True)
+
+
+def _serve_metrics(db: str | None, host: str, port: int) -> None:
+    need("metrics", "worker --metrics-port")
+    from plangate import metrics
+    from plangate.store import default_url
+
+    try:
+        metrics.serve_http(metrics.start(db or default_url()), host, port)
+    except OSError as exc:
+        raise UsageError(f"worker --metrics-port: cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    click.echo(f"worker metrics on http://{host}:{port}/metrics", err=True)
 
 
 COMMANDS = (execute, resume, settle_command, compensate_command, close_command, worker_command)

@@ -6,7 +6,7 @@
      └ BodyLimit           bodies counted as they stream in; 413 past 1 MiB            (_security)
         └ SameOrigin       browsers' cross-site requests may not change anything       (_security)
            └ CatchAll      an unexpected error: a 500 with an id, the trace in the log (_errors)
-              └ routers    _auth (login), _pages (dashboard), _api (JSON), _slack, _docs
+              └ routers    _auth (login), _pages (dashboard), _api (JSON), _slack, _docs, _metrics
                  over dependencies (_deps): a runtime per request, closed after the
                  response; who is calling; bodies read only once credentials hold
 
@@ -28,10 +28,11 @@ from plangate._clock import Clock, SystemClock
 from plangate._keys import SECRET_KEY
 from plangate.policy import Policy
 from plangate.record import PlanRecord
-from plangate.server import _api, _auth, _docs, _errors, _pages, _slack
+from plangate.server import _api, _auth, _docs, _errors, _metrics, _pages, _slack
 from plangate.server._deps import Settings
 from plangate.server._security import MAX_BODY, BodyLimit, SameOrigin, SecurityHeaders
 from plangate.server._throttle import LoginThrottle
+from plangate.store import default_url
 from plangate.tools import Catalogue
 
 __all__ = ["MAX_BODY", "create_app"]
@@ -49,13 +50,17 @@ def create_app(
     api_docs: bool = False,
     origins: Iterable[str] = (),
     clock: Clock | None = None,
+    metrics: bool = False,
+    metrics_token: str | None = None,
 ) -> FastAPI:
     """The server's ASGI app. ``db`` is a store URL; each request opens its own connection and closes it.
 
     ``api_docs`` serves ``/docs``, ``/redoc`` and ``/openapi.json`` to logged-in callers.
     ``origins`` are more origins (``https://gov.example.com``) whose forms are accepted,
     for a proxy that changes the ``Host`` header. ``clock`` is the time of the login
-    throttle, sessions and token expiry.
+    throttle, sessions and token expiry. ``metrics`` serves ``/metrics`` (Prometheus's text
+    format) and starts counting in this process; ``metrics_token``, when given, must come
+    with each scrape as a bearer token.
     """
     app = FastAPI(
         title="plangate",
@@ -83,6 +88,8 @@ def create_app(
         app.include_router(router)
     if api_docs:
         app.include_router(_docs.router)
+    if metrics:
+        app.include_router(_metrics.router(db or default_url(), metrics_token))
     _errors.install(app)  # the innermost middleware: CatchAll
     app.add_middleware(SameOrigin, origins=origins)
     app.add_middleware(BodyLimit)
