@@ -66,6 +66,7 @@ bench: $(BENCH_STAMP)
 	$(BIN)/python bench/engine.py
 	$(BIN)/python bench/compare.py
 	$(BIN)/python bench/approvals.py
+	$(BIN)/python bench/observability.py
 	$(BIN)/python bench/torture.py
 
 clean:
