@@ -285,6 +285,44 @@ def test_a_halted_run_marks_the_failed_step_and_its_retry(
     assert {r.attributes["plangate.plan_id"] for r in runs} == {record.id}
 
 
+def test_an_automatic_approval_is_a_span_too(
+    tmp_path: Path, traces: tracing.Traces, receiver: Receiver, catalogue: Catalogue, policy: Policy
+) -> None:
+    """The policy decides without a person: the decision is still one an operator can see in the trace."""
+    rt = runtime(tmp_path, traces, policy, catalogue)
+    lookup = {
+        "task": "Look up invoice 42",
+        "category": "lookups",
+        "steps": [{"id": 1, "tool": "get_invoice", "params": {"invoice_id": "42"}, "rationale": "The total."}],
+    }
+    record = rt.submit(lookup, "alice")
+    assert record.status == "approved"
+    traces.flush()
+    [span] = receiver.named("plangate.approval")
+    assert span.attributes["plangate.approval.kind"] == "auto" and span.attributes["plangate.plan_id"] == record.id
+    assert span.attributes["plangate.approval.actor"] == "policy:example-business"
+    assert span.attributes["plangate.plan.hash"] == record.hash and span.attributes["plangate.approval.reasons"]
+
+
+def test_traces_asked_for_without_the_extra_say_so_once(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from plangate import _otelconfig
+
+    def missing(env: Any) -> Any:
+        raise ImportError("No module named 'opentelemetry.sdk'")
+
+    monkeypatch.setattr(_otelconfig, "provider", missing)
+    monkeypatch.setattr(tracing, "_MISSING_SAID", threading.Event())
+    asked = {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:9"}
+    assert tracing.from_env(asked) is tracing.OFF and tracing.from_env(asked) is tracing.OFF
+    said = [r.getMessage() for r in caplog.records if r.name == "plangate"]
+    assert said == [
+        "the OTEL_* variables ask for traces, but the otel extra is not installed "
+        "(pip install 'plangate[otel]'): tracing is off"
+    ]
+
+
 def test_approvals_are_spans_with_who_and_what(
     tmp_path: Path, traces: tracing.Traces, receiver: Receiver, catalogue: Catalogue, policy: Policy
 ) -> None:

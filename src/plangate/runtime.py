@@ -633,7 +633,9 @@ class Runtime:
                 )
             )
             data = {"by": "auto", "hash": body.hash, "reasons": list(decision["reasons"])}
-            return lifecycle.move(self.store, plan, "approved", actor=actor, at=now, data=data)
+            moved = lifecycle.move(self.store, plan, "approved", actor=actor, at=now, data=data)
+            self.traces.automatic(plan.id, plan.version, body.hash, actor, decision["reasons"])
+            return moved
         data = {"needs": approval.missing(decision, [])}
         return lifecycle.move(self.store, plan, "pending_approval", actor="checker", at=now, data=data)
 

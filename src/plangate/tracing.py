@@ -20,10 +20,11 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 import os
 import sys
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 
 from plangate import _otelconfig
@@ -93,6 +94,22 @@ class Traces:
             return
         with self.tracer.start_as_current_span(name, attributes=dict(attributes)) as current:
             yield current
+
+    def automatic(self, plan_id: str, version: int, plan_hash: str, actor: str, reasons: Sequence[str]) -> None:
+        """A plan approved by the policy as it was submitted: a ``plangate.approval`` span like a person's."""
+        if self.tracer is None:
+            return
+        attributes = {
+            "plangate.plan_id": plan_id,
+            "plangate.plan.version": version,
+            "plangate.plan.hash": plan_hash,
+            "plangate.plan.status": "approved",
+            "plangate.approval.actor": actor,
+            "plangate.approval.decision": "approved",
+            "plangate.approval.kind": "auto",
+            "plangate.approval.reasons": list(reasons),
+        }
+        self.tracer.start_span("plangate.approval", attributes=attributes).end()
 
     def flush(self, timeout_millis: int = 10_000) -> None:
         """Send what is buffered now (an exporter sends in batches, in the background)."""
@@ -312,6 +329,7 @@ def _decided(runtime: Any, record: Any, approver: str) -> dict[str, Any]:
 
 # -- configuration -------------------------------------------------------------------------
 _lock = threading.Lock()
+_MISSING_SAID = threading.Event()
 _MADE: dict[str, Traces] = {}  # the process's traces, once made (OFF is not kept: a later global provider counts)
 
 
@@ -324,8 +342,14 @@ def from_env(env: Mapping[str, str] | None = None) -> Traces:
         return OFF
     try:
         provider = _otelconfig.provider(env)
-    except ImportError:
-        return OFF  # the otel extra is not installed: the core runs on without traces
+    except ImportError:  # the core runs on without traces, and says why once
+        if not _MISSING_SAID.is_set():
+            _MISSING_SAID.set()
+            logging.getLogger("plangate").warning(
+                "the OTEL_* variables ask for traces, but the otel extra is not installed "
+                "(pip install 'plangate[otel]'): tracing is off"
+            )
+        return OFF
     return Traces(provider.get_tracer(SCOPE), provider)
 
 
