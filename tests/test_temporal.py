@@ -14,6 +14,13 @@ from plangate import Catalogue, Policy
 from plangate.runtime import Runtime
 from plangate.testing import temporal_server
 from tests.conftest import EXAMPLES, load_plan
+from tests.otlp import Receiver, otlp_receiver
+
+
+@pytest.fixture
+def receiver() -> Iterator[Receiver]:
+    with otlp_receiver() as found:
+        yield found
 
 
 @pytest.fixture(scope="module")
@@ -180,3 +187,32 @@ def test_a_step_that_overruns_on_temporal_halts_for_a_person(temporal: str, tmp_
     assert rt.get(record.id).status == "halted"
     row = rt.store.steps(record.id)[1]
     assert row.status == "outcome_unknown" and "the call timed out after 0.5 s" in (row.error or "")
+
+
+def test_a_run_on_temporal_is_one_trace_whose_steps_join_the_workers_run_span(
+    temporal: str, tmp_path: Path, catalogue: Catalogue, policy: Policy, receiver: Receiver
+) -> None:
+    """The run span is the worker's; each step's span, made in whichever activity ran it, is its child."""
+    db = f"sqlite:///{tmp_path}/t.db"
+    rt = Runtime(catalogue, policy, db=db)
+    record = rt.submit(load_plan("refund"), "alice")
+    rt.approve(record.id, "dave", record.hash)
+    rt.approve(record.id, "carol", record.hash)
+    command = ["worker", "--tools", str(EXAMPLES / "business.py"), "--temporal", temporal, "--drain", "--name", "t3"]
+    done = subprocess.run(
+        [sys.executable, "-m", "plangate", *command],
+        env={**os.environ, "PLANGATE_DB": db, "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.url},
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert rt.get(record.id).status == "succeeded"
+    run = receiver.one("plangate.run")
+    assert run.attributes["plangate.plan_id"] == record.id and run.attributes["plangate.run.status"] == "succeeded"
+    assert run.attributes["plangate.actor"] == "temporal"
+    steps = receiver.named("plangate.step")
+    assert sorted(s.attributes["plangate.step_id"] for s in steps) == [1, 2, 3, 4]
+    assert {(s.trace_id, s.parent_id) for s in steps} == {(run.trace_id, run.span_id)}
+    assert all(s.attributes["plangate.step.status"] == "succeeded" for s in steps)

@@ -79,9 +79,16 @@ class Engine:
         """
         return _Run(self, plan_id, version, plan, actor).watched()
 
-    def stepper(self, plan_id: str, version: int, plan: Plan, *, actor: str = "engine") -> _Run:
-        """The engine one step at a time (``one(step_id)``, then ``finish``), for an orchestrator."""
-        return _Run(self, plan_id, version, plan, actor)
+    def stepper(
+        self, plan_id: str, version: int, plan: Plan, *, actor: str = "engine", traceparent: str | None = None
+    ) -> _Run:
+        """The engine one step at a time (``one(step_id)``, then ``finish``), for an orchestrator.
+
+        ``traceparent``: the run span the orchestrator opened, which the steps' spans join.
+        """
+        run = _Run(self, plan_id, version, plan, actor)
+        run.spans = (self.traces or tracing.default()).joined(plan_id, traceparent)
+        return run
 
 
 class _Run:

@@ -33,7 +33,7 @@ from temporalio.common import RetryPolicy
 from temporalio.exceptions import ApplicationError
 
 with workflow.unsafe.imports_passed_through():
-    from plangate import ledger
+    from plangate import ledger, tracing
     from plangate._clock import SystemClock
     from plangate.engine import Engine
     from plangate.errors import GovernanceError
@@ -75,7 +75,10 @@ def _stepper(args: dict[str, Any]) -> Any:
         policy=policy,
         owner=args.get("owner"),
     )
-    return engine.stepper(args["plan_id"], args["version"], body, actor="temporal"), store
+    stepper = engine.stepper(
+        args["plan_id"], args["version"], body, actor="temporal", traceparent=args.get("traceparent")
+    )
+    return stepper, store
 
 
 def _check_claim(store: Any, args: dict[str, Any]) -> None:
@@ -103,6 +106,7 @@ def run_step(args: dict[str, Any]) -> str:
     try:
         return str(stepper.one(int(args["step_id"])))
     finally:
+        stepper.spans.close()  # a step span left open by a raise ends here
         store.close()
 
 
@@ -224,19 +228,24 @@ async def serve(
                     store.close()
                     continue
                 store.close()
-                try:
-                    await client.execute_workflow(
-                        PlanWorkflow.run,
-                        workflow_args(db, tools, claim, catalogue),
-                        id=plan_id,
-                        task_queue=TASK_QUEUE,
-                        id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
-                    )
-                except (WorkflowAlreadyStartedError, WorkflowFailureError):
-                    # It stays running under this worker's lease for a person to look at, and is
-                    # not claimed again by this worker (a workflow id is never reused).
-                    refused.append(plan_id)
-                    continue
+                # The run's span is this worker's; each step's, in whichever worker runs its activity, joins it.
+                spans = tracing.default().run(plan_id, claim.plan.version, claim.body, actor="temporal")
+                with spans:
+                    try:
+                        status = await client.execute_workflow(
+                            PlanWorkflow.run,
+                            {**workflow_args(db, tools, claim, catalogue), "traceparent": spans.run_traceparent()},
+                            id=plan_id,
+                            task_queue=TASK_QUEUE,
+                            id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
+                        )
+                    except (WorkflowAlreadyStartedError, WorkflowFailureError) as failed:
+                        spans.close(failed)
+                        # It stays running under this worker's lease for a person to look at, and is
+                        # not claimed again by this worker (a workflow id is never reused).
+                        refused.append(plan_id)
+                        continue
+                    spans.end(status)
                 ran += 1
 
 

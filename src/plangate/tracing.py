@@ -58,6 +58,13 @@ class Traces:
             return NO_RUN
         return RunSpans(self.tracer, plan_id, version, plan, actor=actor, mode=mode)
 
+    def joined(self, plan_id: str, traceparent: str | None) -> RunSpans:
+        """The spans of steps run away from their run (one step per Temporal activity), as children of the
+        run span named by ``traceparent``; a no-op when off or when no run span was passed on."""
+        if self.tracer is None or not traceparent:
+            return NO_RUN
+        return RunSpans.joining(self.tracer, plan_id, traceparent)
+
     def complete(
         self, model: Model, request: ModelRequest, *, purpose: str, plan_id: str | None = None
     ) -> ModelResponse:
@@ -148,6 +155,26 @@ class RunSpans:
         self.plan_id = plan_id
         self.steps: dict[int, Any] = {}
         self.ended = False
+
+    @classmethod
+    def joining(cls, tracer: Any, plan_id: str, traceparent: str) -> RunSpans:
+        """Spans for steps under a run span opened elsewhere (``traceparent``), which they neither end nor mark."""
+        from opentelemetry import trace
+        from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+        joined = cls.__new__(cls)
+        joined._trace = trace
+        joined.tracer = tracer
+        joined.context = TraceContextTextMapPropagator().extract({"traceparent": traceparent})
+        joined.span = trace.get_current_span(joined.context)  # the remote run span: not recording, ends nothing
+        joined.plan_id = plan_id
+        joined.steps = {}
+        joined.ended = False
+        return joined
+
+    def run_traceparent(self) -> str | None:
+        """The W3C ``traceparent`` of the run span, for steps that run in another process."""
+        return _traceparent(self.span)
 
     def __enter__(self) -> RunSpans:
         return self
@@ -274,6 +301,9 @@ class _NoRun(RunSpans):
         return fn
 
     def traceparent(self, step_id: int) -> str | None:
+        return None
+
+    def run_traceparent(self) -> str | None:
         return None
 
     def end(self, status: str, error: str | None = None, step_id: int | None = None) -> None:
