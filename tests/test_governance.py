@@ -56,10 +56,11 @@ def halted(rt: Runtime, data: dict[str, Any]) -> str:
 
 
 @pytest.fixture
-def store(tmp_path: Path, catalogue: Catalogue, policy: Policy) -> tuple[str, dict[str, str]]:
+def store(any_db: str, catalogue: Catalogue, policy: Policy) -> tuple[str, dict[str, str]]:
     """A store with a plan of every kind: succeeded, halted after an effect (then compensated; settled and
-    closed; left open), rejected, edited; and register entries. Plans from ``LATER`` on: rejected, edited."""
-    db = f"sqlite:///{tmp_path}/g.db"
+    closed; left open), rejected, edited; and register entries. Plans from ``LATER`` on: rejected, edited.
+    Once on SQLite, once on PostgreSQL."""
+    db = any_db
     clock = FixedClock()
     rt = Runtime(catalogue, policy, db=db, clock=clock, tools=str(EXAMPLES / "business.py"))
     ids = {"lookup": rt.submit(LOOKUP, "alice").id}
@@ -298,10 +299,13 @@ def test_every_governance_command_has_help() -> None:
 
 
 def test_export_from_python_names_the_files_it_wrote(tmp_path: Path, store: tuple[str, dict[str, str]]) -> None:
+    from contextlib import closing
+
     from plangate.store import open_store
 
     seen: list[str] = []
-    done = export(open_store(store[0]), tmp_path / "py", clock=FixedClock(LATER), progress=seen.append)
+    with closing(open_store(store[0])) as opened:
+        done = export(opened, tmp_path / "py", clock=FixedClock(LATER), progress=seen.append)
     assert len(seen) == 6 and done.plans == 6 and done.incidents == 3
     manifest = json.loads((tmp_path / "py" / "manifest.json").read_text())
     assert manifest["exported_at"].startswith("2026-12-05T09:00") and done.files == len(manifest["files"])
