@@ -183,6 +183,25 @@ def test_review_edit_approve_execute(server: dict[str, Any], browser: Browser) -
     carol.screenshot(path=str(SHOTS / "timeline.png"), full_page=True)
     assert refused == [], "the timeline page runs under the CSP"
 
+    # The same task again, unedited (10 EUR), run and then compared with the first run.
+    again = submit(server)
+    carol.goto(f"{server['url']}/plans/{again['id']}")
+    carol.click("#approve")
+    carol.click("#execute")
+    expect(carol.locator("#run-status")).to_have_text("succeeded", timeout=15_000)
+    carol.goto(f"{server['url']}/plans/{again['id']}")
+    carol.fill("#compare-with", plan["id"])
+    carol.click("form[action$='/compare'] button")
+    expect(carol.locator("h1")).to_have_text("Compare runs")
+    expect(carol.locator("#compare tr.differs")).to_have_count(1)  # step 2's amount, and so its output
+    changed = carol.locator("#compare-step-2 pre.json span.changed")  # the amount, in and out; the refund's id
+    expect(changed).to_contain_text(
+        ['"amount": 10.0', '"amount": 10.0', '"refund_id"', '"amount": 12.5', '"amount": 12.5', '"refund_id"']
+    )
+    expect(carol.locator("#compare-step-1 .pill")).to_have_text("same")
+    carol.screenshot(path=str(SHOTS / "compare.png"), full_page=True)
+    assert refused == [], "the compare page runs under the CSP"
+
 
 def test_self_approval_and_forms_without_csrf_are_refused(server: dict[str, Any], browser: Browser) -> None:
     plan = submit(server)

@@ -95,3 +95,23 @@ def test_the_api_and_the_page_compare_runs_their_reader_may_see(
     assert page.status_code == 200 and 'id="compare"' in page.text and "alan@example.com" in page.text
     other, _ = browser(setup, "erin")
     assert other.get(f"/plans/{a}/compare", params={"with": b}).status_code == 403
+
+
+def test_the_side_by_side_view_marks_the_fields_that_differ() -> None:
+    from plangate.server.views import _marked
+
+    left = _marked({"amount": 10.0, "id": "42", "note": {"a": 1}}, {"amount": 12.5, "id": "42"})
+    assert left == [
+        ("{", False),
+        ('  "amount": 10.0,', True),
+        ('  "id": "42",', False),
+        ('  "note": {', True),
+        ('    "a": 1', True),
+        ("  }", True),
+        ("}", False),
+    ], "a field the other side lacks differs, every line of it"
+    assert _marked("sent", "sent") == [('"sent"', False)] and _marked([1], None) == [
+        ("[", True),
+        ("  1", True),
+        ("]", True),
+    ]

@@ -122,8 +122,7 @@ def compare_page(
     """Two plans' runs side by side; both must be plans the reader may see."""
     a, b = (_actions.visible(rt, caller.user, x) for x in (plan_id, other.strip()))
     diff = rt.compare(a.id, b.id)
-    details = diff.lines()[len(diff.steps) + 2 :]
-    return render(request, "compare.html", caller, diff=diff, table=diff.rows(), details=details)
+    return render(request, "compare.html", caller, diff=diff, table=diff.rows(), cards=views.compare(diff))
 
 
 @router.get("/plans/{plan_id}/edit", response_class=HTMLResponse)

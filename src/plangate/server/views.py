@@ -13,6 +13,7 @@ from plangate.accounts import User
 from plangate.graph import PlanGraph, run_deps
 from plangate.plan import Plan
 from plangate.record import PlanRecord
+from plangate.rundiff import RunDiff
 from plangate.runtime import Runtime
 from plangate.server import _timeline, _timelinesvg
 from plangate.story import tell
@@ -176,3 +177,41 @@ def trace(rt: Runtime, record: PlanRecord, catalogue: Catalogue) -> dict[str, An
         "span": _timeline.span,
         "states": _timeline.STATES,
     }
+
+
+def compare(diff: RunDiff) -> list[dict[str, Any]]:
+    """Each step of two runs side by side: per side, its status, duration, and its parameters and output
+    as lines of JSON, each line marked where that field differs from the other run's."""
+    cards = []
+    for pair in diff.steps:
+        sides: list[dict[str, Any] | None] = []
+        for mine, theirs in ((pair.a, pair.b), (pair.b, pair.a)):
+            if mine is None:
+                sides.append(None)
+                continue
+            sides.append(
+                {
+                    "status": mine.status,
+                    "ms": "" if mine.ms is None else f"{mine.ms:.1f} ms",
+                    "params": _marked(mine.params, theirs.params if theirs else None),
+                    "output": _marked(mine.output, theirs.output if theirs else None),
+                }
+            )
+        either = pair.a or pair.b
+        tool = either.tool if either is not None else ""
+        cards.append({"id": pair.id, "tool": tool, "differs": pair.differs, "sides": sides})
+    return cards
+
+
+def _marked(value: Any, other: Any) -> list[tuple[str, bool]]:
+    """``value`` as indented JSON lines, a top-level field's lines marked when ``other`` has it otherwise."""
+    if not isinstance(value, dict) or not isinstance(other, dict):
+        text = json.dumps(value, indent=2, ensure_ascii=False, sort_keys=True, default=str)
+        return [(line, value != other) for line in text.splitlines()]
+    lines = [("{", False)]
+    for index, key in enumerate(sorted(value)):
+        comma = "," if index < len(value) - 1 else ""
+        field = json.dumps({key: value[key]}, indent=2, ensure_ascii=False, default=str).splitlines()[1:-1]
+        changed = key not in other or other[key] != value[key]
+        lines += [(line + (comma if n == len(field) - 1 else ""), changed) for n, line in enumerate(field)]
+    return [*lines, ("}", False)]
