@@ -18,6 +18,7 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "server": ("fastapi", "uvicorn", "jinja2", "itsdangerous", "multipart", "argon2", "prometheus_client"),
     "metrics": ("prometheus_client",),
     "otel": ("opentelemetry.sdk", "opentelemetry.exporter.otlp.proto.http"),
+    "mcp": ("mcp",),
     "temporal": ("temporalio",),
     "postgres": ("psycopg",),
     "llamacpp": ("llama_cpp",),
