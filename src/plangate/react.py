@@ -25,6 +25,7 @@ Everything is recorded under the run's UUID in the same audit store as plans, so
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import re
@@ -35,7 +36,7 @@ from typing import Any, Literal
 
 from pydantic import ValidationError
 
-from plangate import _input, approval, lifecycle, metrics, tracing
+from plangate import _aio, _input, approval, lifecycle, metrics, tracing
 from plangate._clock import Clock, SystemClock, iso, parse_iso
 from plangate._reactstate import Act, Mode, ReActResult, ReActStep, RunState
 from plangate.costs import PriceTable
@@ -94,6 +95,7 @@ class ReActAgent:
     # -- running ---------------------------------------------------------------------------
     def run(self, question: str) -> ReActResult:
         """Answer ``question``; returns when answered, stopped, or paused for an approval."""
+        _aio.refuse_in_loop("ReActAgent.run", "agent.arun")
         owner = lifecycle.runner(f"react:{self.user}")
         state = RunState(run_id=self.clock.new_id(), question=question, owner=owner)
         now = iso(self.clock.now())
@@ -137,6 +139,7 @@ class ReActAgent:
         A run whose process died (running under a lease that is dead) is stopped instead: an
         action it had started may or may not have happened, and it is never run again here.
         """
+        _aio.refuse_in_loop("ReActAgent.resume", "agent.aresume")
         owner = lifecycle.runner(f"react:{self.user}")
         with self.store.transaction():  # a claim: of two resumes, one goes on and the other is refused
             self.store.lock_log()
@@ -166,6 +169,27 @@ class ReActAgent:
             )
         with self._leased(run_id, owner):
             return self._go_on(state)
+
+    async def arun(self, question: str) -> ReActResult:
+        """:meth:`run`, awaited: the model and the tools are called on a thread, never on the caller's loop.
+
+        The run has a store connection of its own, so runs of one agent go on side by side;
+        cancelling the awaiting task does not stop the run (it goes on to its recorded end).
+        """
+        return await _aio.off_loop(lambda: self._alone(lambda agent: agent.run(question)))
+
+    async def aresume(self, run_id: str) -> ReActResult:
+        """:meth:`resume`, awaited, as :meth:`arun`."""
+        return await _aio.off_loop(lambda: self._alone(lambda agent: agent.resume(run_id)))
+
+    def _alone(self, call: Callable[[ReActAgent], ReActResult]) -> ReActResult:
+        store = _aio.reopened(self.store)
+        if store is None:  # a store in memory: this agent's own, one run at a time
+            return call(self)
+        try:
+            return call(replace(self, store=store))
+        finally:
+            store.close()
 
     def _stop_dead(self, row: PlanRow) -> ReActResult:
         """End a run whose process died mid-way (inside the caller's transaction)."""
@@ -421,7 +445,7 @@ class ReActAgent:
             )
         state.tool_calls += 1
         try:
-            value = tool.fn(**kwargs)
+            value = asyncio.run(tool.fn(**kwargs)) if tool.is_async else tool.fn(**kwargs)  # no loop on this thread
             output = tool.dump_output(value)
         except ValidationError as exc:
             return f"Error: the tool's output does not match its declared type: {exc.errors()[0]['msg']}"

@@ -8,12 +8,26 @@ the hash-chained audit log under the plan's UUID.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypeVar
 
-from plangate import _input, approval, drift, ledger, lifecycle, metrics, plandiff, recovery, replay, rundiff, tracing
+from plangate import (
+    _aio,
+    _input,
+    approval,
+    drift,
+    ledger,
+    lifecycle,
+    metrics,
+    plandiff,
+    recovery,
+    replay,
+    rundiff,
+    tracing,
+)
 from plangate._clock import Clock, SystemClock, iso
 from plangate.check import CheckResult, check
 from plangate.compensation import Compensation, CompensationResult
@@ -32,6 +46,7 @@ from plangate.tools import Catalogue
 from plangate.tracing import Traces, traced_decision
 
 PlanInput = Plan | Mapping[str, Any] | str | bytes
+T = TypeVar("T")
 
 
 class Runtime:
@@ -46,6 +61,9 @@ class Runtime:
     come from ``clock``, so tests and replays can fix them. ``policy`` is the policy in
     force now: plans are checked against it when submitted, and held against it again
     when they run if it changed since they were approved.
+
+    Inside a running event loop, use the ``a`` methods (``await runtime.aexecute(id)``):
+    one runtime may be shared by many tasks. See "Sync and async" in docs/architecture.md.
     """
 
     def __init__(
@@ -70,6 +88,7 @@ class Runtime:
         self.notify = notify
         self.lease_seconds = lease_seconds
         self.traces = traces or tracing.default()  # runs' and approvals' spans: the process's unless given
+        self._turns = threading.RLock()  # the a-methods take turns on this runtime's store connection
 
     # -- submit, decide, edit --------------------------------------------------------------
     def submit(self, plan: PlanInput | PlanningResult, requested_by: str, role: str | None = None) -> PlanRecord:
@@ -262,6 +281,7 @@ class Runtime:
         A decision like an approval (never the requester or an author); a rollback that died
         is taken over once its lease has run out.
         """
+        _aio.refuse_in_loop("Runtime.compensate", "runtime.acompensate")
         return self._roll_back(plan_id, actor=actor, reason=reason, by_person=True)
 
     def close_plan(self, plan_id: str, *, actor: str, reason: str) -> PlanRecord:
@@ -335,6 +355,7 @@ class Runtime:
         owner: str | None = None,
     ) -> RunResult:
         """Run an approved plan. A finished plan is not run again: its recorded result comes back."""
+        _aio.refuse_in_loop("Runtime.execute", "runtime.aexecute")
         plan, version = self._current(plan_id)
         _not_react(plan)
         recovery.refuse_closed(self.store, plan.id, plan.status, "be executed")
@@ -357,6 +378,7 @@ class Runtime:
         owner: str | None = None,
     ) -> RunResult:
         """Continue a halted or interrupted run: completed steps are loaded, never run again."""
+        _aio.refuse_in_loop("Runtime.resume", "runtime.aresume")
         plan, version = self._current(plan_id)
         _not_react(plan)
         recovery.refuse_closed(self.store, plan.id, plan.status, "be resumed")
@@ -409,6 +431,7 @@ class Runtime:
 
     def drive(self, claim: Claim, progress: Callable[[Progress], None] | None = None) -> RunResult:
         """Run a claimed plan to its end or a halt, renewing the lease as it goes."""
+        _aio.refuse_in_loop("Runtime.drive", "runtime.aexecute")
         keeper = lifecycle.LeaseKeeper(self.store, claim.plan.id, claim.owner, self.lease_seconds, self._lease_until)
         engine = Engine(
             store=self.store,
@@ -548,6 +571,112 @@ class Runtime:
 
     def close(self) -> None:
         self.store.close()
+
+    # -- async: the same calls, awaited ---------------------------------------------------
+    async def asubmit(self, plan: PlanInput | PlanningResult, requested_by: str, role: str | None = None) -> PlanRecord:
+        """:meth:`submit`, awaited."""
+        return await self._quick(lambda: self.submit(plan, requested_by, role))
+
+    async def aapprove(
+        self, plan_id: str, approver: str, plan_hash: str, comment: str | None = None, role: str | None = None
+    ) -> PlanRecord:
+        """:meth:`approve`, awaited."""
+        return await self._quick(lambda: self.approve(plan_id, approver, plan_hash, comment, role))
+
+    async def areject(self, plan_id: str, approver: str, comment: str, plan_hash: str | None = None) -> PlanRecord:
+        """:meth:`reject`, awaited."""
+        return await self._quick(lambda: self.reject(plan_id, approver, comment, plan_hash))
+
+    async def aedit(self, plan_id: str, new_plan: PlanInput, editor: str) -> PlanRecord:
+        """:meth:`edit`, awaited."""
+        return await self._quick(lambda: self.edit(plan_id, new_plan, editor))
+
+    async def asettle(
+        self, plan_id: str, step_id: int, *, done: bool, actor: str, output: Any = None, note: str | None = None
+    ) -> PlanRecord:
+        """:meth:`settle`, awaited."""
+        settled = {"done": done, "actor": actor, "output": output, "note": note}
+        return await self._quick(lambda: self.settle(plan_id, step_id, **settled))
+
+    async def aclose_plan(self, plan_id: str, *, actor: str, reason: str) -> PlanRecord:
+        """:meth:`close_plan`, awaited."""
+        return await self._quick(lambda: self.close_plan(plan_id, actor=actor, reason=reason))
+
+    async def aget(self, plan_id: str) -> PlanRecord:
+        """:meth:`get`, awaited."""
+        return await self._quick(lambda: self.get(plan_id))
+
+    async def atrace(self, plan_id: str) -> list[Event]:
+        """:meth:`trace`, awaited."""
+        return await self._quick(lambda: self.trace(plan_id))
+
+    async def aexecute(
+        self,
+        plan_id: str,
+        *,
+        actor: str = "engine",
+        progress: Callable[[Progress], None] | None = None,
+        owner: str | None = None,
+    ) -> RunResult:
+        """:meth:`execute`, awaited, on a store connection of its own: runs on one runtime go on side by side.
+
+        Cancelling the awaiting task does not stop the run: it goes on to its recorded end
+        (``progress`` is called from the run's thread).
+        """
+        return await self._long(lambda rt: rt.execute(plan_id, actor=actor, progress=progress, owner=owner))
+
+    async def aresume(
+        self,
+        plan_id: str,
+        *,
+        actor: str = "engine",
+        progress: Callable[[Progress], None] | None = None,
+        owner: str | None = None,
+    ) -> RunResult:
+        """:meth:`resume`, awaited, as :meth:`aexecute`."""
+        return await self._long(lambda rt: rt.resume(plan_id, actor=actor, progress=progress, owner=owner))
+
+    async def acompensate(self, plan_id: str, *, actor: str, reason: str) -> CompensationResult:
+        """:meth:`compensate`, awaited, as :meth:`aexecute`."""
+        return await self._long(lambda rt: rt.compensate(plan_id, actor=actor, reason=reason))
+
+    async def _quick(self, call: Callable[[], T]) -> T:
+        """A short call on a thread, taking its turn on this runtime's connection."""
+
+        def serially() -> T:
+            with self._turns:
+                return call()
+
+        return await _aio.off_loop(serially)
+
+    async def _long(self, call: Callable[[Runtime], T]) -> T:
+        """A run on a thread, with a store connection of its own (or, for a store in memory, taking its turn)."""
+
+        def alone() -> T:
+            store = _aio.reopened(self.store)
+            if store is None:
+                with self._turns:
+                    return call(self)
+            try:
+                return call(self._on(store))
+            finally:
+                store.close()
+
+        return await _aio.off_loop(alone)
+
+    def _on(self, store: Store) -> Runtime:
+        """This runtime over another connection to its store."""
+        return Runtime(
+            self.catalogue,
+            self.policy,
+            db=store,
+            clock=self.clock,
+            max_concurrency=self.max_concurrency,
+            tools=self.tools,
+            notify=self.notify,
+            lease_seconds=self.lease_seconds,
+            traces=self.traces,
+        )
 
     # -- helpers ---------------------------------------------------------------------------
     def _catalogue(self) -> Catalogue:
