@@ -53,7 +53,13 @@ def held(label: str) -> str:
     return label
 
 
-CAT = Catalogue([look_up, write_down, held])
+@tool(effect="write")
+def refuse(reason: str) -> str:
+    """Fail, always."""
+    raise RuntimeError(reason)
+
+
+CAT = Catalogue([look_up, write_down, held, refuse])
 
 
 @pytest.fixture(autouse=True)
@@ -176,6 +182,23 @@ def test_a_cancelled_await_leaves_the_run_to_end_as_recorded(tmp_path: Path) -> 
     assert rt.get(plan_id).status == "succeeded"
     assert EVENTS == ["tool started x", "tool ended x"], "the step ran once, to its end"
     assert [e.kind for e in rt.trace(plan_id)][-2:] == ["step.succeeded", "run.succeeded"]
+    assert rt.store.verify_audit().ok
+    rt.close()
+
+
+def test_a_store_in_memory_is_used_in_turns_through_a_halt_and_its_closing() -> None:
+    rt = Runtime(CAT, db="sqlite:///:memory:")
+
+    async def main() -> None:
+        plan_id = await approved(rt, plan({"id": 1, "tool": "refuse", "params": {"reason": "no"}}))
+        first, second = await asyncio.gather(rt.aexecute(plan_id), rt.aget(plan_id))
+        assert first.status == "halted" and "RuntimeError: no" in (first.error or "")
+        assert second.status in ("approved", "halted"), "the read took its turn before or after the run"
+        assert (await rt.aresume(plan_id)).status == "halted"
+        closed = await rt.aclose_plan(plan_id, actor="ben", reason="not worth another try")
+        assert closed.status == "closed"
+
+    asyncio.run(main())
     assert rt.store.verify_audit().ok
     rt.close()
 
