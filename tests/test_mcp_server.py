@@ -26,7 +26,9 @@ from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 
 from plangate import Catalogue, Policy, Runtime
+from plangate.accounts import Accounts
 from plangate.cli import main
+from plangate.errors import SignInRequiredError
 from plangate.mcpserver import Gate
 from tests.conftest import EXAMPLES, load_plan
 
@@ -270,3 +272,18 @@ def test_who_asks_is_known_before_the_first_call(db: str) -> None:
     assert code.exit_code == 2 and "say who you are with --as NAME" in code.stderr
     code = CliRunner().invoke(main, ["mcp", "serve", "--tools", TOOLS, "--db", db, "--as", "a", "--http", "nope"])
     assert code.exit_code == 2 and "--http takes HOST:PORT" in code.stderr
+
+
+def test_with_accounts_the_token_says_who_asks_and_what_they_may_see(db: str) -> None:
+    rt = runtime(db)
+    accounts = Accounts(rt.store)
+    accounts.add("alice", "requester")
+    accounts.add("bob", "requester")
+    with pytest.raises(SignInRequiredError):
+        Gate(rt, user="alice")  # a name is not enough once the store has accounts
+    alice = Gate(rt, token=accounts.issue_token("alice"))
+    reply = alice.call("issue_refund", {"invoice_id": "42", "amount": 5.0})
+    assert rt.get(reply.data["plan_id"]).requested_by == "alice"
+    bob = Gate(rt, token=accounts.issue_token("bob"))
+    hidden = bob.call("plangate_plan_status", {"plan_id": reply.data["plan_id"]})
+    assert hidden.error and "bob may not see plan" in hidden.text
