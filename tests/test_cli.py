@@ -150,7 +150,7 @@ COMMANDS = [(), *commands(main)]
 
 
 def test_the_walk_finds_every_group_and_its_subcommands() -> None:
-    assert len(COMMANDS) == 56
+    assert len(COMMANDS) == 58
     assert {
         ("edit",),
         ("diff",),
@@ -164,6 +164,7 @@ def test_the_walk_finds_every_group_and_its_subcommands() -> None:
     assert {("audit", "verify"), ("library", "remove"), ("users", "token"), ("approvals", "report")} <= set(COMMANDS)
     assert {("users", "revoke"), ("users", "disable"), ("login",), ("logout",)} <= set(COMMANDS)
     assert ("retention", "purge") in COMMANDS
+    assert ("mcp", "serve") in COMMANDS
 
 
 @pytest.mark.parametrize("command", COMMANDS, ids=lambda words: " ".join(words) or "plangate")

@@ -31,6 +31,7 @@ CASES = {
     "passwords": ("server", ["users", "add", "gina", "--role", "governance", "--password-stdin"]),
     "worker --temporal": ("temporal", ["worker", "--temporal", "127.0.0.1:1", "--tools", TOOLS]),
     "worker --metrics-port": ("metrics", ["worker", "--metrics-port", "9", "--tools", TOOLS]),
+    "mcp serve": ("mcp", ["mcp", "serve", "--tools", TOOLS, "--as", "alice"]),
     "a PostgreSQL store": ("postgres", ["list", "--db", "postgresql://nobody@127.0.0.1:1/none"]),
     "the anthropic model provider": ("anthropic", ["plan", "a task", "--tools", TOOLS, "--model", "anthropic:m"]),
     "the openai model provider": ("openai", ["plan", "a task", "--tools", TOOLS, "--model", "openai:m"]),

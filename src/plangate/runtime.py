@@ -91,13 +91,16 @@ class Runtime:
         self._turns = threading.RLock()  # the a-methods take turns on this runtime's store connection
 
     # -- submit, decide, edit --------------------------------------------------------------
-    def submit(self, plan: PlanInput | PlanningResult, requested_by: str, role: str | None = None) -> PlanRecord:
+    def submit(
+        self, plan: PlanInput | PlanningResult, requested_by: str, role: str | None = None, *, via: str | None = None
+    ) -> PlanRecord:
         """Check and hold a plan against the policy, record it, and say what it needs.
 
         ``role`` may only name the role the policy gives ``requested_by``: a claim of a role
         the user does not hold is refused. Given a :class:`~plangate.planner.PlanningResult`,
         how the plan was made is recorded in the audit log with it; the model's thinking
-        stays there and is never passed on to a tool.
+        stays there and is never passed on to a tool. ``via`` names the channel the plan
+        came by (``mcp``), recorded with its submission.
         """
         planning: PlanningResult | None = None
         if isinstance(plan, PlanningResult):
@@ -134,6 +137,7 @@ class Runtime:
                     "steps": len(parsed.steps),
                     "tools": self.tools,
                     "transition": {"from": None, "to": "pending_approval"},
+                    **({"via": via} if via else {}),
                 },
             )
             if planning is not None:

@@ -26,7 +26,8 @@ def describe(event: Event) -> str:
 
 
 def _submitted(d: dict[str, Any], _: int | None) -> str:
-    return f"submitted {d['task']!r} ({d['category']}, {d['steps']} steps, hash {d['hash'][:12]})"
+    via = f" via {d['via']}" if d.get("via") else ""
+    return f"submitted {d['task']!r} ({d['category']}, {d['steps']} steps, hash {d['hash'][:12]}){via}"
 
 
 def _checked(d: dict[str, Any], _: int | None) -> str:

@@ -22,6 +22,7 @@ from plangate.cli import (
     _eval,
     _governance,
     _init,
+    _mcp,
     _planning,
     _plans,
     _react,
@@ -65,6 +66,7 @@ for _module in (
     _users,
     _demo,
     _init,
+    _mcp,
 ):
     for _command in _module.COMMANDS:
         main.add_command(_command)
