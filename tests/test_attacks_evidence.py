@@ -1,0 +1,169 @@
+"""Attacks on the evidence: retention purges, the governance export, replay, /metrics, compare and timeline pages.
+
+Each test is an attack by someone who can write the database (or the files, or send requests)
+but holds no audit key; each must fail safely, with a message naming the rule and the place.
+"""
+
+from __future__ import annotations
+
+from contextlib import closing
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from plangate import Catalogue, Policy, Runtime, _purged
+from plangate.cli import main
+from plangate.errors import GovernanceError
+from plangate.store import open_store
+from tests.test_retention import events_of, plans, tamper
+
+
+def cli(*args: str, stdin: str | None = None) -> tuple[int, str]:
+    result = CliRunner().invoke(main, list(args), input=stdin)
+    return result.exit_code, result.stdout + result.stderr
+
+
+@pytest.fixture
+def old(tmp_path: Path, catalogue: Catalogue, policy: Policy) -> tuple[str, dict[str, str]]:
+    url = f"sqlite:///{tmp_path}/plangate.db"
+    return url, plans(url, catalogue, policy)
+
+
+# -- retention: forged purges -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '{"purged":{"at":"x","seal":"0"},"n":NaN}',  # parses, but cannot be re-serialised
+        '{"purged":{"at":"x","seal":"0"},"n":' + "[" * 100_000 + "]" * 100_000 + "}",  # nested past the stack
+        '{"purged":{"at":"x","seal":"0"},"n":1e999}',
+        '{"purged":{"seal":"0"},"n":"\\ud800"}',  # a lone surrogate
+        '{"purged":{"at":"x","seal":"\u00e9"}}',  # a seal that is not ASCII
+    ],
+    ids=["nan", "deep", "infinite", "surrogate", "non-ascii-seal"],
+)
+def test_a_purged_event_that_cannot_be_reserialised_is_reported_not_crashed_on(
+    old: tuple[str, dict[str, str]], text: str
+) -> None:
+    url, ids = old
+    seq = events_of(url, ids["done"])[1][0]
+    tamper(url, "UPDATE events SET data = ? WHERE seq = ?", (text, seq))
+    code, out = cli("audit", "verify", "--db", url)
+    assert code == 1 and out.startswith(f"audit log BROKEN at event {seq}: its content does not match"), out
+    code, out = cli("retention", "purge", "--older-than", "100", "--yes", "--db", url)
+    assert code == 0 and f"left whole: plan {ids['done']}: its events do not verify" in out, out
+
+
+def test_a_purged_event_switched_to_the_old_hash_form_is_caught(old: tuple[str, dict[str, str]]) -> None:
+    """Downgrade: data_hash NULL makes the hash cover the data itself; the blanked data cannot match."""
+    url, ids = old
+    assert cli("retention", "purge", "--older-than", "100", "--yes", "--db", url)[0] == 0
+    row = next(r for r in events_of(url, ids["done"]) if "purged" in r[7])
+    tamper(url, "UPDATE events SET data_hash = NULL WHERE seq = ?", (row[0],))
+    code, out = cli("audit", "verify", "--db", url)
+    assert code == 1 and out.startswith(f"audit log BROKEN at event {row[0]}"), out
+
+
+def test_a_new_event_switched_to_the_old_hash_form_with_its_data_changed_is_caught(
+    old: tuple[str, dict[str, str]],
+) -> None:
+    url, ids = old
+    seq, data = next((r[0], r[7]) for r in events_of(url, ids["done"]) if '"output"' in r[7])
+    tamper(url, "UPDATE events SET data_hash = NULL, data = ? WHERE seq = ?", (data.replace("output", "outpvt"), seq))
+    code, out = cli("audit", "verify", "--db", url)
+    assert code == 1 and out.startswith(f"audit log BROKEN at event {seq}"), out
+    tamper(url, "UPDATE events SET data = ? WHERE seq = ?", (data, seq))  # the data as written, digest dropped
+    code, out = cli("audit", "verify", "--db", url)
+    assert code == 1 and out.startswith(f"audit log BROKEN at event {seq}"), out
+
+
+def test_a_seal_from_another_seq_of_the_same_plan_is_caught(old: tuple[str, dict[str, str]]) -> None:
+    url, ids = old
+    assert cli("retention", "purge", "--older-than", "100", "--yes", "--db", url)[0] == 0
+    rows = [r for r in events_of(url, ids["done"]) if "purged" in r[7]]
+    first, second = rows[0], rows[1]
+    tamper(url, "UPDATE events SET data = ? WHERE seq = ?", (first[7], second[0]))
+    code, out = cli("audit", "verify", "--db", url)
+    assert code == 1 and out.startswith(f"audit log BROKEN at event {second[0]}"), out
+
+
+def test_a_purged_event_with_duplicate_keys_is_caught(old: tuple[str, dict[str, str]]) -> None:
+    """A key repeated ahead of the kept one parses to the same data, but it is not the text the seal covers."""
+    url, ids = old
+    assert cli("retention", "purge", "--older-than", "100", "--yes", "--db", url)[0] == 0
+    seq, data = next((r[0], r[7]) for r in events_of(url, ids["done"]) if "purged" in r[7])
+    tamper(url, "UPDATE events SET data = ? WHERE seq = ?", ('{"output":"forged",' + data[1:], seq))
+    code, out = cli("audit", "verify", "--db", url)
+    assert code == 1 and out.startswith(f"audit log BROKEN at event {seq}"), out
+
+
+# -- retention: a plan made to look purged ------------------------------------------------------
+
+
+def fake_purge(url: str, plan_id: str) -> None:
+    tamper(url, "UPDATE plans SET purged_at = ? WHERE id = ?", ("2020-02-01T00:00:00.000000Z", plan_id))
+    tamper(url, "UPDATE plan_versions SET body = ? WHERE plan_id = ?", (_purged.body("2020-02-01"), plan_id))
+
+
+def test_an_approved_plan_made_to_look_purged_does_not_run(
+    old: tuple[str, dict[str, str]], catalogue: Catalogue, policy: Policy
+) -> None:
+    url, ids = old
+    fake_purge(url, ids["approved"])
+    with closing(Runtime(catalogue, policy, db=url)) as rt, pytest.raises(GovernanceError) as caught:
+        rt.execute(ids["approved"])
+    assert "purged_at" in str(caught.value) or "plan text" in str(caught.value), caught.value
+    code, out = cli("audit", "verify", "--db", url)
+    assert code == 1 and "purged_at" in out and ids["approved"] in out, out
+
+
+def test_a_plan_made_to_look_purged_is_refused_by_show_and_replay_not_hidden(old: tuple[str, dict[str, str]]) -> None:
+    url, ids = old
+    fake_purge(url, ids["done"])
+    why = f"plan {ids['done']}: plans.purged_at says its payloads were purged on 2020-02-01T00:00:00.000000Z"
+    for command in ("show", "replay"):
+        code, out = cli(command, ids["done"], "--db", url)
+        assert code != 0 and why in out and "records no purge" in out and "payloads purged" not in out, out
+
+
+@pytest.mark.parametrize("status", ["running", "halted", "approved", "pending_approval"])
+def test_an_unfinished_plan_whose_status_is_faked_to_finished_is_left_whole(
+    old: tuple[str, dict[str, str]], status: str
+) -> None:
+    url, ids = old
+    target = ids["approved"] if status != "pending_approval" else ids["pending"]
+    tamper(url, "UPDATE plans SET status = 'succeeded' WHERE id = ?", (target,))
+    code, out = cli("retention", "purge", "--older-than", "100", "--yes", "--db", url)
+    assert code == 0 and f"left whole: plan {target}: its rows disagree with its events" in out, out
+    with closing(open_store(url)) as store:
+        assert store.get_plan(target).purged_at is None  # type: ignore[union-attr]
+
+
+# -- retention: the floor -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("days", ["-1", "0", "89", "-100000", "99999999999", "1e3", "90.5", "0x100", " 365"])
+def test_odd_limits_are_refused_with_one_line(old: tuple[str, dict[str, str]], days: str) -> None:
+    url, _ = old
+    before = events_of(url, None)  # type: ignore[arg-type]
+    code, out = cli("retention", "purge", "--older-than", days, "--yes", "--db", url)
+    if days.strip() == "365":
+        assert code == 0, out
+        return
+    assert code == 2 and "Traceback" not in out and "older-than" in out.lower(), out
+    assert events_of(url, None) == before  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "tail", ["\u00b2:abc:def", "1:abc:\u00e9", "1:abc", ""], ids=["superscript", "accent", "short", "empty"]
+)
+def test_an_odd_tail_seal_is_refused_as_forged_not_crashed_on(
+    old: tuple[str, dict[str, str]], catalogue: Catalogue, policy: Policy, tail: str
+) -> None:
+    url, ids = old
+    tamper(url, "UPDATE plans SET tail = ? WHERE id = ?", (tail, ids["approved"]))
+    with closing(Runtime(catalogue, policy, db=url)) as rt, pytest.raises(GovernanceError) as caught:
+        rt.execute(ids["approved"])
+    assert "the seal naming the plan's newest event is missing or was forged" in str(caught.value)
