@@ -167,3 +167,65 @@ def test_an_odd_tail_seal_is_refused_as_forged_not_crashed_on(
     with closing(Runtime(catalogue, policy, db=url)) as rt, pytest.raises(GovernanceError) as caught:
         rt.execute(ids["approved"])
     assert "the seal naming the plan's newest event is missing or was forged" in str(caught.value)
+
+
+# -- retention: who may purge, and cutting the purge's record off the log ------------------------
+
+
+def test_only_a_governance_account_may_purge_once_the_store_has_accounts(
+    old: tuple[str, dict[str, str]], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    url, ids = old
+    monkeypatch.setenv("PLANGATE_DB", url)
+    password = "a long enough password 1"
+
+    def add(name: str, role: str, *extra: str) -> None:
+        code, out = cli("users", "add", name, "--role", role, "--password-stdin", *extra, stdin=password + "\n")
+        assert code == 0, out
+
+    def login(name: str) -> str:
+        code, out = cli("login", name, "--password-stdin", "--print", stdin=password + "\n")
+        assert code == 0, out
+        return out.strip().splitlines()[-1]
+
+    add("gina", "governance", "--category", "*")
+    gina = login("gina")
+    for name, role in (("alice", "requester"), ("carol", "approver"), ("audrey", "auditor")):
+        extra = ("--category", "*") if role == "approver" else ()
+        code, out = (
+            CliRunner()
+            .invoke(
+                main,
+                ["users", "add", name, "--role", role, "--password-stdin", *extra, "--token", gina],
+                input=password + "\n",
+            )
+            .exit_code,
+            "",
+        )
+        assert code == 0
+    for who in (
+        ["--as", "gina"],
+        ["--token", login("alice")],
+        ["--token", login("carol")],
+        ["--token", login("audrey")],
+    ):
+        code, out = cli("retention", "purge", "--older-than", "100", "--yes", *who)
+        assert code == 4 and "purged" not in out.replace("nothing was purged", ""), (who, out)
+        with closing(open_store(url)) as store:
+            assert store.get_plan(ids["done"]).purged_at is None  # type: ignore[union-attr]
+    code, out = cli("retention", "purge", "--older-than", "100", "--yes", "--token", gina)
+    assert code == 0 and "purged 2 plan(s)" in out, out
+
+
+def test_cutting_the_purge_record_off_the_log_is_caught_by_an_anchored_head(old: tuple[str, dict[str, str]]) -> None:
+    url, _ = old
+    assert cli("retention", "purge", "--older-than", "100", "--yes", "--db", url)[0] == 0
+    code, out = cli("audit", "head", "--db", url)
+    anchor = ":".join(out.split()[:2])
+    with closing(open_store(url)) as store:
+        (seq, _), *_ = store.query("SELECT seq, hash FROM events WHERE kind = 'retention.purged'")
+        prev = store.query("SELECT seq, hash FROM events WHERE seq = ?", (seq - 1,))[0]
+    tamper(url, "DELETE FROM events WHERE seq = ?", (seq,))
+    tamper(url, "UPDATE audit_head SET seq = ?, hash = ? WHERE id = 1", (prev[0], prev[1]))
+    code, out = cli("audit", "verify", "--db", url, "--head", anchor)
+    assert code == 1 and "events were cut off the end" in out, out
