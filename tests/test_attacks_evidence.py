@@ -6,8 +6,12 @@ but holds no audit key; each must fail safely, with a message naming the rule an
 
 from __future__ import annotations
 
+import hashlib
+import json
+import sqlite3
 from contextlib import closing
 from pathlib import Path
+from typing import Any
 
 import pytest
 from click.testing import CliRunner
@@ -229,3 +233,113 @@ def test_cutting_the_purge_record_off_the_log_is_caught_by_an_anchored_head(old:
     tamper(url, "UPDATE audit_head SET seq = ?, hash = ? WHERE id = 1", (prev[0], prev[1]))
     code, out = cli("audit", "verify", "--db", url, "--head", anchor)
     assert code == 1 and "events were cut off the end" in out, out
+
+
+# -- governance export and verify ---------------------------------------------------------------
+
+
+def exported(url: str, out: Path) -> str:
+    code, text = cli("governance", "export", "--out", str(out), "--db", url)
+    assert code == 0, text
+    return text
+
+
+def rewrite_manifest(out: Path, change: Any) -> None:
+    path = out / "manifest.json"
+    manifest = json.loads(path.read_text())
+    change(manifest)
+    path.write_text(json.dumps(manifest))
+
+
+def test_export_force_never_deletes_what_a_planted_manifest_lists_outside_the_folder(
+    old: tuple[str, dict[str, str]], tmp_path: Path
+) -> None:
+    url, _ = old
+    out, victim = tmp_path / "export", tmp_path / "victim.txt"
+    exported(url, out)
+    victim.write_text("keep me")
+    for name in ("../victim.txt", str(victim)):
+        rewrite_manifest(out, lambda m, name=name: m["files"].__setitem__(name, "0" * 64))
+        code, text = cli("governance", "export", "--out", str(out), "--force", "--db", url)
+        assert code == 2 and f"its manifest lists {name!r}, which is not a file inside the folder" in text, text
+        assert victim.read_text() == "keep me"
+        rewrite_manifest(out, lambda m, name=name: m["files"].pop(name))
+
+
+def test_export_force_removes_a_planted_link_not_what_it_points_at(
+    old: tuple[str, dict[str, str]], tmp_path: Path
+) -> None:
+    url, _ = old
+    out, victim = tmp_path / "export", tmp_path / "victim.txt"
+    exported(url, out)
+    victim.write_text("keep me")
+    (out / "README.md").unlink()
+    (out / "README.md").symlink_to(victim)
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    (outside / "x.txt").write_text("keep me too")
+    (out / "traces").rename(tmp_path / "old-traces")
+    (out / "traces").symlink_to(outside, target_is_directory=True)
+    code, text = cli("governance", "export", "--out", str(out), "--force", "--db", url)
+    assert code == 2 and "holds files that are not part of its export (such as traces)" in text, text
+    assert victim.read_text() == "keep me" and (outside / "x.txt").read_text() == "keep me too", text
+
+
+def test_verify_does_not_follow_a_link_out_of_the_folder(old: tuple[str, dict[str, str]], tmp_path: Path) -> None:
+    url, _ = old
+    out, outside = tmp_path / "export", tmp_path / "elsewhere"
+    exported(url, out)
+    outside.mkdir()
+    secret = outside / "secret.txt"
+    secret.write_text("not part of the export")
+    (out / "more").symlink_to(outside, target_is_directory=True)
+    digest = hashlib.sha256(secret.read_bytes()).hexdigest()
+    rewrite_manifest(out, lambda m: m["files"].update({"more/secret.txt": digest, "more": digest}))
+    code, text = cli("governance", "verify", str(out))
+    assert code == 1 and "export does not verify: more" in text and "link" in text, text
+
+
+@pytest.mark.parametrize("name", ["../outside.txt", "/etc/hostname", "traces", "a/../README.md", "./README.md", ""])
+def test_verify_refuses_a_manifest_naming_a_file_outside_or_odd(
+    old: tuple[str, dict[str, str]], tmp_path: Path, name: str
+) -> None:
+    url, _ = old
+    out = tmp_path / "export"
+    exported(url, out)
+    (tmp_path / "outside.txt").write_text("x")
+    digest = hashlib.sha256(b"x").hexdigest()
+    rewrite_manifest(out, lambda m: m["files"].__setitem__(name, digest))
+    code, text = cli("governance", "verify", str(out))
+    assert code == 1 and text.startswith(f"export does not verify: {name}: missing"), text
+    assert text.count("\n") == 1, text
+
+
+def test_verify_refuses_a_manifest_with_a_key_given_twice(old: tuple[str, dict[str, str]], tmp_path: Path) -> None:
+    url, _ = old
+    out = tmp_path / "export"
+    exported(url, out)
+    path = out / "manifest.json"
+    text = path.read_text()
+    path.write_text(text.replace('"files": {', '"files": {"README.md": "' + "0" * 64 + '", ', 1))
+    code, said = cli("governance", "verify", str(out))
+    assert code == 2 and "README.md" in said and "twice" in said, said
+
+
+def test_export_refuses_a_plan_id_that_would_write_outside_the_folder(
+    old: tuple[str, dict[str, str]], tmp_path: Path
+) -> None:
+    url, ids = old
+    with closing(sqlite3.connect(url.removeprefix("sqlite:///"))) as raw:  # foreign keys are off by default
+        raw.execute("UPDATE plans SET id = ? WHERE id = ?", ("../../escaped", ids["rejected"]))
+        raw.commit()
+    out = tmp_path / "a" / "b" / "export"
+    code, text = cli("governance", "export", "--out", str(out), "--db", url)
+    assert not list(tmp_path.rglob("escaped*")), text
+    assert code == 4 and "../../escaped" in text and "not a file inside --out" in text, text
+
+
+@pytest.mark.parametrize("since", ["2020-13-01", "", "yesterday", "2020-01-01T00:00:00+99:00", "9" * 5000, "\x00"])
+def test_odd_since_values_are_refused_in_one_line(old: tuple[str, dict[str, str]], tmp_path: Path, since: str) -> None:
+    url, _ = old
+    code, text = cli("governance", "export", "--out", str(tmp_path / "x"), "--since", since, "--db", url)
+    assert code == 2 and "--since" in text and "Traceback" not in text, text
