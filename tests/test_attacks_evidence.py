@@ -20,6 +20,7 @@ from plangate import Catalogue, Policy, Runtime, _purged
 from plangate.cli import main
 from plangate.errors import GovernanceError
 from plangate.store import open_store
+from tests.helpers import plan
 from tests.test_retention import events_of, plans, tamper
 
 
@@ -343,3 +344,104 @@ def test_odd_since_values_are_refused_in_one_line(old: tuple[str, dict[str, str]
     url, _ = old
     code, text = cli("governance", "export", "--out", str(tmp_path / "x"), "--since", since, "--db", url)
     assert code == 2 and "--since" in text and "Traceback" not in text, text
+
+
+# -- replay -------------------------------------------------------------------------------------
+
+RECORDING = """
+import os
+
+from plangate import tool
+
+
+def _called(name: str) -> None:
+    with open(os.environ["RECORDED_CALLS"], "a") as log:
+        log.write(name + "\\n")
+
+
+@tool
+def read_thing(key: str) -> dict:
+    _called("read_thing")
+    return {"value": key}
+
+
+@tool(effect="write")
+def write_thing(value: str) -> dict:
+    _called("write_thing")
+    return {"ok": True}
+"""
+
+
+@pytest.fixture
+def recorded_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[str, str, Path]:
+    """A plan run with tools that write down each call."""
+    module, calls = tmp_path / "recording.py", tmp_path / "calls.txt"
+    module.write_text(RECORDING)
+    monkeypatch.setenv("RECORDED_CALLS", str(calls))
+    url = f"sqlite:///{tmp_path}/plangate.db"
+    steps = (
+        {"id": 1, "tool": "read_thing", "params": {"key": "k"}},
+        {"id": 2, "tool": "write_thing", "params": {"value": "$1.value"}},
+    )
+    policy = Policy.from_yaml("version: 1\nname: p\n")
+    with closing(Runtime(Catalogue.from_module(str(module)), policy, db=url, tools=str(module))) as rt:
+        record = rt.submit(plan(*steps), "alice")
+        rt.approve(record.id, "ben", record.hash)
+        rt.execute(record.id)
+    assert calls.read_text().split() == ["read_thing", "write_thing"]
+    calls.unlink()
+    return url, record.id, calls
+
+
+def test_replay_calls_no_tool(recorded_run: tuple[str, str, Path], tmp_path: Path) -> None:
+    url, plan_id, calls = recorded_run
+    code, out = cli("replay", plan_id, "--db", url)
+    assert code == 0, out
+    changed = tmp_path / "policy.yaml"
+    changed.write_text("version: 1\nname: p\ndeny:\n  - name: no-writes\n    tool: write_thing\n")
+    code, out = cli("replay", plan_id, "--db", url, "--policy", str(changed))
+    assert not calls.exists(), calls.read_text()
+
+
+def test_replay_names_a_rewritten_row(recorded_run: tuple[str, str, Path]) -> None:
+    url, plan_id, calls = recorded_run
+    tamper(url, "UPDATE steps SET output = ? WHERE plan_id = ? AND step_id = 1", ('{"value":"forged"}', plan_id))
+    code, out = cli("replay", plan_id, "--db", url)
+    assert code == 1 and "stored rows" in out and "step 1" in out and not calls.exists(), out
+
+
+def test_replay_refuses_a_plan_whose_events_do_not_verify(recorded_run: tuple[str, str, Path]) -> None:
+    url, plan_id, calls = recorded_run
+    with closing(open_store(url)) as store:
+        seq, data = store.query("SELECT seq, data FROM events WHERE plan_id = ? AND data LIKE '%output%'", (plan_id,))[
+            0
+        ]
+    tamper(url, "UPDATE events SET data = ? WHERE seq = ?", (data.replace('"k"', '"forged"'), seq))
+    code, out = cli("replay", plan_id, "--db", url)
+    assert code == 4 and f"plan {plan_id}'s audit events do not verify (event {seq}" in out, out
+    assert not calls.exists()
+
+
+@pytest.mark.parametrize(
+    ("option", "text"),
+    [
+        ("--policy", "version: 1\nname: [unclosed\n"),
+        ("--policy", "- just\n- a list\n"),
+        ("--policy", "version: 1\nname: p\ndeny: 7\n"),
+        ("--policy", "\x00\xff"),
+        ("--tools", "this is not python("),
+        ("--tools", "raise SystemExit(0)\n"),
+        ("--tools", "x = 1\n"),
+    ],
+)
+def test_replay_with_a_malformed_file_is_one_line_exit_2(
+    recorded_run: tuple[str, str, Path], tmp_path: Path, option: str, text: str
+) -> None:
+    url, plan_id, calls = recorded_run
+    path = tmp_path / ("bad.yaml" if option == "--policy" else "bad_tools.py")
+    path.write_text(text, encoding="utf-8", errors="surrogateescape")
+    code, out = cli("replay", plan_id, "--db", url, option, str(path))
+    first = out.splitlines()[0]
+    assert code == 2 and first.startswith((f"plangate: {path}", f"plangate: tools file {str(path)!r}")), out
+    assert "Traceback" not in out, out
+    assert not calls.exists()
