@@ -9,18 +9,24 @@ from __future__ import annotations
 import hashlib
 import json
 import sqlite3
+from collections.abc import Iterator
 from contextlib import closing
 from pathlib import Path
 from typing import Any
 
 import pytest
 from click.testing import CliRunner
+from fastapi.testclient import TestClient
+from prometheus_client.parser import text_string_to_metric_families
 
-from plangate import Catalogue, Policy, Runtime, _purged
+from plangate import Catalogue, Policy, Runtime, _purged, metrics, notify
+from plangate.accounts import Accounts
 from plangate.cli import main
 from plangate.errors import GovernanceError
 from plangate.store import open_store
+from tests import serverkit
 from tests.helpers import plan
+from tests.serverkit import api, browser
 from tests.test_retention import events_of, plans, tamper
 
 
@@ -445,3 +451,111 @@ def test_replay_with_a_malformed_file_is_one_line_exit_2(
     assert code == 2 and first.startswith((f"plangate: {path}", f"plangate: tools file {str(path)!r}")), out
     assert "Traceback" not in out, out
     assert not calls.exists()
+
+
+# -- /metrics, and the compare and trace pages --------------------------------------------------
+
+XSS = '</title><script>alert(1)</script>"onmouseover="alert(2)\' <svg onload=alert(3)>]]><!--'
+RAW = ("<script>alert", "<svg onload", '"onmouseover="alert', "</title><script", "]]><!--")
+"""The payload's pieces as they would read unescaped (the page's own ``</title><rect`` is fine)."""
+
+
+@pytest.fixture
+def served(tmp_path: Path, catalogue: Catalogue, policy: Policy) -> Iterator[dict[str, Any]]:
+    """A server with metrics behind a token, an extra requester, and two runs whose every free text is markup."""
+    metrics.stop()
+    setup = serverkit.setup(tmp_path, catalogue, policy, metrics=True, metrics_token="s3cret-scrape")
+    with closing(open_store(setup["db"])) as store:
+        accounts = Accounts(store)
+        accounts.add("bob", "requester", password=serverkit.PASSWORD)
+        setup["tokens"]["bob"] = accounts.issue_token("bob")
+    runs = []
+    for who in ("alice", "alice", "bob"):
+        step = {
+            **serverkit.MAIL["steps"][0],
+            "rationale": XSS,
+            "params": {"to": "a@example.com", "subject": XSS, "body": XSS},
+        }
+        body = {**serverkit.MAIL, "task": f"secret task of {who} {XSS}", "steps": [step]}
+        record = api(setup, who).post("/api/plans", json=body).json()
+        decided = api(setup, "dave").post(
+            f"/api/plans/{record['id']}/approve", json={"hash": record["hash"], "comment": XSS}
+        )
+        assert decided.status_code == 200, decided.text
+        assert api(setup, who).post(f"/api/plans/{record['id']}/execute").json()["status"] == "succeeded"
+        runs.append(record["id"])
+    unknown = {**serverkit.MAIL, "steps": [{**serverkit.MAIL["steps"][0], "tool": "exfil_secret_tool"}]}
+    assert api(setup, "alice").post("/api/plans", json=unknown).json()["status"] == "rejected"
+    setup["runs"] = runs
+    yield setup
+    metrics.stop()
+
+
+def test_metrics_hold_no_plan_text_parameters_or_names(served: dict[str, Any], catalogue: Catalogue) -> None:
+    reply = TestClient(served["app"]).get("/metrics", headers={"Authorization": "Bearer s3cret-scrape"})
+    assert reply.status_code == 200
+    for secret in ("secret task", "example.com", "alice", "bob", "dave", "exfil_secret_tool", "onmouseover", "<"):
+        assert secret not in reply.text, secret
+    families = list(text_string_to_metric_families(reply.text))
+    tools = {s.labels["tool"] for f in families for s in f.samples if "tool" in s.labels}
+    assert tools and tools <= set(catalogue.names)
+
+
+@pytest.mark.parametrize(
+    "header",
+    [
+        None,
+        "",
+        "Bearer",
+        "Bearer ",
+        "Basic s3cret-scrape",
+        "Bearer s3cret-scrap",
+        "Bearer s3cret-scrape\u00e9",
+        "Bearer \u00e9",
+    ],
+)
+def test_metrics_refuse_a_scrape_without_the_token(served: dict[str, Any], header: str | None) -> None:
+    headers = {} if header is None else {"Authorization": header.encode("latin-1")}  # as a client may send it
+    reply = TestClient(served["app"]).get("/metrics", headers=headers)
+    assert reply.status_code == 401 and "plangate_" not in reply.text
+
+
+def test_compare_and_trace_escape_markup_from_plans_outputs_and_comments(served: dict[str, Any]) -> None:
+    a, b, _ = served["runs"]
+    client, _ = browser(served, "alice")
+    pages = [client.get(f"/plans/{a}/compare", params={"with": b}), client.get(f"/plans/{a}/trace")]
+    pages.append(client.get(f"/plans/{a}/compare", params={"with": XSS[:80]}))
+    assert [p.status_code for p in pages] == [200, 200, 404]
+    assert "secret task of alice" in pages[1].text and "&lt;script&gt;" in pages[1].text
+    for page in pages:
+        for raw in RAW:
+            assert raw not in page.text, (page.url, raw)
+
+
+def test_compare_with_someone_elses_plan_reveals_no_more_than_its_own_page(served: dict[str, Any]) -> None:
+    a, _, theirs = served["runs"]
+    client, _ = browser(served, "alice")
+    compared = client.get(f"/plans/{a}/compare", params={"with": theirs})
+    direct = client.get(f"/plans/{theirs}")
+    missing = client.get(f"/plans/{a}/compare", params={"with": "0" * 8 + theirs[8:]})
+    assert compared.status_code == direct.status_code == 403 and missing.status_code == 404
+    for reply in (
+        compared,
+        client.get(f"/plans/{theirs}/trace"),
+        client.get(f"/plans/{theirs}/compare", params={"with": a}),
+    ):
+        assert reply.status_code == 403 and "secret task of bob" not in reply.text and "onmouseover" not in reply.text
+
+
+@pytest.mark.parametrize(
+    ("timestamp", "signature", "why"),
+    [
+        ("\u00b2", "v0=00", "no valid X-Slack-Request-Timestamp"),
+        (None, "v0=\u00e9", "the signature does not match"),
+    ],
+)
+def test_a_slack_request_with_odd_headers_is_refused_not_crashed_on(
+    timestamp: str | None, signature: str, why: str
+) -> None:
+    now = 1_700_000_000
+    assert notify.verify("secret", timestamp or str(now), b"{}", signature, now=now) == why
