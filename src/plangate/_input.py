@@ -444,7 +444,10 @@ def _at(what: str, mark: Any, rule: str, detail: str) -> RefusedInputError:
 
 def load_yaml(text: str, *, what: str, max_depth: int = MAX_DEPTH) -> Any:
     """Decode YAML text under the rules above; an empty document is ``None``."""
-    loader = _StrictLoader(text)
+    try:
+        loader = _StrictLoader(text)  # its reader refuses some characters (a NUL) already here
+    except yaml.YAMLError as exc:
+        raise refuse(what, "not-yaml", str(exc).replace("\n", " ")) from None
     loader.what, loader.max_depth = what, max_depth
     try:
         value = loader.get_single_data()

@@ -105,17 +105,21 @@ class Chain:
         return mac.hexdigest()
 
     def _sealed_purge(self, seq: int, digest: str, text: str) -> bool:
-        """Whether ``text`` is what a purge by this key left of event ``seq`` (its data's ``purged`` names the seal)."""
+        """Whether ``text`` is what a purge by this key left of event ``seq`` (its data's ``purged`` names the seal).
+
+        Text a purge cannot have written (not JSON, nested past the stack, NaN, a lone
+        surrogate, a seal not in ASCII) is simply not sealed: the event is reported as edited, never crashed on.
+        """
         try:
             data = json.loads(text)
-        except ValueError:
+            marker = data.get("purged") if isinstance(data, dict) else None
+            seal = marker.pop("seal", None) if isinstance(marker, dict) else None
+            if not isinstance(seal, str):
+                return False
+            kept = json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+            return hmac.compare_digest(seal.encode(), self.purge_seal(seq, digest, kept).encode())
+        except (ValueError, RecursionError):  # UnicodeEncodeError is a ValueError
             return False
-        marker = data.get("purged") if isinstance(data, dict) else None
-        seal = marker.pop("seal", None) if isinstance(marker, dict) else None
-        if not isinstance(seal, str):
-            return False
-        kept = json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
-        return hmac.compare_digest(seal, self.purge_seal(seq, digest, kept))
 
     def seal_text(self, text: str) -> str:
         """A tag, under the key, of a row kept outside the log (a plan's newest event, a register entry)."""
@@ -303,8 +307,9 @@ def tail_problem(chain: Chain, plan_id: str, last: tuple[int, str] | None, seale
         return None
     seq, _, rest = (sealed or "").partition(":")
     digest, _, tag = rest.partition(":")
-    expected = chain.seal_text(tail_text(plan_id, int(seq) if seq.isdigit() else -1, digest))
-    if not sealed or not seq.isdigit() or not hmac.compare_digest(tag, expected):
+    number = seq.isascii() and seq.isdigit()  # "²".isdigit() too, but int() refuses it
+    expected = chain.seal_text(tail_text(plan_id, int(seq) if number else -1, digest))
+    if not sealed or not number or not hmac.compare_digest(tag.encode(), expected.encode()):
         return "the seal naming the plan's newest event is missing or was forged"
     if (int(seq), digest) != last:
         return (

@@ -403,3 +403,24 @@ def _verify(store: Store, anchor: tuple[int, str] | None) -> AuditReport:
         events, broken = store.plan_events(plan_id)
         found += [f"plan {plan_id}: {broken}"] if broken else problems(store, fold(plan_id, events))
     return replace(report, ok=not found, tables=tuple(found))
+
+
+def confirm_purge(store: Store, plan: PlanRow) -> None:
+    """Refuse a plan whose row says it was purged unless its verified events record that purge.
+
+    ``plans.purged_at`` and a purged plan text can be written by anyone who can write the
+    database; only the sealed markers in the plan's events prove a purge. Without this, a
+    plan made to look purged would have its text hidden from ``show`` and be skipped by replay.
+    """
+    if plan.purged_at is None:
+        return
+    events, broken = store.plan_events(plan.id)
+    if broken is not None:
+        raise GovernanceError(f"plan {plan.id}'s audit events do not verify ({broken}); see plangate audit verify")
+    recorded = fold(plan.id, events).purged
+    if recorded != plan.purged_at:
+        said = f"a purge on {recorded}" if recorded else "no purge"
+        raise GovernanceError(
+            f"plan {plan.id}: plans.purged_at says its payloads were purged on {plan.purged_at}, but its audit log "
+            f"records {said}: the store was changed outside plangate; see plangate audit verify"
+        )

@@ -97,11 +97,11 @@ def sign(secret: str, timestamp: str, body: bytes) -> str:
 
 def verify(secret: str, timestamp: str, body: bytes, signature: str, *, now: float | None = None) -> str | None:
     """None when the request is Slack's and fresh; otherwise why not."""
-    if not timestamp.isdigit():
+    if not (timestamp.isascii() and timestamp.isdigit()):  # "²".isdigit() too, but int() refuses it
         return "no valid X-Slack-Request-Timestamp"
     if abs((now if now is not None else time.time()) - int(timestamp)) > MAX_AGE:
         return "the request is more than five minutes old"
-    if not hmac.compare_digest(sign(secret, timestamp, body), signature):
+    if not hmac.compare_digest(sign(secret, timestamp, body).encode(), signature.encode()):  # any text, no TypeError
         return "the signature does not match"
     return None
 

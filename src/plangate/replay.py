@@ -120,6 +120,7 @@ def replay(
         raise NotFoundError(f"no plan {plan_id!r}")
     if row.kind == "react":
         raise UsageError(f"{plan_id} is a ReAct run, not a plan: replay runs over plans")
+    ledger.confirm_purge(store, row)  # only a purge the audit log records excuses a plan from replay
     if row.purged_at is not None:
         raise UsageError(
             f"plan {plan_id}'s payloads were purged on {row.purged_at} (retention): its parameters and outputs "

@@ -48,7 +48,10 @@ def cutoff(now: datetime, days: int, policy: Policy | None) -> str:
     if days < least:
         where = "the policy's retention.min_days" if least > RETENTION_FLOOR_DAYS else "plangate's floor"
         raise UsageError(f"--older-than {days} is under {where} of {least} days: nothing was purged")
-    return iso(now - timedelta(days=days))
+    try:
+        return iso(now - timedelta(days=days))
+    except OverflowError:  # further back than the calendar goes
+        raise UsageError(f"--older-than {days} reaches before the year 1: nothing was purged") from None
 
 
 @dataclass(frozen=True, kw_only=True)

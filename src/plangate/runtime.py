@@ -501,6 +501,7 @@ class Runtime:
         row = self.store.get_plan(self.resolve_id(plan_id))
         if row is None:
             raise NotFoundError(f"no plan {plan_id!r}")
+        ledger.confirm_purge(self.store, row)  # a row made to look purged must not hide the plan's text
         if row.kind == "react" and row.version == 0:  # a ReAct run with no pending action
             return PlanRecord.of(row, None)
         version = self.store.get_version(row.id, row.version)

@@ -13,7 +13,7 @@ from typing import Any
 
 from plangate import __version__
 from plangate._clock import Clock, SystemClock, iso, parse_iso
-from plangate.errors import PlangateError, UsageError
+from plangate.errors import GovernanceError, PlangateError, UsageError
 from plangate.governance import _approvals, _incidents, _manifest, _policydoc, _schemadoc
 from plangate.register import Register, report
 from plangate.store import Event, PlanRow, Store
@@ -118,6 +118,11 @@ def _remove_export(out: Path) -> None:
         listed = json.loads((out / _manifest.MANIFEST).read_text())["files"]
     except (OSError, ValueError, KeyError, TypeError):
         raise UsageError(f"--out {out} is not empty and holds no governance export to replace") from None
+    outside = next((str(name) for name in listed if not _manifest.plain(str(name))), None)
+    if outside is not None:
+        raise UsageError(
+            f"--out {out}: its manifest lists {outside!r}, which is not a file inside the folder: not replaced"
+        )
     others = [name for name in _manifest.files_in(out) if name not in listed]
     if others:
         raise UsageError(f"--out {out} holds files that are not part of its export (such as {others[0]}): not replaced")
@@ -162,6 +167,11 @@ class _Writer:
         self.incidents = 0
 
     def put(self, name: str, text: str) -> None:
+        if not _manifest.plain(name):  # a plan id or hash from the store names the file: never a path out
+            raise GovernanceError(
+                f"the export would write {name!r}, which is not a file inside --out: a plan id or policy hash in the "
+                "store was changed outside plangate (see plangate audit verify); the export stops here"
+            )
         path = self.out / name
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text, encoding="utf-8")

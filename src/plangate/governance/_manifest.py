@@ -29,6 +29,22 @@ def sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
+def plain(name: str) -> bool:
+    """Whether ``name`` names a file inside the folder: relative, no ``.`` or ``..`` or empty part, no backslash."""
+    parts = name.split("/")
+    return bool(name) and "\\" not in name and "\0" not in name and all(p not in ("", ".", "..") for p in parts)
+
+
+def _unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object whose keys are each given once: a key given twice reads one way to a person, another to json."""
+    found: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in found:
+            raise ValueError(f"the key {key!r} is given twice")
+        found[key] = value
+    return found
+
+
 def files_in(folder: Path) -> list[str]:
     """Every file under ``folder`` but the manifest, as relative POSIX paths, sorted."""
     found = [p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file() or p.is_symlink()]
@@ -97,8 +113,8 @@ def _read(folder: Path) -> dict[str, Any]:
     if not path.is_file():
         raise UsageError(f"{folder} holds no {MANIFEST}: not a governance export")
     try:
-        manifest = json.loads(path.read_text())
-    except (ValueError, UnicodeDecodeError) as exc:
+        manifest = json.loads(path.read_text(), object_pairs_hook=_unique)
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
         raise UsageError(f"{path} is not JSON: {exc}") from None
     ok = isinstance(manifest, dict) and manifest.get("format") == FORMAT and isinstance(manifest.get("files"), dict)
     head = manifest.get("audit_head") if ok else None

@@ -148,8 +148,16 @@ class AuditLog:
         query = f"SELECT {audit.COLUMNS} FROM events WHERE plan_id IS NULL AND kind = ? AND seq > ? ORDER BY seq"
         rows = self._exec(query, (kind, after)).fetchall()
         if not rows and not known:
-            if problem := ("its seal names events that are gone" if sealed else self._gaps() or self._false_starts()):
-                raise StoreError(f"the {kind} events were deleted outside plangate ({problem}); see audit verify")
+            if sealed:
+                raise StoreError(
+                    f"the {kind} events were deleted outside plangate (its seal names events that are "
+                    "gone); see audit verify"
+                )
+            if problem := self._gaps() or self._false_starts():  # an edit anywhere hides whether any were deleted
+                raise StoreError(
+                    f"the audit log was changed outside plangate ({problem}), so whether {kind} events were "
+                    "deleted cannot be told; see plangate audit verify"
+                )
             return []
         chain = self._keyed_chain()
         bad = audit.verify_plan(rows, chain, before)

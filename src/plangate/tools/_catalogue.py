@@ -40,7 +40,8 @@ class Catalogue:
             if isinstance(value, Tool):
                 seen.setdefault(id(value), value)
         if not seen:
-            raise CatalogueError(f"module {loaded.__name__!r} defines no tools (decorate functions with @tool)")
+            named = f"module {loaded.__name__!r}" if isinstance(module, ModuleType) else _named(module)
+            raise CatalogueError(f"{named} defines no tools (decorate functions with @tool)")
         return cls(seen.values())
 
     def __getitem__(self, name: str) -> Tool:
@@ -77,6 +78,12 @@ class Catalogue:
         return f"Catalogue({', '.join(self._tools)})"
 
 
+def _named(spec: str | Path) -> str:
+    """The module as the person gave it: a file by its path, else a module by its import name."""
+    text = str(spec)
+    return f"tools file {text!r}" if text.endswith(".py") or "/" in text or "\\" in text else f"tools module {text!r}"
+
+
 def _import(spec: str | Path) -> ModuleType:
     text = str(spec)
     if text.endswith(".py") or "/" in text or "\\" in text:
@@ -85,7 +92,7 @@ def _import(spec: str | Path) -> ModuleType:
         return importlib.import_module(text)
     except ImportError as exc:
         raise CatalogueError(f"cannot import tools module {text!r}: {exc}") from None
-    except Exception as exc:  # noqa: BLE001 - the module's own code failed; say so plainly
+    except (Exception, SystemExit) as exc:  # noqa: BLE001 - its own code failed (or tried to end plangate): say so
         raise CatalogueError(f"tools module {text!r} failed while importing: {type(exc).__name__}: {exc}") from None
 
 
@@ -108,7 +115,7 @@ def _import_file(path: Path) -> ModuleType:
     sys.modules[name] = module
     try:
         spec.loader.exec_module(module)
-    except Exception as exc:  # noqa: BLE001 - the module's own code failed; say so plainly
+    except (Exception, SystemExit) as exc:  # noqa: BLE001 - its own code failed (or tried to end plangate): say so
         del sys.modules[name]
         raise CatalogueError(f"tools file {str(path)!r} failed while importing: {type(exc).__name__}: {exc}") from None
     return module
