@@ -129,7 +129,7 @@ def test_schema_tools_and_rules() -> None:
     code, out, _ = run("schema")
     assert code == 0 and json.loads(out) == plan_json_schema()
     code, out, _ = run("tools", "--tools", TOOLS)
-    header = ["TOOL", "EFFECT", "IDEMPOTENT", "EXTERNAL", "TIMEOUT", "RETRIES", "SCOPES", "PARAMS"]
+    header = ["TOOL", "EFFECT", "IDEMPOTENT", "EXTERNAL", "TIMEOUT", "RETRIES", "SCOPES", "SOURCE", "PARAMS"]
     assert code == 0 and out.splitlines()[0].split() == header
     assert any(line.startswith("send_email       irreversible") for line in out.splitlines())
     code, out, _ = run("tools", "--tools", TOOLS, "--json")

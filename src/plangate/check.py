@@ -13,6 +13,7 @@ from typing import Any
 
 from plangate import _jsontypes as jt
 from plangate import condtypes, references
+from plangate._overrides import governed
 from plangate.errors import PlanError
 from plangate.graph import PlanGraph
 from plangate.plan import Plan, Step, expected_types
@@ -90,6 +91,7 @@ def check(
             found = exc.problems or ()
             violations = [Violation(rule="plan-schema", message=str(p), step=p.step, source="plan") for p in found]
             return CheckResult(violations=tuple(violations or [_unreadable(exc)]), plan=None)
+    catalogue = governed(catalogue, policy)
     graph = PlanGraph.of(plan)
     violations = _Checker(plan, catalogue).run()
     decision = None

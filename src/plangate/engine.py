@@ -40,6 +40,7 @@ from plangate import lifecycle, metrics, results, timeouts, tracing
 from plangate._calls import Outcome
 from plangate._clock import Clock, iso, parse_iso
 from plangate._decide import SKIPPED, decide
+from plangate._overrides import governed, origin
 from plangate.errors import LeaseLostError
 from plangate.graph import run_deps
 from plangate.plan import Plan, Step
@@ -70,6 +71,9 @@ class Engine:
     """The waits before the retries of idempotent tools that declare ``retries``."""
     traces: Traces | None = None
     """Where the run's spans go (:mod:`plangate.tracing`); None: the process's, off unless configured."""
+
+    def __post_init__(self) -> None:
+        self.catalogue = governed(self.catalogue, self.policy)  # the tools as the policy says they are
 
     def run(self, plan_id: str, version: int, plan: Plan, *, actor: str = "engine") -> RunResult:
         """Run (or continue) the plan to its end or to a halt.
@@ -386,7 +390,13 @@ class _Run:
         self._event(
             "step.started",
             step_id,
-            {"tool": step.tool, "params": params, "attempt": attempt, "idempotency_key": row.idempotency_key},
+            {
+                "tool": step.tool,
+                "params": params,
+                "attempt": attempt,
+                "idempotency_key": row.idempotency_key,
+                **origin(self._tool(step_id)),
+            },
         )
         self.kwargs[step_id] = kwargs
         self._report("started", step_id, "")

@@ -22,6 +22,7 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 from plangate import _input, names
 from plangate._frozen import Frozen, cached
 from plangate._justified import Justified
+from plangate._overrides import ToolOverride
 from plangate._patterns import REMEMBERED, matches_any, star_match
 from plangate._valuerules import RULE_NAME, DenyRule, RequireRule, plan_meter, value_violations
 from plangate.errors import PolicyError, RefusedInputError
@@ -232,6 +233,11 @@ class Policy(_Rules):
     retention: RetentionRules | None = Field(
         default=None, description="How long finished plans' payloads are kept at least (plangate retention purge)."
     )
+    tools: dict[str, ToolOverride] | None = Field(
+        default=None,
+        description="Tool name pattern -> what the policy says the tool is (effect, idempotent, external, scopes, "
+        "resource, untrusted_output), over its own metadata or an MCP server's hints.",
+    )
 
     @field_validator("users")
     @classmethod
@@ -301,8 +307,9 @@ class Policy(_Rules):
 
     def canonical_json(self) -> str:
         data = self.model_dump(mode="json")
-        if data["retention"] is None:  # a policy that says nothing of retention keeps the hash it always had
-            del data["retention"]
+        for key in ("retention", "tools"):  # a policy that says nothing of them keeps the hash it always had
+            if data[key] is None:
+                del data[key]
         return canonical(data)
 
     @cached

@@ -29,6 +29,7 @@ from plangate import (
     tracing,
 )
 from plangate._clock import Clock, SystemClock, iso
+from plangate._overrides import governed
 from plangate.check import CheckResult, check
 from plangate.compensation import Compensation, CompensationResult
 from plangate.engine import DEFAULT_CONCURRENCY, Engine
@@ -79,8 +80,8 @@ class Runtime:
         lease_seconds: float = 30.0,
         traces: Traces | None = None,
     ) -> None:
-        self.catalogue = catalogue
         self.policy = policy
+        self.catalogue = catalogue
         self.store = db if isinstance(db, Store) else open_store(db)
         self.clock = clock or SystemClock()
         self.max_concurrency = max_concurrency
@@ -89,6 +90,15 @@ class Runtime:
         self.lease_seconds = lease_seconds
         self.traces = traces or tracing.default()  # runs' and approvals' spans: the process's unless given
         self._turns = threading.RLock()  # the a-methods take turns on this runtime's store connection
+
+    @property
+    def catalogue(self) -> Catalogue | None:
+        """The runtime's tools as its policy says they are (the policy's ``tools`` section applied)."""
+        return governed(self._given, self.policy) if self._given is not None else None
+
+    @catalogue.setter
+    def catalogue(self, catalogue: Catalogue | None) -> None:
+        self._given = catalogue
 
     # -- submit, decide, edit --------------------------------------------------------------
     def submit(
@@ -575,7 +585,12 @@ class Runtime:
         raise NotFoundError(f"no plan {text!r}")
 
     def close(self) -> None:
-        self.store.close()
+        """Close the store, and the connections the catalogue holds to MCP servers."""
+        try:
+            if self._given is not None:
+                self._given.close()
+        finally:
+            self.store.close()
 
     # -- async: the same calls, awaited ---------------------------------------------------
     async def asubmit(self, plan: PlanInput | PlanningResult, requested_by: str, role: str | None = None) -> PlanRecord:

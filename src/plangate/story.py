@@ -57,7 +57,8 @@ def _approval(d: dict[str, Any], _: int | None) -> str:
 def _step(verb: str) -> Teller:
     def tell_step(d: dict[str, Any], step: int | None) -> str:
         if verb == "started":
-            return f"step {step} {d['tool']} started (attempt {d['attempt']}) with {_short(d['params'])}"
+            via = f" ({d['server_tool']} on MCP server {d.get('server') or d['source']})" if "server_tool" in d else ""
+            return f"step {step} {d['tool']}{via} started (attempt {d['attempt']}) with {_short(d['params'])}"
         if verb == "succeeded":
             return f"step {step} succeeded in {d['ms']:.1f} ms: {_short(d['output'])}"
         if verb == "failed":

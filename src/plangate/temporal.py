@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
 import json
 from datetime import timedelta
 from typing import Any
@@ -70,7 +71,7 @@ def _stepper(args: dict[str, Any]) -> Any:
     policy = Policy.from_data(json.loads(args["policy"])) if args.get("policy") else None
     engine = Engine(
         store=store,
-        catalogue=Catalogue.from_module(args["tools"]),
+        catalogue=_catalogue(args["tools"]),
         clock=SystemClock(),
         policy=policy,
         owner=args.get("owner"),
@@ -79,6 +80,12 @@ def _stepper(args: dict[str, Any]) -> Any:
         args["plan_id"], args["version"], body, actor="temporal", traceparent=args.get("traceparent")
     )
     return stepper, store
+
+
+@functools.lru_cache(maxsize=8)
+def _catalogue(spec: str) -> Catalogue:
+    """The activity's tools, opened once per worker process: an MCP server is not started for each step."""
+    return Catalogue.from_spec(spec)
 
 
 def _check_claim(store: Any, args: dict[str, Any]) -> None:
@@ -198,7 +205,7 @@ async def serve(
     from temporalio.worker import Worker
 
     client = await Client.connect(address)
-    catalogue = Catalogue.from_module(tools)
+    catalogue = Catalogue.from_spec(tools)
     refused: list[str] = []
     ran = 0
     with concurrent.futures.ThreadPoolExecutor(max_workers=8) as pool:

@@ -53,7 +53,7 @@ class Worker:
                 finally:
                     runtime.store.release(plan_id, self.name)
         finally:
-            runtime.close()
+            runtime.store.close()  # the catalogue's MCP connections stay open for the next plan (see close)
 
     def serve(self, *, drain: bool = False, poll: float = 1.0, on_result: Any = None) -> int:
         """Run plans until stopped (or, with ``drain``, until none is left). Returns how many ran."""
@@ -71,6 +71,10 @@ class Worker:
             ran += 1
             if on_result is not None:
                 on_result(result)
+
+    def close(self) -> None:
+        """End the catalogue's connections to MCP servers."""
+        self.catalogue.close()
 
     def _until(self) -> str:
         return iso(self.clock.now() + timedelta(seconds=self.lease_seconds))

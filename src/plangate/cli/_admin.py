@@ -67,7 +67,7 @@ def serve_command(
     from plangate.notify import SlackNotifier
     from plangate.server import create_app
 
-    catalogue = Catalogue.from_module(tools_spec)
+    catalogue = Catalogue.from_spec(tools_spec)
     policy = Policy.load(policy_file) if policy_file else None
     loopback = host in ("127.0.0.1", "localhost", "::1")
     webhook = os.environ.get("PLANGATE_SLACK_WEBHOOK")

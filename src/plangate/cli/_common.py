@@ -25,13 +25,17 @@ if TYPE_CHECKING:
 
 _Command = TypeVar("_Command", bound=Callable[..., Any])
 
+TOOLS_HELP = (
+    "Tools: a Python module (pkg.tools or a .py file), an MCP server (mcp:stdio:COMMAND ARGS... or "
+    "mcp:http://HOST:PORT/PATH), or a tools file listing several (FILE.yaml)."
+)
 tools_option = click.option(
     "--tools",
     "tools_spec",
     required=True,
     envvar="PLANGATE_TOOLS",
-    metavar="MODULE",
-    help="Tools module: an import path (pkg.tools) or a .py file. Env: PLANGATE_TOOLS.",
+    metavar="TOOLS",
+    help=f"{TOOLS_HELP} Env: PLANGATE_TOOLS.",
 )
 json_option = click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 policy_option = click.option(
@@ -72,8 +76,8 @@ recorded_tools_option = click.option(
     "--tools",
     "tools_spec",
     envvar="PLANGATE_TOOLS",
-    metavar="MODULE",
-    help="Tools module (default: the one recorded when the plan was submitted).",
+    metavar="TOOLS",
+    help="Tools: a module, mcp:... or FILE.yaml (default: the ones recorded when the plan was submitted).",
 )
 
 
@@ -107,15 +111,17 @@ def open_runtime(db: str | None, tools_spec: str | None = None, policy_file: Pat
     """The runtime on the store at ``db`` (the default store when None), with these tools and this policy."""
     from plangate.runtime import Runtime
 
-    catalogue = Catalogue.from_module(tools_spec) if tools_spec else None
+    catalogue = Catalogue.from_spec(tools_spec) if tools_spec else None
     policy = Policy.load(policy_file) if policy_file else None
     return Runtime(catalogue, policy, db=db, tools=absolute(tools_spec))
 
 
 def absolute(spec: str | None) -> str | None:
-    """A tools file is recorded by absolute path, so `execute` finds it from anywhere."""
+    """A tools file is recorded by absolute path, so `execute` finds it from anywhere (an MCP spec as given)."""
+    if spec is None or spec.startswith("mcp:"):
+        return spec
     try:
-        if spec and (spec.endswith(".py") or "/" in spec) and Path(spec).exists():
+        if spec and (spec.endswith((".py", ".yaml", ".yml")) or "/" in spec) and Path(spec).exists():
             return str(Path(spec).resolve())
     except OSError:
         pass  # a path that cannot even be looked at: loading the catalogue says why, plainly
@@ -132,7 +138,7 @@ def with_tools(runtime: Any, plan_id: str, tools_spec: str | None, *, required: 
     spec = absolute(tools_spec) or runtime.recorded_tools(record.id)
     if spec is None and required:
         raise UsageError("give --tools: the plan was submitted without a tools module on record")
-    runtime.catalogue, runtime.tools = (Catalogue.from_module(spec), spec) if spec else (None, None)
+    runtime.catalogue, runtime.tools = (Catalogue.from_spec(spec), spec) if spec else (None, None)
     return record
 
 

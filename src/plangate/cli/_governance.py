@@ -29,7 +29,7 @@ def governance_group() -> None:
     "--tools",
     "tools_spec",
     metavar="MODULE",
-    help="Tools module that says which tools have effects (default: each plan's module on record).",
+    help="Tools (a module, mcp:... or FILE.yaml) that say which tools have effects (default: each plan's on record).",
 )
 @click.option("--force", is_flag=True, help="Replace an earlier export in --out.")
 @db_option
@@ -45,7 +45,7 @@ def governance_export_command(
     from plangate.tools import Catalogue
 
     when = parse_since(since)
-    catalogue = Catalogue.from_module(tools_spec) if tools_spec else None
+    catalogue = Catalogue.from_spec(tools_spec) if tools_spec else None
     runtime = open_runtime(db)
     try:
         done = export(runtime.store, out, since=when, catalogue=catalogue, force=force, progress=click.echo)

@@ -56,9 +56,9 @@ def check_command(
           --policy examples/policy.yaml --as alice
     """
     plan = read_plan(plan_file)
-    catalogue = Catalogue.from_module(tools_spec)
-    policy = Policy.load(policy_file) if policy_file else None
-    result = check(plan, catalogue, policy, user=user, role=role)
+    with Catalogue.from_spec(tools_spec) as catalogue:
+        policy = Policy.load(policy_file) if policy_file else None
+        result = check(plan, catalogue, policy, user=user, role=role)
     if as_json:
         click.echo(json.dumps({**result.to_dict(), "summary": summary(plan, result)}, indent=2))
     else:
@@ -77,24 +77,50 @@ def schema_command(indent: int) -> None:
 
 @click.command("tools")
 @tools_option
+@policy_option
 @json_option
-def tools_command(tools_spec: str, as_json: bool) -> None:
-    """List the tools in a module with their effects, time limits, retries, scopes and parameters.
+def tools_command(tools_spec: str, policy_file: Path | None, as_json: bool) -> None:
+    """List the tools with their effects, time limits, retries, scopes, parameters and source.
 
-    TIMEOUT "-": the policy's limits.tool_timeout applies, else 300 s.
+    TIMEOUT "-": the policy's limits.tool_timeout applies, else 300 s. With --policy, the
+    tools are shown as the policy's tools section sets them, and a value it set is marked "*".
+
+    \b
+    Example:
+      plangate tools --tools "mcp:stdio:python -m mcp_server_time"
     """
-    catalogue = Catalogue.from_module(tools_spec)
-    if as_json:
-        click.echo(json.dumps(catalogue.describe(), indent=2))
-        return
-    rows = [("TOOL", "EFFECT", "IDEMPOTENT", "EXTERNAL", "TIMEOUT", "RETRIES", "SCOPES", "PARAMS")]
+    from plangate._overrides import governed
+
+    given = Catalogue.from_spec(tools_spec)
+    try:
+        catalogue = governed(given, Policy.load(policy_file) if policy_file else None)
+        if as_json:
+            click.echo(json.dumps(catalogue.describe(), indent=2))
+            return
+        _tools_table(catalogue)
+    finally:
+        given.close()
+
+
+def _tools_table(catalogue: Catalogue) -> None:
+    rows = [("TOOL", "EFFECT", "IDEMPOTENT", "EXTERNAL", "TIMEOUT", "RETRIES", "SCOPES", "SOURCE", "PARAMS")]
     for t in catalogue:
-        flags = ("yes" if t.idempotent else "no", "yes" if t.external else "no")
+        set_here = set(t.overridden)
+
+        def cell(name: str, text: str, set_here: set[str] = set_here) -> str:
+            return text + "*" if name in set_here else text
+
+        flags = (cell("idempotent", "yes" if t.idempotent else "no"), cell("external", "yes" if t.external else "no"))
         limits = (f"{t.timeout:g}s" if t.timeout is not None else "-", str(t.retries))
-        rows.append((t.name, t.effect, *flags, *limits, ",".join(t.scopes) or "-", ", ".join(t.param_names) or "-"))
+        scopes = cell("scopes", ",".join(t.scopes) or "-")
+        source = t.origin.get("source", "-") if t.origin else "python"
+        params = ", ".join(t.param_names) or "-"
+        rows.append((t.name, cell("effect", t.effect), *flags, *limits, scopes, source, params))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
     for row in rows:
         click.echo("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=False)) + "  " + row[-1])
+    if any(t.overridden for t in catalogue):
+        click.echo("* set by the policy's tools section")
 
 
 @click.command("rules")
@@ -114,7 +140,7 @@ def rules_command() -> None:
     "tools_spec",
     envvar="PLANGATE_TOOLS",
     metavar="MODULE",
-    help="Tools module: an import path (pkg.tools) or a .py file (not with --server). Env: PLANGATE_TOOLS.",
+    help="Tools: a module (pkg.tools or a .py file), mcp:... or FILE.yaml (not with --server). Env: PLANGATE_TOOLS.",
 )
 @policy_option
 @identity_options
@@ -257,7 +283,8 @@ def list_command(*, status: str | None, db: str | None, server: str | None, toke
     "tools_spec",
     envvar="PLANGATE_TOOLS",
     metavar="MODULE",
-    help="Tools module for the steps' effects (default: the one on record; not with --server, whose tools count).",
+    help="Tools (a module, mcp:... or FILE.yaml) for the steps' effects "
+    "(default: the ones on record; not with --server, whose tools count).",
 )
 @db_option
 @server_option
@@ -286,10 +313,10 @@ def show_command(
 def _catalogue(runtime: Any, plan_id: str, tools_spec: str | None) -> Catalogue | None:
     """The tools to describe the steps with: --tools, else the module on record, if it can be loaded."""
     if tools_spec:
-        return Catalogue.from_module(tools_spec)
+        return Catalogue.from_spec(tools_spec)
     try:
         spec = runtime.recorded_tools(plan_id)
-        return Catalogue.from_module(spec) if spec else None
+        return Catalogue.from_spec(spec) if spec else None
     except PlangateError:  # showing a plan does not need its tools: its effects are then "unknown"
         return None
 

@@ -213,7 +213,7 @@ def close_command(
     "tools_spec",
     envvar="PLANGATE_TOOLS",
     metavar="MODULE",
-    help="Tools module the claimed plans run with: an import path (pkg.tools) or a .py file (required). "
+    help="Tools the claimed plans run with: a module (pkg.tools or a .py file), mcp:... or FILE.yaml (required). "
     "Env: PLANGATE_TOOLS.",
 )
 @policy_option
@@ -288,14 +288,17 @@ def worker_command(
         click.echo(f"temporal worker: {ran} plans run", err=True)
         _leave_now()
     worker = Worker(
-        Catalogue.from_module(tools_spec),
+        Catalogue.from_spec(tools_spec),
         db=db,
         policy=Policy.load(policy_file) if policy_file else None,
         lease_seconds=lease_seconds,
         name=lifecycle.runner(name or "worker"),
     )
     click.echo(f"worker {worker.name} on {worker.db or 'the default store'}", err=True)
-    ran = worker.serve(drain=drain, on_result=lambda r: click.echo(f"{r.plan_id}: {r.status}"))
+    try:
+        ran = worker.serve(drain=drain, on_result=lambda r: click.echo(f"{r.plan_id}: {r.status}"))
+    finally:
+        worker.close()
     click.echo(f"worker {worker.name}: {ran} plans run", err=True)
 
 

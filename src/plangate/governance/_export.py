@@ -151,7 +151,7 @@ class _Effects:
             return None
         if module not in self.loaded:
             try:
-                self.loaded[module] = Catalogue.from_module(module)
+                self.loaded[module] = Catalogue.from_spec(module)
             except PlangateError:
                 self.loaded[module] = None
         return self.loaded[module]

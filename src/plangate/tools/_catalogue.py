@@ -6,19 +6,30 @@ import hashlib
 import importlib
 import importlib.util
 import sys
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
-from types import ModuleType
-from typing import Any
+from types import ModuleType, TracebackType
+from typing import Any, Protocol
 
 from plangate.errors import CatalogueError
 from plangate.tools._tool import Tool, tool
 
 
-class Catalogue:
-    """Tools by name. Build it from tools (or plain typed functions) or load it from a module."""
+class Closeable(Protocol):
+    def close(self) -> None: ...
 
-    def __init__(self, tools: Iterable[Tool | Callable[..., Any]] = ()) -> None:
+
+class Catalogue:
+    """Tools by name. Build it from tools (or plain typed functions), or load it from a module, MCP
+    servers or a tools file (:meth:`from_spec` takes any of them as ``--tools`` gives them).
+
+    A catalogue with MCP tools holds a connection to each server; :meth:`close` ends them
+    (``Runtime.close`` does), and a later call opens them again.
+    """
+
+    def __init__(self, tools: Iterable[Tool | Callable[..., Any]] = (), *, holds: Sequence[Closeable] = ()) -> None:
+        self._holds = tuple(holds)
+        self._governed: dict[str, Catalogue] = {}
         self._tools: dict[str, Tool] = {}
         for item in tools:
             entry = item if isinstance(item, Tool) else tool(item)
@@ -43,6 +54,55 @@ class Catalogue:
             named = f"module {loaded.__name__!r}" if isinstance(module, ModuleType) else _named(module)
             raise CatalogueError(f"{named} defines no tools (decorate functions with @tool)")
         return cls(seen.values())
+
+    @classmethod
+    def from_mcp(cls, server: str | Sequence[str], *, prefix: str = "", connect_seconds: float = 30.0) -> Catalogue:
+        """The tools of an MCP server: ``"mcp:stdio:COMMAND ARGS..."``, ``"mcp:http://HOST:PORT/PATH"``
+        (streamable HTTP), or the command as a list of words. ``prefix`` is put before every name."""
+        from plangate.tools import _sources
+
+        return _sources.from_mcp(cls, server, prefix=prefix, connect_seconds=connect_seconds)
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> Catalogue:
+        """The tools of every source a tools file (YAML) lists: Python modules and MCP servers, each with
+        an optional ``prefix`` (see docs/mcp.md)."""
+        from plangate.tools import _sources
+
+        return _sources.from_file(cls, Path(path))
+
+    @classmethod
+    def from_spec(cls, spec: str) -> Catalogue:
+        """The catalogue ``--tools`` names: ``mcp:...``, a ``.yaml`` tools file, or a Python module or file."""
+        from plangate.tools import _sources
+
+        return _sources.from_spec(cls, spec)
+
+    @classmethod
+    def combine(cls, catalogues: Iterable[Catalogue]) -> Catalogue:
+        """One catalogue of the tools of several (their names must differ: give each source a prefix)."""
+        parts = list(catalogues)
+        return cls([t for part in parts for t in part], holds=[h for part in parts for h in part._holds])
+
+    def with_changes(self, key: str, changes: Callable[[Tool], Tool]) -> Catalogue:
+        """The same tools, each passed through ``changes`` (the policy's overrides), remembered under ``key``."""
+        found = self._governed.get(key)
+        if found is None:
+            found = Catalogue([changes(t) for t in self], holds=self._holds)
+            found._governed[key] = found  # held against the same policy again: itself
+            self._governed[key] = found
+        return found
+
+    def close(self) -> None:
+        """End the connections to MCP servers; a later call of one of their tools opens it again."""
+        for held in self._holds:
+            held.close()
+
+    def __enter__(self) -> Catalogue:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        self.close()
 
     def __getitem__(self, name: str) -> Tool:
         try:
@@ -70,6 +130,10 @@ class Catalogue:
         """SHA-256 over the named tools' contracts (unknown names count as absent)."""
         parts = sorted(f"{n}={self._tools[n].fingerprint if n in self._tools else '-'}" for n in set(names))
         return hashlib.sha256("\n".join(parts).encode()).hexdigest()
+
+    def sources(self) -> Mapping[str, str]:
+        """Where each tool that is not a Python function comes from (its ``origin``'s source)."""
+        return {t.name: t.origin["source"] for t in self if t.origin and "source" in t.origin}
 
     def describe(self) -> list[dict[str, Any]]:
         return [t.describe() for t in self]

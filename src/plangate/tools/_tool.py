@@ -53,6 +53,11 @@ class Tool:
     """Seconds one call may take; None: the policy's ``limits.tool_timeout``, else 300."""
     retries: int = 0
     """Calls after the first when one fails or times out (idempotent tools only)."""
+    origin: Mapping[str, str] | None = None
+    """Where a tool that is not a Python function comes from: for an MCP tool its ``source`` (the spec),
+    ``server`` and ``version`` (from the server's initialize result) and its ``tool`` name there."""
+    overridden: tuple[str, ...] = ()
+    """The fields the policy's ``tools`` section set (see :mod:`plangate._overrides`)."""
     _params: type[BaseModel] = field(repr=False)
     _output: TypeAdapter[Any] = field(repr=False)
     _resource_parts: tuple[tuple[str, str | None], ...] = field(default=(), repr=False)
@@ -135,7 +140,10 @@ class Tool:
     @cached_property
     def fingerprint(self) -> str:
         """SHA-256 of what the tool declares (name, metadata, schemas): changes when its contract does."""
-        text = json.dumps(self.describe(), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+        described = self.describe()
+        if self.origin is not None:  # where it was reached (a command, a port) is not part of its contract
+            described["origin"] = {k: v for k, v in self.origin.items() if k != "source"}
+        text = json.dumps(described, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
         return hashlib.sha256(text.encode()).hexdigest()
 
     def describe(self) -> dict[str, Any]:
@@ -156,6 +164,8 @@ class Tool:
             # Only when declared: a tool that declares neither keeps the fingerprint it had.
             **({"timeout": self.timeout} if self.timeout is not None else {}),
             **({"retries": self.retries} if self.retries else {}),
+            **({"origin": dict(self.origin)} if self.origin is not None else {}),
+            **({"set_by_policy": list(self.overridden)} if self.overridden else {}),
         }
 
 

@@ -1,0 +1,228 @@
+"""One connection to an MCP server, held open on a thread of its own for as long as its catalogue lives.
+
+The SDK is asynchronous and its sessions belong to the event loop that opened them, while
+plangate calls tools from many places (the engine's loop, its threads, ReAct, a rollback).
+So each connection runs its own event loop on a daemon thread: one task there holds the
+transport and the session open, and callers on any thread hand it requests and wait for the
+answers. A connection that broke (the server exited, the HTTP session ended) is opened again
+on the next call; :meth:`McpConnection.close` ends it, and a later call opens it again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import shlex
+import tempfile
+import threading
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from plangate._extras import need
+from plangate.errors import CatalogueError
+
+PREFIX = "mcp:"
+CONNECT_SECONDS = 30.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class McpSpec:
+    """Where an MCP server is: a command to start (stdio) or a URL (streamable HTTP)."""
+
+    text: str
+    """The spec as given, canonical: ``mcp:stdio:COMMAND ARGS...`` or ``mcp:http://HOST:PORT/PATH``."""
+    command: tuple[str, ...] = ()
+    url: str | None = None
+
+
+def parse_spec(text: str) -> McpSpec:
+    """An MCP spec from ``--tools`` text (with or without the ``mcp:`` prefix); one plain line when malformed."""
+    body = text[len(PREFIX) :] if text.startswith(PREFIX) else text
+    if body.startswith("stdio:"):
+        try:
+            command = tuple(shlex.split(body[len("stdio:") :]))
+        except ValueError as exc:
+            raise CatalogueError(f"MCP spec {text!r}: the command cannot be split into words: {exc}") from None
+        if not command:
+            raise CatalogueError(f"MCP spec {text!r}: give the command that starts the server: mcp:stdio:COMMAND ARGS")
+        return McpSpec(text=PREFIX + "stdio:" + shlex.join(command), command=command)
+    if body.startswith(("http://", "https://")):
+        _check_url(text, body)
+        return McpSpec(text=PREFIX + body, url=body)
+    raise CatalogueError(
+        f"MCP spec {text!r}: expected mcp:stdio:COMMAND ARGS... or mcp:http://HOST:PORT/PATH (streamable HTTP)"
+    )
+
+
+def _check_url(text: str, url: str) -> None:
+    import urllib.parse
+
+    try:
+        parts = urllib.parse.urlsplit(url)
+        parts.port  # noqa: B018 - raises on a port that is not a number
+    except ValueError as exc:
+        raise CatalogueError(f"MCP spec {text!r}: not a valid URL: {exc}") from None
+    if not parts.hostname or any(c.isspace() for c in url):
+        raise CatalogueError(f"MCP spec {text!r}: not a valid URL: give http://HOST:PORT/PATH")
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Held:
+    session: Any
+    init: Any
+    stop: asyncio.Event
+    task: concurrent.futures.Future[None]
+
+
+class McpConnection:
+    """A session with one MCP server, usable from any thread (see the module's docstring)."""
+
+    def __init__(self, spec: McpSpec, *, connect_seconds: float = CONNECT_SECONDS) -> None:
+        need("mcp", f"MCP tools ({spec.text})")
+        self.spec = spec
+        self.connect_seconds = connect_seconds
+        self._lock = threading.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._held: _Held | None = None
+        self.opened = 0  # how many times a session was opened: the first, then each reconnection
+
+    # -- what callers use ------------------------------------------------------------------
+    def server(self) -> tuple[str, str]:
+        """The server's name and version, as its initialize result gives them."""
+        info = self._session().init.server_info
+        return str(info.name), str(info.version)
+
+    def list_tools(self) -> list[Any]:
+        """Every tool the server lists, page after page."""
+        from mcp import types
+
+        found: list[Any] = []
+        cursor: str | None = None
+        while True:
+            params = types.PaginatedRequestParams(cursor=cursor) if cursor else None
+            page = self._run(lambda s, p=params: s.list_tools(params=p))
+            found.extend(page.tools)
+            cursor = page.next_cursor
+            if not cursor or len(found) > 10_000:
+                return found
+
+    def call_tool(self, name: str, arguments: dict[str, Any], meta: dict[str, Any]) -> Any:
+        """The server's ``CallToolResult`` for one call; raises when the connection fails (then reopened next time)."""
+        return self._run(lambda s: s.call_tool(name, arguments, meta=meta))
+
+    def close(self) -> None:
+        """End the session and its thread; a later call opens a new one."""
+        with self._lock:
+            self._drop()
+            loop, thread, self._loop, self._thread = self._loop, self._thread, None, None
+        if loop is not None and thread is not None:
+            loop.call_soon_threadsafe(loop.stop)
+            thread.join(timeout=10)
+            if not thread.is_alive():
+                loop.close()
+
+    # -- the thread, the loop and the session ------------------------------------------------
+    def _run(self, request: Any) -> Any:
+        held = self._session()
+        assert self._loop is not None
+        future = asyncio.run_coroutine_threadsafe(request(held.session), self._loop)
+        try:
+            return future.result()
+        except BaseException:
+            future.cancel()
+            if held.task.done():  # the transport or the session ended: open a new one next time
+                with self._lock:
+                    if self._held is held:
+                        self._drop()
+            raise
+
+    def _session(self) -> _Held:
+        with self._lock:
+            if self._held is not None and self._held.task.done():
+                self._drop()
+            if self._held is None:
+                self._held = self._open()
+                self.opened += 1
+            return self._held
+
+    def _open(self) -> _Held:
+        if self._loop is None:
+            self._loop = asyncio.new_event_loop()
+            self._thread = threading.Thread(target=self._loop.run_forever, name="plangate-mcp", daemon=True)
+            self._thread.start()
+        ready: concurrent.futures.Future[_Held] = concurrent.futures.Future()
+        with tempfile.TemporaryFile("w+", encoding="utf-8", errors="replace") as errlog:
+            task = asyncio.run_coroutine_threadsafe(self._hold(ready, errlog), self._loop)
+            try:
+                return ready.result(timeout=self.connect_seconds)
+            except concurrent.futures.TimeoutError:
+                task.cancel()
+                raise self._failed(f"no answer to initialize within {self.connect_seconds:g} s", errlog) from None
+            except Exception as exc:  # noqa: BLE001 - whatever stopped it, one line that names the server
+                raise self._failed(_reason(exc), errlog) from None
+
+    async def _hold(self, ready: concurrent.futures.Future[_Held], errlog: Any) -> None:
+        """The task that keeps the session open until told to stop (anyio needs one task for both ends)."""
+        from mcp import ClientSession
+
+        stop = asyncio.Event()
+        try:
+            async with self._transport(errlog) as (read, write), ClientSession(read, write) as session:
+                init = await session.initialize()
+                this = asyncio.current_task()
+                assert this is not None
+                ready.set_result(_Held(session=session, init=init, stop=stop, task=_task_future(this)))
+                await stop.wait()
+        except BaseException as exc:
+            if not ready.done():
+                ready.set_exception(exc if isinstance(exc, Exception) else RuntimeError(repr(exc)))
+            if not isinstance(exc, Exception):
+                raise
+
+    @contextlib.asynccontextmanager
+    async def _transport(self, errlog: Any) -> AsyncIterator[tuple[Any, Any]]:
+        if self.spec.url is not None:
+            from mcp.client.streamable_http import streamable_http_client
+
+            async with streamable_http_client(self.spec.url) as streams:
+                yield streams[0], streams[1]
+            return
+        from mcp.client.stdio import StdioServerParameters, stdio_client
+
+        params = StdioServerParameters(command=self.spec.command[0], args=list(self.spec.command[1:]))
+        async with stdio_client(params, errlog=errlog) as streams:
+            yield streams[0], streams[1]
+
+    def _drop(self) -> None:
+        """Tell the holding task to end its session (under the lock)."""
+        held, self._held = self._held, None
+        if held is None or self._loop is None or held.task.done():
+            return
+        self._loop.call_soon_threadsafe(held.stop.set)
+        with contextlib.suppress(Exception):
+            held.task.result(timeout=10)
+
+    def _failed(self, reason: str, errlog: Any) -> CatalogueError:
+        what = f"command {shlex.join(self.spec.command)!r}" if self.spec.command else f"URL {self.spec.url}"
+        errlog.flush()
+        errlog.seek(0)
+        said = [line.strip() for line in errlog.read()[-4000:].splitlines() if line.strip()]
+        tail = f" (it said: {said[-1][:300]})" if said else ""
+        return CatalogueError(f"MCP server {what} did not start: {reason}{tail}")
+
+
+def _task_future(task: asyncio.Task[Any]) -> concurrent.futures.Future[None]:
+    """A thread-safe view of whether the holding task has ended."""
+    done: concurrent.futures.Future[None] = concurrent.futures.Future()
+    task.add_done_callback(lambda _: done.set_result(None))
+    return done
+
+
+def _reason(exc: BaseException) -> str:
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
