@@ -1,4 +1,4 @@
-"""``plangate mcp serve``: the catalogue offered to any MCP client, under the policy (see docs/mcp-serve.md)."""
+"""``plangate mcp serve``: the catalogue offered to any MCP client, under the policy (see docs/mcp.md)."""
 
 from __future__ import annotations
 
