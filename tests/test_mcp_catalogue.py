@@ -136,8 +136,12 @@ def test_a_plan_over_mcp_tools_is_checked_approved_and_run_and_its_trace_names_t
     assert started[1]["source"] == TIME
     code, out, _ = run("trace", record.id, "--db", db)
     assert code == 0 and "step 2 convert_time (convert_time on MCP server mcp-time " in out
-    code, out, _ = run("audit", "verify", "--db", db)
+    code, out, _ = run("audit", "verify", "--db", db, "--plan", record.id[:8])
     assert code == 0, out
+    proven = out.splitlines()
+    assert proven[1].startswith(f"plan {record.id}: ") and "verified as its own chain" in proven[1]
+    assert proven[3].startswith("  v1 step 2: convert_time = convert_time on MCP server mcp-time ")
+    assert f"({TIME}), attempt 1, key {record.id}:2, at " in proven[3]
 
 
 def test_a_connection_that_was_closed_opens_again_on_the_next_call() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 import sys
+from typing import TYPE_CHECKING
 
 import click
 
@@ -12,7 +13,10 @@ from plangate.cli import _remote
 from plangate.cli._common import db_option, json_option, open_runtime, token_option
 from plangate.cli._errors import EXIT_VIOLATIONS
 from plangate.cli._remote import server_option
-from plangate.errors import UsageError
+from plangate.errors import GovernanceError, UsageError
+
+if TYPE_CHECKING:
+    from plangate.runtime import Runtime
 
 
 @click.group("audit")
@@ -43,11 +47,18 @@ def _anchor(_ctx: click.Context, _param: click.Parameter, value: str | None) -> 
     help="A head kept elsewhere (from `plangate audit head`; `SEQ HASH` is taken too): the log must still "
     "hold that event with that hash.",
 )
+@click.option(
+    "--plan",
+    "plan_id",
+    metavar="ID",
+    help="Also verify this plan's own chain of events and list the calls it proves: each step's tool, "
+    "and for an MCP tool its server and its name there.",
+)
 @db_option
 @server_option
 @token_option
 def audit_verify_command(
-    *, anchor: tuple[int, str] | None, db: str | None, server: str | None, token: str | None
+    *, anchor: tuple[int, str] | None, plan_id: str | None, db: str | None, server: str | None, token: str | None
 ) -> None:
     """Check the whole audit log and the tables against it: exit 0 if intact, 1 naming what does not fit.
 
@@ -58,18 +69,44 @@ def audit_verify_command(
     from plangate import ledger
 
     if server:
-        if anchor is not None:
-            raise UsageError("--head is checked where the log is: run audit verify --head on the server's machine")
+        if anchor is not None or plan_id is not None:
+            raise UsageError("--head and --plan are checked where the log is: run audit verify on the server's machine")
         reply = _remote.client(server, token).call("GET", "/audit/verify")
         click.echo(reply["summary"])
         sys.exit(0 if reply["ok"] else EXIT_VIOLATIONS)
     runtime = open_runtime(db)
     try:
         report = ledger.verify(runtime.store, anchor)
+        calls = _proven_calls(runtime, plan_id) if plan_id is not None and report.ok else None
     finally:
         runtime.close()
     click.echo(str(report))
+    if calls is not None:
+        click.echo("\n".join(calls))
     sys.exit(0 if report.ok else EXIT_VIOLATIONS)
+
+
+def _proven_calls(runtime: Runtime, plan_id: str) -> list[str]:
+    """A plan's events, verified as its own chain, and the calls they record: tool, attempt, key, MCP origin."""
+    record = runtime.get(plan_id)
+    events, broken = runtime.store.plan_events(record.id)
+    if broken is not None:
+        raise GovernanceError(f"plan {record.id}'s own chain of events does not verify: {broken}")
+    lines = [f"plan {record.id}: {len(events)} events verified as its own chain; the calls they record:"]
+    for event in events:
+        if event.kind != "step.started":
+            continue
+        data = event.data
+        where = ""
+        if "server_tool" in data:
+            where = f" = {data['server_tool']} on MCP server {data.get('server') or data['source']} ({data['source']})"
+        lines.append(
+            f"  v{event.version} step {event.step_id}: {data.get('tool')}{where}, attempt {data.get('attempt', 1)}, "
+            f"key {data.get('idempotency_key')}, at {event.at}"
+        )
+    if len(lines) == 1:
+        lines.append("  none: it never ran")
+    return lines
 
 
 @audit_group.command("head")
