@@ -72,14 +72,14 @@ async def demo() -> dict[str, Any]:
     asked = paused["__interrupt__"][0].value
     effects_before = business.effect_counts()
     done = await graph.ainvoke(Command(resume=True), config)
-    return {"asked": asked, "effects_before": effects_before, "outputs": done["outputs"]}
+    return {"asked": [(asked["approve"]["tool"], effects_before)], "outputs": done["outputs"]}
 
 
 def main() -> None:
     import asyncio
 
     outcome = asyncio.run(demo())
-    print(f"asked to approve: {outcome['asked']['approve']['tool']}, effects before {outcome['effects_before']}")
+    print(f"asked to approve: {outcome['asked'][0][0]}, effects before {outcome['asked'][0][1]}")
     print(f"after yes: refund {outcome['outputs'][1].refund_id[:6]}...")
 
 

@@ -58,11 +58,10 @@ async def demo() -> dict[str, Any]:
             [assistant_message("Refunded.")],
         ]
     )
-    asked: list[tuple[str, str | None]] = []
+    asked: list[tuple[str, dict[str, int]]] = []
 
     async def decide(tool: str, arguments: str | None) -> bool:
-        asked.append((tool, arguments))
-        asked.append(("effects before", str(business.effect_counts())))
+        asked.append((tool, business.effect_counts()))
         return True
 
     result = await run_with_approval(model, "Refund invoice 42", decide)
@@ -73,7 +72,7 @@ def main() -> None:
     import asyncio
 
     outcome = asyncio.run(demo())
-    print(f"asked to approve: {outcome['asked'][0][0]}, effects before {outcome['asked'][1][1]}")
+    print(f"asked to approve: {outcome['asked'][0][0]}, effects before {outcome['asked'][0][1]}")
     print(f"after yes: {outcome['effects_after']}; the agent says {outcome['final']!r}")
 
 
