@@ -202,3 +202,14 @@ def test_the_docs_table_counts_the_recipes_lines_truly() -> None:
     for _, recipe, count, percall, percall_count in table:
         assert recipe_lines(RECIPES / f"{recipe}.py") == int(count), recipe
         assert recipe_lines(RECIPES / f"{percall}.py") == int(percall_count), percall
+
+
+def test_the_docs_show_the_recipes_own_text() -> None:
+    shown = re.findall(
+        r"^```python\n(.*?)^```", (ROOT / "docs" / "integrations.md").read_text(), re.MULTILINE | re.DOTALL
+    )
+    modules = {path.stem: path.read_text() for path in RECIPES.glob("[!_]*.py")}
+    assert len(shown) == 4
+    for block in shown:
+        holders = [name for name, text in modules.items() if block in text.split(DEMO_MARK)[0]]
+        assert len(holders) == 1, block[:80]
