@@ -88,29 +88,103 @@ def test_pydantic_ai_the_calls_are_one_plan_approved_then_run(tmp_path: Path) ->
 def test_pydantic_ai_a_read_runs_at_once_as_a_plan_of_its_own_and_a_write_is_only_held(tmp_path: Path) -> None:
     from examples import business
     from examples.integrations import _demo, pydantic_ai_recipe
+    from pydantic_ai import Agent
 
     from plangate.integrations.pydantic_ai import PlanGateToolset
 
-    async def go(read_category: str | None) -> tuple[PlanGateToolset, Any]:
-        from pydantic_ai import Agent
-
+    async def go() -> tuple[PlanGateToolset, Any, list[Any]]:
         runtime = _demo.runtime(tmp_path)
         toolset = PlanGateToolset(
-            runtime, requester="alice", task=_demo.TASK, category="refunds", read_category=read_category
+            runtime, requester="alice", task=_demo.TASK, category="refunds", read_category="lookups"
         )
         result = await Agent(pydantic_ai_recipe.scripted_model(), toolsets=[toolset]).run(_demo.TASK)
         reads = [await runtime.aget(plan_id) for plan_id in toolset.ran_at_once]
         runtime.close()
-        return toolset, (result.output, reads)
+        return toolset, result.output, reads
 
-    toolset, (said, reads) = asyncio.run(go("lookups"))
-    assert [(r.category, r.status) for r in reads] == [("lookups", "succeeded")]
+    toolset, said, reads = asyncio.run(go())
+    assert [(r.category, r.status, r.requested_by) for r in reads] == [("lookups", "succeeded", "alice")]
     assert said == "The refund waits for approval."
     assert toolset.plan()["steps"][1]["params"] == {"invoice_id": "42", "amount": 120.0}
     assert business.effect_counts() == {}
-    # No read category: nothing runs at once; the agent is told every call is held.
-    with pytest.raises(KeyError):  # the scripted model reads the invoice's total, which a held call does not give
-        asyncio.run(go(None))
+
+
+def calls(*script: tuple[str, dict[str, Any]]) -> Any:
+    """A FunctionModel that makes these calls in turn, each after the answer to the one before, then stops."""
+    from pydantic_ai.messages import ModelResponse, TextPart, ToolCallPart, ToolReturnPart
+    from pydantic_ai.models.function import FunctionModel
+
+    seen: list[Any] = []
+
+    def respond(messages: list[Any], info: Any) -> ModelResponse:
+        last = [p for p in getattr(messages[-1], "parts", []) if p.part_kind in ("tool-return", "retry-prompt")]
+        seen.extend(p.content if isinstance(p, ToolReturnPart) else p.model_response() for p in last)
+        if len(seen) == len(script):
+            return ModelResponse(parts=[TextPart("done")])
+        name, args = script[len(seen)]
+        return ModelResponse(parts=[ToolCallPart(name, args)])
+
+    model = FunctionModel(respond)
+    model.seen = seen  # type: ignore[attr-defined]
+    return model
+
+
+def test_pydantic_ai_without_a_read_category_every_call_is_held_and_refers_to_earlier_steps(tmp_path: Path) -> None:
+    from examples import business
+    from examples.integrations import _demo
+    from pydantic_ai import Agent
+
+    from plangate.integrations.pydantic_ai import PlanGateToolset
+
+    model = calls(
+        ("get_invoice", {"invoice_id": "42"}),
+        ("issue_refund", {"invoice_id": "42", "amount": "${1.total}"}),
+    )
+
+    async def go() -> tuple[PlanGateToolset, Any, Any]:
+        runtime = _demo.runtime(tmp_path)
+        toolset = PlanGateToolset(runtime, requester="alice", task=_demo.TASK, category="refunds")
+        await Agent(model, toolsets=[toolset]).run(_demo.TASK)
+        record = await toolset.submit()
+        await runtime.aapprove(record.id, "dave", record.hash)
+        result = await runtime.aexecute(record.id)
+        runtime.close()
+        return toolset, record, result
+
+    toolset, record, result = asyncio.run(go())
+    assert toolset.ran_at_once == []
+    assert model.seen[0] == {
+        "held": "step 1 of the plan, run only after the plan is approved",
+        "refer_to_output_as": "${1}",
+    }
+    assert record.status == "pending_approval" and record.violations == ()
+    assert result.ok and result.outputs[2]["amount"] == 120.0 and business.effect_counts() == {"refund": 1}
+
+
+def test_pydantic_ai_a_call_plangate_would_refuse_goes_back_to_the_model_at_once(tmp_path: Path) -> None:
+    from examples.integrations import _demo
+    from pydantic_ai import Agent
+
+    from plangate.integrations.pydantic_ai import PlanGateToolset
+
+    model = calls(
+        ("issue_refund", {"invoice_id": "42", "amount": "120"}),
+        ("run_sql", {"query": "DELETE FROM invoices"}),
+        ("issue_refund", {"invoice_id": "42", "amount": 120.0}),
+    )
+
+    async def go() -> PlanGateToolset:
+        runtime = _demo.runtime(tmp_path)
+        toolset = PlanGateToolset(runtime, requester="alice", task=_demo.TASK, category="refunds")
+        await Agent(model, toolsets=[toolset]).run(_demo.TASK)
+        runtime.close()
+        return toolset
+
+    toolset = asyncio.run(go())
+    assert "plangate would refuse this call" in model.seen[0] and "amount" in model.seen[0]
+    assert "plangate would refuse this call" in model.seen[1] and "run_sql" in model.seen[1]
+    assert [step["tool"] for step in toolset.plan()["steps"]] == ["issue_refund"]
+    assert toolset.plan()["steps"][0]["id"] == 1
 
 
 def test_pydantic_ai_toolset_refuses_an_empty_plan_and_a_runtime_without_tools(tmp_path: Path) -> None:

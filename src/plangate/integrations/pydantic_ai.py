@@ -4,9 +4,10 @@ The agent sees the catalogue's tools as usual. A call of a tool that only reads 
 when the policy approves a plan of it by itself (``read_category``, one whose envelope holds
 only reads), recorded like any plan; every call, read or not, also becomes a step of one draft
 plan, and a write answers only with the step's number and how a later call may refer to its
-output (``${N.field}``). When the run ends, :meth:`PlanGateToolset.submit` submits the draft as
-one plan: checked, held against the policy, approved by people as one hashed artefact, then
-run by plangate's engine.
+output (``${N.field}``). A call the checker or the policy would refuse is sent back to the
+model at once (a retry) and kept out of the draft. When the run ends,
+:meth:`PlanGateToolset.submit` submits the draft as one plan: checked, held against the
+policy, approved by people as one hashed artefact, then run by plangate's engine.
 
 Needs the ``pydantic-ai`` extra. One toolset collects one task: make a new one per task.
 """
@@ -19,12 +20,13 @@ from plangate._extras import need
 
 need("pydantic-ai", "plangate.integrations.pydantic_ai")
 
-from pydantic_ai import RunContext  # noqa: E402
+from pydantic_ai import ModelRetry, RunContext  # noqa: E402
 from pydantic_ai.tools import ToolDefinition  # noqa: E402
 from pydantic_ai.toolsets import AbstractToolset  # noqa: E402
 from pydantic_ai.toolsets.abstract import ToolsetTool  # noqa: E402
 from pydantic_core import SchemaValidator, core_schema  # noqa: E402
 
+from plangate.check import check  # noqa: E402
 from plangate.record import PlanRecord  # noqa: E402
 from plangate.runtime import Runtime  # noqa: E402
 from plangate.tools import Catalogue  # noqa: E402
@@ -75,7 +77,7 @@ class PlanGateToolset(AbstractToolset[Any]):
                 tool_def=ToolDefinition(
                     name=tool.name, description=tool.description, parameters_json_schema=tool.params_schema
                 ),
-                max_retries=1,
+                max_retries=2,
                 args_validator=_ANY,
             )
             for tool in self.catalogue
@@ -86,6 +88,11 @@ class PlanGateToolset(AbstractToolset[Any]):
     ) -> Any:
         step = {"id": len(self.steps) + 1, "tool": name, "params": tool_args, "rationale": f"The agent's call {name}."}
         self.steps.append(step)
+        checked = check(self.plan(), self.catalogue, self.runtime.policy, user=self.requester)
+        problems = [v.message for v in checked.violations if v.step == step["id"]]
+        if problems:  # told now, while the model can still change the call, not when the plan is submitted
+            self.steps.pop()
+            raise ModelRetry(f"plangate would refuse this call: {'; '.join(problems)}")
         if self.catalogue[name].effect == "read" and self.read_category is not None:
             ran = await self._read_now(step)
             if ran is not None:
