@@ -24,6 +24,7 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "llamacpp": ("llama_cpp",),
     "anthropic": ("anthropic",),
     "openai": ("openai",),
+    "pydantic-ai": ("pydantic_ai",),
 }
 
 
