@@ -380,3 +380,19 @@ def test_a_temporal_worker_killed_mid_activity_is_retried_by_another_under_the_r
         ]
 
     assert asyncio.run(timeouts()) == [TimeoutType.TIMEOUT_TYPE_HEARTBEAT] * 2, "both retries: heartbeats stopped"
+
+
+def test_a_temporal_worker_refuses_too_few_threads_for_its_activities_in_one_line(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from plangate.cli import main
+
+    command = ["worker", "--tools", str(EXAMPLES / "business.py"), "--db", f"sqlite:///{tmp_path}/t.db"]
+    done = CliRunner().invoke(
+        main, [*command, "--temporal", "127.0.0.1:1", "--max-activities", "4", "--activity-threads", "4"]
+    )
+    assert done.exit_code == 2 and done.stdout == ""
+    [line] = done.stderr.splitlines()
+    assert line.startswith("plangate: worker --temporal: 4 activity threads for 4 activities"), line
+    done = CliRunner().invoke(main, [*command, "--temporal", "127.0.0.1:1", "--heartbeat-timeout", "0"])
+    assert done.exit_code == 2 and "--heartbeat-timeout" in done.stderr
