@@ -19,7 +19,8 @@ is alive, and once they stop for the heartbeat timeout (seconds, not the step's 
 Temporal runs the activity again on a worker that is.
 
 ``plangate worker --temporal HOST:PORT`` hosts the workflow and the activities and starts
-a workflow (id = plan id, so never twice) for each approved plan it claims.
+a workflow (id = plan id, so never twice) for each approved plan it claims; its timeouts
+and how many activities and workflow tasks it runs at once are :class:`Settings`.
 Install with ``pip install 'plangate[temporal]'``.
 """
 
