@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
@@ -216,3 +217,182 @@ def test_a_run_on_temporal_is_one_trace_whose_steps_join_the_workers_run_span(
     assert sorted(s.attributes["plangate.step_id"] for s in steps) == [1, 2, 3, 4]
     assert {(s.trace_id, s.parent_id) for s in steps} == {(run.trace_id, run.span_id)}
     assert all(s.attributes["plangate.step.status"] == "succeeded" for s in steps)
+
+
+KILL_TOOLS = '''
+import json
+import os
+import time
+from pathlib import Path
+
+from plangate import RunContext, tool
+
+DIR = Path({dir!r})
+
+
+def _called(name: str, ctx: RunContext) -> None:
+    """Each call, with its key and its process, in the order they came; then wait for the test's go."""
+    with (DIR / "calls.jsonl").open("a") as calls:
+        calls.write(json.dumps({{"tool": name, "key": ctx.idempotency_key, "pid": os.getpid()}}) + "\\n")
+    while not (DIR / f"go-{{name}}").exists():
+        time.sleep(0.05)
+
+
+@tool(effect="write", idempotent=True, timeout=120)
+def charge(amount: int, ctx: RunContext) -> int:
+    _called("charge", ctx)
+    ledger = DIR / "ledger.json"
+    done = json.loads(ledger.read_text()) if ledger.exists() else {{}}
+    done.setdefault(ctx.idempotency_key, amount)  # the tool's own ledger: one effect per key
+    ledger.write_text(json.dumps(done))
+    return amount
+
+
+@tool(effect="write", timeout=120)
+def ship(to: str, ctx: RunContext) -> str:
+    _called("ship", ctx)
+    return to
+'''
+
+
+def _calls(tmp_path: Path) -> list[dict[str, object]]:
+    import json
+
+    found = tmp_path / "calls.jsonl"
+    return [json.loads(line) for line in found.read_text().splitlines()] if found.exists() else []
+
+
+def _wait_for_call(
+    tmp_path: Path, rt: Runtime, plan_id: str, tool: str, count: int, worker: subprocess.Popen[str]
+) -> list[dict[str, object]]:
+    """Until the tool's ``count``-th call is in flight in ``worker``, its step recorded ``started``."""
+    import time
+
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        calls = [c for c in _calls(tmp_path) if c["tool"] == tool]
+        step = 1 if tool == "charge" else 2
+        row = rt.store.steps(plan_id).get(step)
+        if len(calls) >= count and row is not None and row.status == "started":
+            assert len(calls) == count and calls[-1]["pid"] == worker.pid
+            return calls
+        assert worker.poll() is None, f"the worker exited with {worker.returncode}"
+        time.sleep(0.1)
+    raise AssertionError(f"no call {count} of {tool} in time")
+
+
+async def _heartbeat_seen(address: str, plan_id: str) -> None:
+    """Until Temporal holds a heartbeat from the step's first attempt, sent while its tool waits."""
+    from temporalio.client import Client
+
+    handle = (await Client.connect(address)).get_workflow_handle(plan_id)
+    for _ in range(600):
+        pending = (await handle.describe()).raw_description.pending_activities
+        if any(a.attempt == 1 and a.HasField("last_heartbeat_time") for a in pending):
+            return
+        await asyncio.sleep(0.1)
+    raise AssertionError("no heartbeat reached Temporal while the step ran")
+
+
+def test_a_temporal_worker_killed_mid_activity_is_retried_by_another_under_the_resume_rules(
+    temporal: str, tmp_path: Path
+) -> None:
+    """SIGKILL a worker while a step's tool runs: its heartbeats stop and Temporal runs the activity again
+    on the next worker within seconds. The idempotent step runs again under the same key (one effect);
+    the one that is not halts the plan with its outcome unknown, never called twice."""
+    import signal
+    from datetime import UTC, datetime
+
+    from temporalio.api.enums.v1 import TimeoutType
+    from temporalio.client import Client
+
+    from tests.helpers import plan
+
+    tools = tmp_path / "blocking.py"
+    tools.write_text(KILL_TOOLS.format(dir=str(tmp_path)))
+    db = f"sqlite:///{tmp_path}/t.db"
+    rt = Runtime(Catalogue.from_module(tools), db=db)
+    record = rt.submit(
+        plan(
+            {"id": 1, "tool": "charge", "params": {"amount": 5}},
+            {"id": 2, "tool": "ship", "params": {"to": "ann"}, "after": [1]},
+        ),
+        "ann",
+    )
+    rt.approve(record.id, "ben", record.hash)
+    logs: list[Path] = []
+
+    def worker(name: str) -> subprocess.Popen[str]:
+        logs.append(tmp_path / f"{name}.log")
+        command = ["worker", "--tools", str(tools), "--temporal", temporal, "--drain", "--name", name]
+        with logs[-1].open("w") as log:
+            return subprocess.Popen(
+                [sys.executable, "-m", "plangate", *command, "--heartbeat-timeout", "2", "--max-activities", "4"],
+                env={**os.environ, "PLANGATE_DB": db},
+                stdout=subprocess.DEVNULL,
+                stderr=log,
+                text=True,
+            )
+
+    first = worker("w-a")
+    try:
+        key = _wait_for_call(tmp_path, rt, record.id, "charge", 1, first)[0]["key"]
+        asyncio.run(_heartbeat_seen(temporal, record.id))
+        first.send_signal(signal.SIGKILL)
+        first.wait(timeout=30)
+        killed_at = datetime.now(UTC)
+        second = worker("w-b")
+        _wait_for_call(tmp_path, rt, record.id, "charge", 2, second)
+        (tmp_path / "go-charge").touch()
+        _wait_for_call(tmp_path, rt, record.id, "ship", 1, second)
+        second.send_signal(signal.SIGKILL)
+        second.wait(timeout=30)
+        third = worker("w-c")
+        assert third.wait(timeout=180) == 0, logs[-1].read_text()[-2000:]
+    finally:
+        for log in logs:
+            print(log.name, log.read_text()[-2000:])  # shown when the test fails
+    charges = [c for c in _calls(tmp_path) if c["tool"] == "charge"]
+    assert [c["key"] for c in charges] == [key, key] == [f"{record.id}:1"] * 2, "the same key on both calls"
+    assert len({c["pid"] for c in charges}) == 2, "run again by the second worker"
+    import json
+
+    assert json.loads((tmp_path / "ledger.json").read_text()) == {key: 5}, "one effect for the key"
+    assert [c["tool"] for c in _calls(tmp_path)].count("ship") == 1, "not idempotent: never called twice"
+    assert rt.get(record.id).status == "halted"
+    steps = rt.store.steps(record.id)
+    assert steps[1].status == "succeeded" and steps[1].idempotency_key == key
+    assert steps[2].status == "outcome_unknown" and "not idempotent" in (steps[2].error or "")
+    assert rt.store.steps(record.id)[1].attempt == 2
+    retried = [e for e in rt.trace(record.id) if e.kind == "step.retrying" and e.step_id == 1]
+    assert len(retried) == 1 and key in retried[0].data["reason"]
+    seconds = (datetime.fromisoformat(retried[0].at.replace("Z", "+00:00")) - killed_at).total_seconds()
+    assert seconds < 60, "retried on the heartbeat timeout, not at the end of the step's budget and margin"
+    assert rt.store.verify_audit().ok
+
+    async def timeouts() -> list[int]:
+        history = await (await Client.connect(temporal)).get_workflow_handle(record.id).fetch_history()
+        return [
+            e.activity_task_started_event_attributes.last_failure.timeout_failure_info.timeout_type
+            for e in history.events
+            if e.HasField("activity_task_started_event_attributes")
+            and e.activity_task_started_event_attributes.attempt > 1
+        ]
+
+    assert asyncio.run(timeouts()) == [TimeoutType.TIMEOUT_TYPE_HEARTBEAT] * 2, "both retries: heartbeats stopped"
+
+
+def test_a_temporal_worker_refuses_too_few_threads_for_its_activities_in_one_line(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from plangate.cli import main
+
+    command = ["worker", "--tools", str(EXAMPLES / "business.py"), "--db", f"sqlite:///{tmp_path}/t.db"]
+    done = CliRunner().invoke(
+        main, [*command, "--temporal", "127.0.0.1:1", "--max-activities", "4", "--activity-threads", "4"]
+    )
+    assert done.exit_code == 2 and done.stdout == ""
+    [line] = done.stderr.splitlines()
+    assert line.startswith("plangate: worker --temporal: 4 activity threads for 4 activities"), line
+    done = CliRunner().invoke(main, [*command, "--temporal", "127.0.0.1:1", "--heartbeat-timeout", "0"])
+    assert done.exit_code == 2 and "--heartbeat-timeout" in done.stderr

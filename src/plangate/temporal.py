@@ -13,10 +13,14 @@ limit and makes the retries itself, and each activity's ``start_to_close_timeout
 budget plus a margin, so the engine's limit fires first. Temporal's retries are for an
 activity whose worker was lost, whatever the tool: ``one()`` finds the ``started`` record
 and never calls a tool that is not idempotent again (it records the unknown outcome, which
-is what halts the run for a person), so they are kept for every step.
+is what halts the run for a person), so they are kept for every step. A worker is known to
+be lost by its heartbeats: while a step runs, a thread beside it tells Temporal the worker
+is alive, and once they stop for the heartbeat timeout (seconds, not the step's budget)
+Temporal runs the activity again on a worker that is.
 
 ``plangate worker --temporal HOST:PORT`` hosts the workflow and the activities and starts
-a workflow (id = plan id, so never twice) for each approved plan it claims.
+a workflow (id = plan id, so never twice) for each approved plan it claims; its timeouts
+and how many activities and workflow tasks it runs at once are :class:`Settings`.
 Install with ``pip install 'plangate[temporal]'``.
 """
 
@@ -24,8 +28,13 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
+import contextvars
 import functools
 import json
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
@@ -48,6 +57,41 @@ with workflow.unsafe.imports_passed_through():
 TASK_QUEUE = "plangate"
 _LEASE_SECONDS = 3600.0  # a workflow's lease: Temporal itself keeps the run going, not this process
 _MARGIN_SECONDS = 60.0  # over a step's own budget: the engine's limit, not Temporal's, ends a hung call
+_LOCAL_ACTIVITIES = 2  # plangate's own bookkeeping (a plan's end), on threads of its own beside the steps'
+
+
+@dataclass(frozen=True)
+class Settings:
+    """How a Temporal worker runs activities; the timeouts travel in each workflow's input, so a retry uses them.
+
+    ``heartbeat_seconds``: how long Temporal waits without a heartbeat from a step's activity before it
+    runs the activity again elsewhere (a killed worker); ``margin_seconds``: the start-to-close timeout
+    over the step's own budget; ``max_activities`` steps and ``max_workflow_tasks`` workflow tasks at once
+    in this worker, the steps on ``activity_threads`` threads (default: one per step, plus room for the
+    plans' ends).
+    """
+
+    heartbeat_seconds: float = 10.0
+    margin_seconds: float = _MARGIN_SECONDS
+    max_activities: int = 16
+    max_workflow_tasks: int = 16
+    activity_threads: int | None = None
+
+    @property
+    def threads(self) -> int:
+        return self.activity_threads or self.max_activities + _LOCAL_ACTIVITIES
+
+    def check(self) -> None:
+        """Refuse settings under which a step could be lost or never start."""
+        if self.heartbeat_seconds <= 0 or self.margin_seconds <= 0:
+            raise ValueError("the heartbeat timeout and the start-to-close margin must be more than 0 seconds")
+        if self.max_activities < 1 or self.max_workflow_tasks < 2:
+            raise ValueError("a Temporal worker needs at least 1 activity and 2 workflow tasks at once")
+        if self.threads <= self.max_activities:
+            raise ValueError(
+                f"{self.threads} activity threads for {self.max_activities} activities at once leave none "
+                "for the plans' ends: give more threads than activities"
+            )
 
 
 def _stepper(args: dict[str, Any]) -> Any:
@@ -107,14 +151,44 @@ def _check_claim(store: Any, args: dict[str, Any]) -> None:
         ledger.right_to_run(store, row, version)
 
 
-@activity.defn(name="plangate.step")
-def run_step(args: dict[str, Any]) -> str:
-    stepper, store = _stepper(args)
+@contextlib.contextmanager
+def _heartbeats(timeout: float | None) -> Iterator[None]:
+    """Heartbeats to Temporal from a thread beside the step, whatever its tool does meanwhile.
+
+    They stop when this process dies, and Temporal then runs the activity again once ``timeout``
+    passes. A late one, after the activity ended, is dropped by the SDK.
+    """
+    if not timeout:  # a workflow started before there were heartbeats
+        yield
+        return
+    stop = threading.Event()
+    context = contextvars.copy_context()  # the activity's: activity.heartbeat() finds it there
+
+    def beat() -> None:
+        while not stop.wait(min(1.0, timeout / 4)):
+            try:
+                context.run(activity.heartbeat)
+            except Exception:  # noqa: BLE001 -- the worker is shutting down: the step's own outcome decides
+                return
+
+    threading.Thread(target=beat, name="plangate-heartbeat", daemon=True).start()
     try:
-        return str(stepper.one(int(args["step_id"])))
+        yield
     finally:
-        stepper.spans.close()  # a step span left open by a raise ends here
-        store.close()
+        stop.set()
+
+
+# A cancel (the attempt timed out, the worker shuts down) is not raised into the step's thread: an
+# exception at any point of the engine's bookkeeping is worse than an attempt whose result is ignored.
+@activity.defn(name="plangate.step", no_thread_cancel_exception=True)
+def run_step(args: dict[str, Any]) -> str:
+    with _heartbeats(args.get("heartbeat_seconds")):
+        stepper, store = _stepper(args)
+        try:
+            return str(stepper.one(int(args["step_id"])))
+        finally:
+            stepper.spans.close()  # a step span left open by a raise ends here
+            store.close()
 
 
 @activity.defn(name="plangate.finish")
@@ -133,6 +207,8 @@ class PlanWorkflow:
     @workflow.run
     async def run(self, args: dict[str, Any]) -> str:
         budgets: dict[str, float] = args.get("budgets", {})  # absent from workflows started before there were limits
+        margin = float(args.get("margin_seconds", _MARGIN_SECONDS))
+        heartbeat = args.get("heartbeat_seconds")  # absent from workflows started before there were heartbeats
         deps: dict[int, set[int]] = {int(k): set(v) for k, v in args["deps"].items()}
         done: set[int] = set()
         halted = False
@@ -146,7 +222,8 @@ class PlanWorkflow:
                         run_step,
                         {**args, "step_id": s},
                         activity_id=f"{args['plan_id']}:{s}",
-                        start_to_close_timeout=timedelta(seconds=budgets.get(str(s), 540.0) + _MARGIN_SECONDS),
+                        start_to_close_timeout=timedelta(seconds=budgets.get(str(s), 540.0) + margin),
+                        heartbeat_timeout=timedelta(seconds=heartbeat) if heartbeat else None,
                         retry_policy=RetryPolicy(maximum_attempts=5),
                     )
                     for s in ready
@@ -165,8 +242,11 @@ class PlanWorkflow:
         )
 
 
-def workflow_args(db: str, tools: str, claim: Claim, catalogue: Catalogue) -> dict[str, Any]:
-    """The workflow's input for a claimed run: the approved text and hash travel in Temporal's history.
+def workflow_args(
+    db: str, tools: str, claim: Claim, catalogue: Catalogue, settings: Settings = Settings()
+) -> dict[str, Any]:
+    """The workflow's input for a claimed run: the approved text and hash travel in Temporal's history,
+    with the activities' timeouts, so an activity retried on another worker keeps them.
 
     The steps' order is the engine's (:func:`plangate.graph.run_deps`): data flow, and effects as barriers.
     """
@@ -188,72 +268,124 @@ def workflow_args(db: str, tools: str, claim: Claim, catalogue: Catalogue) -> di
         "order": [step.id for step in claim.body.steps],
         "deps": {str(k): sorted(v) for k, v in deps.items()},
         "budgets": budgets,
+        "heartbeat_seconds": settings.heartbeat_seconds,
+        "margin_seconds": settings.margin_seconds,
         "policy": claim.policy.canonical_json() if claim.policy is not None else None,
     }
 
 
 async def serve(
-    address: str, db: str, tools: str, *, drain: bool = False, poll: float = 1.0, name: str | None = None
+    address: str,
+    db: str,
+    tools: str,
+    *,
+    drain: bool = False,
+    poll: float = 1.0,
+    name: str | None = None,
+    settings: Settings = Settings(),
 ) -> int:
-    """Host the workflow and activities, and start a workflow for each approved plan. Returns plans run."""
+    """Host the workflow and activities, and start a workflow for each approved plan. Returns plans run.
+
+    With ``drain``, return once no plan is left to claim and no workflow of a plan in this store is
+    still running: a worker started after another was killed runs what Temporal retries.
+    """
     from plangate import lifecycle
 
+    settings.check()
     name = name or lifecycle.runner("temporal-worker")
-    from temporalio.client import Client, WorkflowFailureError
-    from temporalio.common import WorkflowIDReusePolicy
-    from temporalio.exceptions import WorkflowAlreadyStartedError
+    from temporalio.client import Client
     from temporalio.worker import Worker
 
     client = await Client.connect(address)
     catalogue = Catalogue.from_spec(tools)
     refused: list[str] = []
     ran = 0
-    with concurrent.futures.ThreadPoolExecutor(max_workers=8) as pool:
+    with concurrent.futures.ThreadPoolExecutor(max_workers=settings.threads) as pool:
         async with Worker(
             client,
             task_queue=TASK_QUEUE,
             workflows=[PlanWorkflow],
             activities=[run_step, finish],
             activity_executor=pool,
+            max_concurrent_activities=settings.max_activities,
+            max_concurrent_local_activities=settings.threads - settings.max_activities,
+            max_concurrent_workflow_tasks=settings.max_workflow_tasks,
         ):
             while True:
-                store = open_store(db)
-                plan_id = store.claim(name, _now(), _now(minutes=60), skip=refused)
-                if plan_id is None:
-                    store.close()
-                    if drain:
-                        return ran
+                claim = _claim(db, catalogue, name, refused)
+                if claim is not None:
+                    ran += await _run(client, claim, workflow_args(db, tools, claim, catalogue, settings), refused)
+                elif drain and not await _running(client, db):
+                    return ran
+                else:
                     await asyncio.sleep(poll)
-                    continue
-                # The same claim as any runner: the exact approved text, under this worker's lease.
-                runtime = Runtime(catalogue, db=store, lease_seconds=_LEASE_SECONDS)
-                try:
-                    claim = runtime.start(plan_id, actor="temporal", owner=name)
-                except GovernanceError:
-                    refused.append(plan_id)
-                    store.release(plan_id, name)
-                    store.close()
-                    continue
-                store.close()
-                # The run's span is this worker's; each step's, in whichever worker runs its activity, joins it.
-                spans = tracing.default().run(plan_id, claim.plan.version, claim.body, actor="temporal")
-                with spans:
-                    try:
-                        status = await client.execute_workflow(
-                            PlanWorkflow.run,
-                            {**workflow_args(db, tools, claim, catalogue), "traceparent": spans.run_traceparent()},
-                            id=plan_id,
-                            task_queue=TASK_QUEUE,
-                            id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
-                        )
-                    except (WorkflowAlreadyStartedError, WorkflowFailureError) as failed:
-                        spans.close(failed)
-                        # It stays running under this worker's lease for a person to look at, and is
-                        # not claimed again by this worker (a workflow id is never reused).
-                        refused.append(plan_id)
-                        continue
-                    spans.end(status)
-                ran += 1
+
+
+def _claim(db: str, catalogue: Catalogue, name: str, refused: list[str]) -> Claim | None:
+    """The same claim as any runner: the exact approved text, under this worker's lease."""
+    while True:
+        store = open_store(db)
+        try:
+            plan_id = store.claim(name, _now(), _now(minutes=60), skip=refused)
+            if plan_id is None:
+                return None
+            try:
+                return Runtime(catalogue, db=store, lease_seconds=_LEASE_SECONDS).start(
+                    plan_id, actor="temporal", owner=name
+                )
+            except GovernanceError:
+                refused.append(plan_id)
+                store.release(plan_id, name)
+        finally:
+            store.close()
+
+
+async def _run(client: Any, claim: Claim, args: dict[str, Any], refused: list[str]) -> int:
+    """Start the plan's workflow (id = plan id, so never twice) and wait for its end; 1 if it ended."""
+    from temporalio.client import WorkflowFailureError
+    from temporalio.common import WorkflowIDReusePolicy
+    from temporalio.exceptions import WorkflowAlreadyStartedError
+
+    plan_id = claim.plan.id
+    # The run's span is this worker's; each step's, in whichever worker runs its activity, joins it.
+    spans = tracing.default().run(plan_id, claim.plan.version, claim.body, actor="temporal")
+    with spans:
+        try:
+            status = await client.execute_workflow(
+                PlanWorkflow.run,
+                {**args, "traceparent": spans.run_traceparent()},
+                id=plan_id,
+                task_queue=TASK_QUEUE,
+                id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
+            )
+        except (WorkflowAlreadyStartedError, WorkflowFailureError) as failed:
+            spans.close(failed)
+            # It stays running under this worker's lease for a person to look at, and is
+            # not claimed again by this worker (a workflow id is never reused).
+            refused.append(plan_id)
+            return 0
+        spans.end(status)
+    return 1
+
+
+async def _running(client: Any, db: str) -> bool:
+    """Whether a plan this store holds as running still has a running workflow (its first worker may be dead)."""
+    from temporalio.client import WorkflowExecutionStatus
+    from temporalio.service import RPCError
+
+    store = open_store(db)
+    try:
+        plan_ids = [row.id for row in store.list_plans("running", limit=10_000)]
+    finally:
+        store.close()
+    for plan_id in plan_ids:
+        try:
+            found = await client.get_workflow_handle(plan_id).describe()
+        except RPCError:  # not a workflow: a plain worker's plan
+            continue
+        if found.status == WorkflowExecutionStatus.RUNNING:
+            return True
+    return False
 
 
 def _now(minutes: int = 0) -> str:

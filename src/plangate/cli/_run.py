@@ -225,13 +225,58 @@ def close_command(
     show_default=True,
     help="Seconds a claimed plan stays this worker's without renewal.",
 )
-@click.option("--drain", is_flag=True, help="Exit when no plan is left to run.")
+@click.option(
+    "--drain",
+    is_flag=True,
+    help="Exit when no plan is left to run (with --temporal: and no workflow of this store's plans still runs).",
+)
 @click.option("--name", help="This worker's name (default: host and process).")
 @click.option(
     "--temporal",
     "temporal_address",
     metavar="HOST:PORT",
     help="Run plans as Temporal workflows (each step an activity) on this Temporal server.",
+)
+@click.option(
+    "--heartbeat-timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    default=10.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="With --temporal: how long a step's activity may go without a heartbeat (sent each second while "
+    "the step runs) before Temporal runs it again on another worker: how soon a killed worker's step resumes.",
+)
+@click.option(
+    "--start-to-close-margin",
+    type=click.FloatRange(min=0, min_open=True),
+    default=60.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="With --temporal: an activity's start-to-close timeout over its step's own time limit, which ends "
+    "a hung call first.",
+)
+@click.option(
+    "--max-activities",
+    type=click.IntRange(min=1),
+    metavar="N",
+    default=16,
+    show_default=True,
+    help="With --temporal: steps this worker runs at once.",
+)
+@click.option(
+    "--max-workflow-tasks",
+    type=click.IntRange(min=2),
+    metavar="N",
+    default=16,
+    show_default=True,
+    help="With --temporal: workflow tasks this worker runs at once.",
+)
+@click.option(
+    "--activity-threads",
+    type=click.IntRange(min=2),
+    metavar="N",
+    help="With --temporal: threads the steps' activities run on (default: --max-activities plus 2 for the "
+    "plans' ends; more than --max-activities).",
 )
 @click.option(
     "--metrics-port",
@@ -253,6 +298,7 @@ def worker_command(
     temporal_address: str | None,
     metrics_port: int | None,
     metrics_host: str,
+    **temporal: Any,
 ) -> None:
     """Claim approved plans and run them; several workers (on several machines) share the work.
 
@@ -269,24 +315,7 @@ def worker_command(
     if metrics_port is not None:
         _serve_metrics(db, metrics_host, metrics_port)
     if temporal_address:
-        import asyncio
-
-        need("temporal", "worker --temporal")
-
-        from plangate.store import default_url
-        from plangate.temporal import serve
-
-        ran = asyncio.run(
-            serve(
-                temporal_address,
-                db or default_url(),
-                absolute(tools_spec) or tools_spec,
-                drain=drain,
-                name=lifecycle.runner(name or "temporal-worker"),
-            )
-        )
-        click.echo(f"temporal worker: {ran} plans run", err=True)
-        _leave_now()
+        _serve_temporal(temporal_address, db, absolute(tools_spec) or tools_spec, drain, name, **temporal)
     worker = Worker(
         Catalogue.from_spec(tools_spec),
         db=db,
@@ -300,6 +329,53 @@ def worker_command(
     finally:
         worker.close()
     click.echo(f"worker {worker.name}: {ran} plans run", err=True)
+
+
+def _serve_temporal(
+    address: str,
+    db: str | None,
+    tools: str,
+    drain: bool,
+    name: str | None,
+    *,
+    heartbeat_timeout: float,
+    start_to_close_margin: float,
+    max_activities: int,
+    max_workflow_tasks: int,
+    activity_threads: int | None,
+) -> NoReturn:
+    import asyncio
+
+    from plangate import lifecycle
+
+    need("temporal", "worker --temporal")
+
+    from plangate.store import default_url
+    from plangate.temporal import Settings, serve
+
+    settings = Settings(
+        heartbeat_seconds=heartbeat_timeout,
+        margin_seconds=start_to_close_margin,
+        max_activities=max_activities,
+        max_workflow_tasks=max_workflow_tasks,
+        activity_threads=activity_threads,
+    )
+    try:
+        settings.check()
+    except ValueError as bad:
+        raise UsageError(f"worker --temporal: {bad}") from None
+    ran = asyncio.run(
+        serve(
+            address,
+            db or default_url(),
+            tools,
+            drain=drain,
+            name=lifecycle.runner(name or "temporal-worker"),
+            settings=settings,
+        )
+    )
+    click.echo(f"temporal worker: {ran} plans run", err=True)
+    _leave_now()
 
 
 def _serve_metrics(db: str | None, host: str, port: int) -> None:
