@@ -7,9 +7,15 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import mcp.client.stdio  # noqa: F401  (see below)
 import pytest
 
 from plangate import Catalogue, Policy
+
+# The MCP SDK's stdio_client takes `errlog=sys.stderr` as a default bound when its module is
+# first imported. Imported here, that is a stream with a file descriptor; imported first by a
+# test that runs a command through click's CliRunner (which swaps sys.stderr for an in-memory
+# one), every later stdio_client in that process would fail to start its server.
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
