@@ -7,7 +7,7 @@ import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 
@@ -31,6 +31,9 @@ from plangate.cli._remote import server_option
 from plangate.errors import UsageError
 from plangate.policy import Policy
 from plangate.tools import Catalogue
+
+if TYPE_CHECKING:
+    from plangate.worker import Worker
 
 
 def _run_command(
@@ -226,6 +229,20 @@ def close_command(
     help="Seconds a claimed plan stays this worker's without renewal.",
 )
 @click.option("--drain", is_flag=True, help="Exit when no plan is left to run.")
+@click.option(
+    "--concurrency",
+    type=click.IntRange(1, 1024),
+    default=8,
+    show_default=True,
+    help="Plans this worker runs at once, each under its own lease, on its own store connection.",
+)
+@click.option(
+    "--drain-timeout",
+    type=click.FloatRange(0),
+    default=30.0,
+    show_default=True,
+    help="On SIGTERM: stop claiming and let running plans go on this many seconds; then release their leases.",
+)
 @click.option("--name", help="This worker's name (default: host and process).")
 @click.option(
     "--temporal",
@@ -249,6 +266,8 @@ def worker_command(
     db: str | None,
     lease_seconds: float,
     drain: bool,
+    concurrency: int,
+    drain_timeout: float,
     name: str | None,
     temporal_address: str | None,
     metrics_port: int | None,
@@ -257,8 +276,10 @@ def worker_command(
     """Claim approved plans and run them; several workers (on several machines) share the work.
 
     Use a PostgreSQL store (--db postgresql://...) to share it across machines. A killed
-    worker's plan is taken over by another once its lease expires. With --metrics-port, the
-    worker serves its own Prometheus metrics (no login: keep it on loopback or a private network).
+    worker's plan is taken over by another once its lease expires. SIGTERM (or Ctrl-C) drains:
+    no new claims, running plans finish (up to --drain-timeout), leases of the rest are released
+    for the next worker, exit 0. With --metrics-port, the worker serves its own Prometheus
+    metrics (no login: keep it on loopback or a private network).
     """
 
     from plangate import lifecycle
@@ -293,13 +314,27 @@ def worker_command(
         policy=Policy.load(policy_file) if policy_file else None,
         lease_seconds=lease_seconds,
         name=lifecycle.runner(name or "worker"),
+        concurrency=concurrency,
+        drain_timeout=drain_timeout,
     )
-    click.echo(f"worker {worker.name} on {worker.db or 'the default store'}", err=True)
+    _serve_plans(worker, drain=drain)
+
+
+def _serve_plans(worker: Worker, *, drain: bool) -> NoReturn:
+    """Serve until drained or stopped by SIGTERM / SIGINT, then leave at once (see _leave_now)."""
+    import signal
+
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: worker.stop())
+    click.echo(f"worker {worker.name} on {worker.db or 'the default store'}, {worker.concurrency} at once", err=True)
     try:
         ran = worker.serve(drain=drain, on_result=lambda r: click.echo(f"{r.plan_id}: {r.status}"))
     finally:
         worker.close()
+    for plan_id in worker.left:
+        click.echo(f"worker {worker.name}: {plan_id} still running at the drain deadline: lease released", err=True)
     click.echo(f"worker {worker.name}: {ran} plans run", err=True)
+    _leave_now()
 
 
 def _serve_metrics(db: str | None, host: str, port: int) -> None:
