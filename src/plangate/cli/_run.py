@@ -324,8 +324,12 @@ def _serve_plans(worker: Worker, *, drain: bool) -> NoReturn:
     """Serve until drained or stopped by SIGTERM / SIGINT, then leave at once (see _leave_now)."""
     import signal
 
+    def stop(*_: object) -> None:
+        worker.stop()
+        os.write(2, b"worker: stopping: no new claims; draining the plans running\n")  # no lock a handler may hold
+
     for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, lambda *_: worker.stop())
+        signal.signal(signum, stop)
     click.echo(f"worker {worker.name} on {worker.db or 'the default store'}, {worker.concurrency} at once", err=True)
     try:
         ran = worker.serve(drain=drain, on_result=lambda r: click.echo(f"{r.plan_id}: {r.status}"))
