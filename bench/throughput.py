@@ -107,20 +107,25 @@ def table(url: str, quick: bool) -> dict[tuple[str, int, int], float]:
 
 
 @contextmanager
-def counted_statements() -> Iterator[list[int]]:
-    """Count the statements every psycopg connection in this process sends (each is a round trip)."""
+def counted_statements() -> Iterator[dict[str, list[float]]]:
+    """Count and time the statements every psycopg connection in this process sends (each a round trip)."""
     import psycopg
 
-    count = [0]
+    seen: dict[str, list[float]] = {}
     original = psycopg.Connection.execute
 
-    def execute(self: Any, *args: Any, **kwargs: Any) -> Any:
-        count[0] += 1
-        return original(self, *args, **kwargs)
+    def execute(self: Any, query: Any, *args: Any, **kwargs: Any) -> Any:
+        start = time.perf_counter()
+        try:
+            return original(self, query, *args, **kwargs)
+        finally:
+            figures = seen.setdefault(" ".join(str(query).split())[:60], [0, 0.0])
+            figures[0] += 1
+            figures[1] += time.perf_counter() - start
 
     psycopg.Connection.execute = execute  # type: ignore[method-assign]
     try:
-        yield count
+        yield seen
     finally:
         psycopg.Connection.execute = original  # type: ignore[method-assign]
 
@@ -140,17 +145,20 @@ def profile(url: str, quick: bool) -> None:
         cpu, wall = time.process_time() - start_cpu, time.perf_counter() - start
     worker.close()
     print(f"\nprofile: 1 worker in-process, concurrency 32, {plans} plans of {STEPS} independent 10 ms steps")
-    per_plan = statements[0] / plans
+    count = sum(n for n, _ in statements.values())
     print(f"  {plans / wall:.1f} plans/s; process CPU {cpu / wall:.0%} of wall ({cpu * 1000 / plans:.1f} ms a plan)")
-    print(f"  {per_plan:.1f} statements sent to PostgreSQL per plan ({per_plan / STEPS:.1f} a step)")
+    print(f"  {count / plans:.1f} statements sent to PostgreSQL per plan ({count / plans / STEPS:.1f} a step)")
+    print("  the statements that took longest, wall time summed over the runs (a lock waited for counts):")
+    for text, (n, seconds) in sorted(statements.items(), key=lambda kv: -kv[1][1])[:6]:
+        print(f"    {seconds * 1000 / plans:6.2f} ms a plan  {n / plans:4.1f} a plan  {text}")
     out = io.StringIO()
     stats = pstats.Stats(stream=out)
     for profiler in profilers:
         profiler.create_stats()
         stats.add(profiler)
-    stats.sort_stats("tottime").print_stats(25)
-    print("  top functions by own time, all threads:")
-    print("\n".join("    " + line for line in out.getvalue().splitlines() if "{" in line or ".py:" in line))
+    stats.sort_stats("tottime").print_stats("plangate/", 12)
+    print("  plangate's own functions by own time, all threads (cProfile: slowed several times):")
+    print("\n".join("    " + line for line in out.getvalue().splitlines() if "plangate/" in line))
 
 
 @contextmanager

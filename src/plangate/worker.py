@@ -165,7 +165,8 @@ class Worker:
         result: RunResult | None = None
         healthy = True
         try:
-            result = runtime.resume(plan_id, actor=f"worker:{self.name}", owner=owner)
+            # resume's own checks are the claim's (lifecycle.claim): start at once, without reading the plan twice
+            result = runtime.drive(runtime.start(plan_id, actor=f"worker:{self.name}", owner=owner))
         except GovernanceError as refused:  # it may not run: sent back for approval, or the log disagrees
             self.refused.append(f"{plan_id}: {refused}")
             with self._cond:
