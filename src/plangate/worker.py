@@ -20,6 +20,7 @@ outcome under the same key, anything else halts for a person.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import threading
@@ -181,7 +182,7 @@ class Worker:
             self.failed.append(f"{plan_id}: {exc}")
             _log.warning("plan %s: %s", plan_id, exc, exc_info=True)
         finally:
-            self._finish(plan_id, owner, runtime if healthy else None, ran=result is not None)
+            self._finish(plan_id, owner, runtime if healthy else self._dropped(runtime), ran=result is not None)
         return result
 
     def _finish(self, plan_id: str, owner: str, runtime: Runtime | None, *, ran: bool) -> None:
@@ -190,14 +191,23 @@ class Worker:
                 return  # the drain gave it up already
         try:
             (runtime.store if runtime is not None else self._claiming()).release(plan_id, owner)
-        finally:
-            with self._cond:
-                self._running.pop(plan_id, None)
-                self._ran += ran
-                self._ended += 1
-                if runtime is not None:
-                    self._idle.append(runtime)
-                self._cond.notify_all()
+        except Exception as exc:  # noqa: BLE001 - the lease then expires by itself; the connection is dropped
+            _log.warning("plan %s: releasing the lease failed: %s", plan_id, exc)
+            runtime = self._dropped(runtime)
+        with self._cond:
+            self._running.pop(plan_id, None)
+            self._ran += ran
+            self._ended += 1
+            if runtime is not None:
+                self._idle.append(runtime)
+            self._cond.notify_all()
+
+    @staticmethod
+    def _dropped(runtime: Runtime | None) -> None:
+        """Close a runtime that is not given back to the pool (its connection may be broken): None."""
+        if runtime is not None:
+            with contextlib.suppress(Exception):  # a broken connection may refuse to close
+                runtime.store.close()
 
     def _runtime(self) -> Runtime:
         with self._cond:
