@@ -130,35 +130,74 @@ def counted_statements() -> Iterator[dict[str, list[float]]]:
         psycopg.Connection.execute = original  # type: ignore[method-assign]
 
 
+def postgres_cpu(url: str) -> float:
+    """CPU seconds the cluster's processes (the postmaster serving ``url`` and its children) have used."""
+    port = url.rsplit(":", 1)[1].split("/", maxsplit=1)[0]
+    tick, found, total = os.sysconf("SC_CLK_TCK"), {}, 0.0
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            command = open(f"/proc/{pid}/cmdline", "rb").read().replace(b"\0", b" ").decode()  # noqa: SIM115
+            fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()  # noqa: SIM115
+        except OSError:
+            continue
+        found[pid] = (command, fields)
+    master = next(
+        (pid for pid, (command, _) in found.items() if "postgres" in command and f"-p {port}" in command), None
+    )
+    for pid, (_, fields) in found.items():
+        if master is not None and master in (pid, fields[1]):
+            total += (int(fields[11]) + int(fields[12])) / tick
+    return total
+
+
 def profile(url: str, quick: bool) -> None:
-    """One worker at concurrency 32, in this process, under cProfile; statements per plan counted."""
+    """One worker at concurrency 32 in this process: CPU of the worker and of PostgreSQL, statements
+    counted and timed; then again under cProfile."""
     from plangate.testing import fresh_database
     from plangate.worker import Worker
 
     plans = 100 if quick else 300
-    db = fresh_database(url, f"tp_profile_{os.getpid()}")
+    print(f"\nprofile: 1 worker in-process, concurrency 32, {plans} plans of {STEPS} independent 10 ms steps")
+    db = fresh_database(url, f"tp_measured_{os.getpid()}")
     submit(db, plans, chained=False)
     worker = Worker(Catalogue([wait10]), db=db, concurrency=32)
-    with counted_statements() as statements, profiled() as profilers:
-        start_cpu, start = time.process_time(), time.perf_counter()
+    with counted_statements() as statements:
+        start_cpu, start_pg, start = time.process_time(), postgres_cpu(url), time.perf_counter()
         worker.serve(drain=True)
-        cpu, wall = time.process_time() - start_cpu, time.perf_counter() - start
+        cpu, pg, wall = time.process_time() - start_cpu, postgres_cpu(url) - start_pg, time.perf_counter() - start
     worker.close()
-    print(f"\nprofile: 1 worker in-process, concurrency 32, {plans} plans of {STEPS} independent 10 ms steps")
-    count = sum(n for n, _ in statements.values())
-    print(f"  {plans / wall:.1f} plans/s; process CPU {cpu / wall:.0%} of wall ({cpu * 1000 / plans:.1f} ms a plan)")
+    count, each = sum(n for n, _ in statements.values()), 1000 / plans
+    print(f"  {plans / wall:.1f} plans/s, {wall * each:.1f} ms of wall time a plan; CPU a plan:")
+    print(f"  the worker {cpu * each:.1f} ms, PostgreSQL {pg * each:.1f} ms ({(cpu + pg) / wall:.2f} cores)")
     print(f"  {count / plans:.1f} statements sent to PostgreSQL per plan ({count / plans / STEPS:.1f} a step)")
     print("  the statements that took longest, wall time summed over the runs (a lock waited for counts):")
     for text, (n, seconds) in sorted(statements.items(), key=lambda kv: -kv[1][1])[:6]:
         print(f"    {seconds * 1000 / plans:6.2f} ms a plan  {n / plans:4.1f} a plan  {text}")
+    # cProfile in a fresh process, so that every thread the runs use is started under it.
+    db = fresh_database(url, f"tp_profiled_{os.getpid()}")
+    submit(db, plans, chained=False)
+    subprocess.run([sys.executable, __file__, "--cprofile", db], check=True)
+
+
+def cprofile(db: str) -> None:
+    """One worker at concurrency 32 under cProfile, in every thread; plangate's functions by own time."""
+    from plangate.worker import Worker
+
+    worker = Worker(Catalogue([wait10]), db=db, concurrency=32)
+    with profiled() as profilers:
+        worker.serve(drain=True)
+    worker.close()
     out = io.StringIO()
     stats = pstats.Stats(stream=out)
     for profiler in profilers:
         profiler.create_stats()
         stats.add(profiler)
-    stats.sort_stats("tottime").print_stats("plangate/", 12)
-    print("  plangate's own functions by own time, all threads (cProfile: slowed several times):")
-    print("\n".join("    " + line for line in out.getvalue().splitlines() if "plangate/" in line))
+    stats.sort_stats("tottime").print_stats(60)
+    waiting = ("acquire", "wait", "sleep", "poll", "_queue", "select")  # blocked, not computing
+    lines = [line for line in out.getvalue().splitlines() if ".py:" in line or "{" in line]
+    computing = [line for line in lines if not any(word in line for word in waiting)]
+    print("  the functions with the most own time, all threads, waits left out (cProfile slows them several times):")
+    print("\n".join("    " + line for line in computing[:15]))
 
 
 @contextmanager
@@ -187,7 +226,11 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer plans: a short run")
     parser.add_argument("--profile", action="store_true", help="then profile one worker in this process")
+    parser.add_argument("--cprofile", metavar="DB", help=argparse.SUPPRESS)  # profile's child process
     args = parser.parse_args()
+    if args.cprofile:
+        cprofile(args.cprofile)
+        return 0
     from plangate.testing import postgres_cluster
 
     with postgres_cluster() as url:
