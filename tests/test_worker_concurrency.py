@@ -16,9 +16,11 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
 from plangate import Catalogue
 from plangate._clock import SystemClock, iso
+from plangate.cli import main
 from plangate.results import RunResult
 from plangate.runtime import Runtime
 from plangate.store import open_store
@@ -224,3 +226,12 @@ def test_a_step_that_overruns_the_drain_is_left_to_the_next_worker(
     # The usual recovery: a non-idempotent step cut off mid-call halts as outcome unknown, never re-run.
     assert [r.status for r in results] == ["halted"] and (results[0].error or "").startswith("outcome unknown")
     assert not (tmp_path / f"reached-{plan_id}").exists()
+
+
+def test_the_worker_command_refuses_a_concurrency_below_one(tmp_path: Path) -> None:
+    out = CliRunner().invoke(
+        main, ["worker", "--tools", str(TOOLS), "--db", f"sqlite:///{tmp_path}/p.db", "--concurrency", "0"]
+    )
+    assert out.exit_code == 2 and "--concurrency" in out.output
+    helped = CliRunner().invoke(main, ["worker", "--help"])
+    assert "--concurrency" in helped.output and "--drain-timeout" in helped.output and "SIGTERM" in helped.output
