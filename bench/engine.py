@@ -8,9 +8,11 @@ Every figure is measured in this run, on this machine:
   power loss), sequential chains of 10 and 100 no-op steps, with commits counted;
 - LangGraph with its SQLite checkpointer and durability="sync", and DBOS with its SQLite
   system database, on the same chains (the `bench` extra installs them);
-- 10 independent steps that each sleep 100 ms: plangate runs them at the same time.
+- 10 independent steps that each sleep 100 ms: plangate runs them at the same time;
+- on PostgreSQL, plans per second through worker processes at concurrency 1, 8 and 32
+  (bench/throughput.py), as ratios to one worker at concurrency 1.
 
-Run: ``make bench`` or ``python bench/engine.py [--repeat N]``.
+Run: ``make bench`` or ``python bench/engine.py [--repeat N] [--quick]``.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import throughput  # bench/throughput.py, beside this file
 from plangate import Catalogue, tool
 from plangate.runtime import Runtime
 
@@ -39,13 +42,6 @@ def noop(i: int) -> int:
 @tool
 def nap(i: int) -> int:
     time.sleep(0.1)
-    return i
-
-
-@tool
-def wait10(i: int) -> int:
-    """A step that waits 10 ms on something outside (I/O), for worker throughput."""
-    time.sleep(0.01)
     return i
 
 
@@ -108,8 +104,8 @@ def plangate_chain(folder: Path, n: int, repeat: int, synchronous: str, db: str 
     return per_step, commits[0] / (repeat * n)
 
 
-def postgres(repeat: int) -> None:
-    """Per-step overhead on PostgreSQL, and plans per second with one and with two workers."""
+def postgres(repeat: int, quick: bool = False) -> None:
+    """Per-step overhead on PostgreSQL, and plans per second through workers (bench/throughput.py)."""
     import subprocess
 
     from plangate.testing import fresh_database, postgres_cluster
@@ -125,12 +121,7 @@ def postgres(repeat: int) -> None:
         for n in CHAINS:
             per_step, _ = plangate_chain(Path("."), n, repeat, "normal", db=fresh_database(url, f"chain{n}"))
             print(f"  {n:3} steps: plangate {per_step:7.3f} ms/step")
-        for workers in (1, 2):
-            db = fresh_database(url, f"workers{workers}")
-            print(
-                f"  {workers} worker(s): {throughput(db, workers):6.1f} plans/s (40 plans of 5 steps that each "
-                "wait 10 ms)"
-            )
+        throughput.table(url, quick)
     finally:
         context.__exit__(None, None, None)
 
@@ -196,29 +187,6 @@ async def _temporal_chains(address: str, repeat: int) -> tuple[float, float]:
                 await client.execute_workflow(PlanWorkflow.run, args, id=record.id, task_queue=TASK_QUEUE)
                 our_samples.append((time.perf_counter() - start) * 1000 / n)
     return statistics.median(raw_samples[1:]), statistics.median(our_samples[1:])
-
-
-def throughput(db: str, workers: int) -> float:
-    import os
-    import subprocess
-
-    rt = Runtime(Catalogue([wait10]), db=db)
-    for p in range(40):
-        steps = [{"id": i, "tool": "wait10", "params": {"i": p}, "rationale": "bench"} for i in range(1, 6)]
-        record = rt.submit({"task": f"plan {p}", "category": "bench", "steps": steps}, "bench")
-        rt.approve(record.id, "reviewer", record.hash)
-    rt.close()
-    command = [sys.executable, "-m", "plangate", "worker", "--tools", __file__, "--db", db, "--drain"]
-    start = time.perf_counter()
-    running = [
-        subprocess.Popen(
-            [*command, "--name", f"w{i}"], env=dict(os.environ), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-        )
-        for i in range(workers)
-    ]
-    for process in running:
-        process.wait()
-    return 40 / (time.perf_counter() - start)
 
 
 def langgraph_chain(folder: Path, n: int, repeat: int) -> float | str:
@@ -307,7 +275,10 @@ def fmt(value: float | str, base: float) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--repeat", type=int, default=7, help="runs of each chain (the median is reported)")
+    parser.add_argument("--quick", action="store_true", help="a short run: 2 runs of each chain, fewer plans")
     args = parser.parse_args()
+    if args.quick:
+        args.repeat = 2
     folder = Path(tempfile.mkdtemp(prefix="plangate-bench-"))
     dbos = dbos_chains(folder, args.repeat)
     print("per-step overhead of a sequential chain of no-op steps; median of", args.repeat, "runs")
@@ -333,7 +304,7 @@ def main() -> int:
         for name, value in (("LangGraph", lang), ("DBOS", dbos[n])):
             if not isinstance(value, str):
                 print(f"  -> plangate (normal) takes {normal / value:.2f}x the time of {name} per step")
-    postgres(args.repeat)
+    postgres(args.repeat, args.quick)
     temporal(args.repeat)
     naps = parallel_naps(folder)
     print(f"\n10 independent steps sleeping 100 ms each: {naps:.0f} ms wall time (target under 150 ms)")

@@ -705,7 +705,9 @@ class Runtime:
         return self.catalogue
 
     def _current(self, plan_id: str) -> tuple[PlanRow, VersionRow]:
-        plan = self.store.get_plan(self.resolve_id(plan_id))
+        plan = self.store.get_plan(plan_id)  # a full id: one read (a prefix is resolved first)
+        if plan is None:
+            plan = self.store.get_plan(self.resolve_id(plan_id))
         if plan is None:
             raise NotFoundError(f"no plan {plan_id!r}")
         version = self.store.get_version(plan.id, plan.version)

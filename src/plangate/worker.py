@@ -1,28 +1,47 @@
-"""Workers: processes that claim approved plans and run them, on one machine or many.
+"""Workers: processes that claim approved plans and run them, many at once, on one machine or many.
 
-A worker leases a plan (``approved``, or ``running`` under a lease that expired because
-its worker died), runs it with ``resume`` semantics, renews the lease as steps finish,
-and releases it at the end. On PostgreSQL the claim uses ``FOR UPDATE SKIP LOCKED``, so
-workers never wait for each other or take the same plan; on SQLite the database's write
-lock serialises claims. A killed worker's plan is taken over once its lease expires, and
-the engine's resume rules decide what runs again: never a completed step, an idempotent
-step with no outcome under the same key, anything else halts for a person.
+A worker runs up to ``concurrency`` plans at the same time. It leases plans (``approved``,
+or ``running`` under a lease that expired because its worker died) in batches, one
+statement taking up to its free capacity; on PostgreSQL the claim uses ``FOR UPDATE SKIP
+LOCKED``, so workers never wait for each other or take the same plan; on SQLite the
+database's write lock serialises claims. Each plan runs on a runner thread of its own with
+``resume`` semantics, over a store connection taken from the worker's pool (a runtime per
+connection, made once and reused), under its own lease, which a timer renews while the
+plan runs (:class:`plangate.lifecycle.LeaseKeeper`), so a step longer than the lease keeps
+it. The lease is released at the end.
+
+:meth:`Worker.stop` (``SIGTERM`` for ``plangate worker``) drains: no new claims, running
+plans go on for up to ``drain_timeout`` seconds, and the leases of those still running
+then are released. A killed worker's plans are taken over once their leases expire (at
+once on the same machine, where a lease naming a dead process is dead), and the engine's
+resume rules decide what runs again: never a completed step, an idempotent step with no
+outcome under the same key, anything else halts for a person.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import logging
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any
 
 from plangate import lifecycle
 from plangate._clock import Clock, SystemClock, iso
-from plangate.errors import GovernanceError, LeaseLostError
+from plangate.errors import GovernanceError, LeaseLostError, PlangateError
 from plangate.policy import Policy
 from plangate.results import RunResult
 from plangate.runtime import Runtime
+from plangate.store import Store, open_store
 from plangate.tools import Catalogue
+
+DEFAULT_CONCURRENCY = 8
+"""Plans a worker runs at once unless told otherwise."""
+
+_log = logging.getLogger("plangate.worker")
 
 
 @dataclass
@@ -33,48 +52,180 @@ class Worker:
     lease_seconds: float = 30.0
     name: str = field(default_factory=lambda: lifecycle.runner(f"worker-{id(object()):x}"))
     clock: Clock = field(default_factory=SystemClock)
+    concurrency: int = DEFAULT_CONCURRENCY
+    """Plans run at the same time, each on its own runner thread and store connection."""
+    drain_timeout: float = 30.0
+    """After :meth:`stop`, how long running plans may go on before their leases are released."""
     refused: list[str] = field(default_factory=list)
     """Plans this worker claimed but was not allowed to run, and why."""
+    failed: list[str] = field(default_factory=list)
+    """Plans whose run ended in an error other than a halt (the store went away, the plan changed meanwhile)."""
+    left: list[str] = field(default_factory=list)
+    """Plans still running when the drain ended: their leases were released for the next worker."""
+
+    def __post_init__(self) -> None:
+        if self.concurrency < 1:
+            raise ValueError("a worker's concurrency is at least 1")
+        self._idle: list[Runtime] = []  # the pool: a runtime (and its store connection) per runner, reused
+        self._claims: Store | None = None  # the claiming connection
+        self._cond = threading.Condition()
+        self._running: dict[str, str] = {}  # plan id -> the lease owner running it
+        self._skip: set[str] = set()  # refused in this pass; claimed again on the next
+        self._stopping = threading.Event()
+        self._ran = 0  # runs that came to an end or a halt
+        self._ended = 0  # runs that ended in any way: capacity freed
+
+    # -- the loop ------------------------------------------------------------------------
+    def serve(
+        self, *, drain: bool = False, poll: float = 1.0, on_result: Callable[[RunResult], object] | None = None
+    ) -> int:
+        """Run plans until stopped (or, with ``drain``, until none is left). Returns how many ran."""
+        try:
+            while not self._stopping.is_set():
+                with self._cond:
+                    seen = self._ended
+                claimed = self._claim_free()
+                with self._cond:
+                    if not claimed and drain and not self._running:
+                        break
+                    for plan_id, owner in claimed:
+                        self._start(plan_id, owner, on_result)
+                    # Wake when a run ends (capacity is free again), when stopped, or to poll for new plans.
+                    if not self._cond.wait_for(functools.partial(self._woken, seen), timeout=poll):
+                        self._skip.clear()  # a new pass: refused plans may have been approved again since
+        finally:
+            self._drain()
+        return self._ran
+
+    def _woken(self, seen: int) -> bool:
+        return self._ended != seen or self._stopping.is_set()
+
+    def stop(self) -> None:
+        """Stop claiming; :meth:`serve` lets running plans finish (up to ``drain_timeout``) and returns."""
+        self._stopping.set()
+        with self._cond:
+            self._cond.notify_all()
 
     def run_one(self) -> RunResult | None:
-        """Claim and run one plan; None when there is nothing to do."""
-        runtime = Runtime(self.catalogue, self.policy, db=self.db, clock=self.clock, lease_seconds=self.lease_seconds)
-        try:
-            skip: list[str] = []  # refused in this pass: claimed again on the next (it may have been approved since)
-            while True:
-                plan_id = runtime.store.claim(self.name, iso(self.clock.now()), self._until(), skip=skip)
-                if plan_id is None:
-                    return None
-                try:
-                    return runtime.resume(plan_id, actor=f"worker:{self.name}", owner=self.name)
-                except GovernanceError as refused:  # it may not run: sent back for approval, or the log disagrees
-                    skip.append(plan_id)
-                    self.refused.append(f"{plan_id}: {refused}")
-                finally:
-                    runtime.store.release(plan_id, self.name)
-        finally:
-            runtime.store.close()  # the catalogue's MCP connections stay open for the next plan (see close)
-
-    def serve(self, *, drain: bool = False, poll: float = 1.0, on_result: Any = None) -> int:
-        """Run plans until stopped (or, with ``drain``, until none is left). Returns how many ran."""
-        ran = 0
+        """Claim and run one plan on this thread; None when there is nothing to do."""
         while True:
-            try:
-                result = self.run_one()
-            except LeaseLostError:
-                continue  # another worker has the plan now; look for the next one
-            if result is None:
-                if drain:
-                    return ran
-                time.sleep(poll)
-                continue
-            ran += 1
-            if on_result is not None:
-                on_result(result)
+            claimed = self._claim(1)
+            if not claimed:
+                return None
+            plan_id, owner = claimed[0]
+            with self._cond:
+                self._running[plan_id] = owner
+            result = self._run(plan_id, owner)
+            if result is not None:
+                return result
 
     def close(self) -> None:
-        """End the catalogue's connections to MCP servers."""
+        """Close the pool's store connections and end the catalogue's connections to MCP servers."""
+        with self._cond:
+            idle, self._idle = self._idle, []
+            claims, self._claims = self._claims, None
+        for runtime in idle:
+            runtime.store.close()
+        if claims is not None:
+            claims.close()
         self.catalogue.close()
+
+    # -- claims --------------------------------------------------------------------------
+    def _claim_free(self) -> list[tuple[str, str]]:
+        with self._cond:
+            free = self.concurrency - len(self._running)
+        return self._claim(free) if free > 0 else []
+
+    def _claim(self, limit: int) -> list[tuple[str, str]]:
+        """Up to ``limit`` plans leased in one statement, each with the owner that will run it."""
+        owner = lifecycle.runner(self.name.partition("#")[0])  # a new owner per batch: one plan, one runner
+        store = self._claiming()
+        ids = store.claim_batch(owner, iso(self.clock.now()), self._until(), limit, sorted(self._skip))
+        return [(plan_id, owner) for plan_id in ids]
+
+    def _claiming(self) -> Store:
+        if self._claims is None:
+            self._claims = open_store(self.db)
+        return self._claims
+
+    # -- runs ----------------------------------------------------------------------------
+    def _start(self, plan_id: str, owner: str, on_result: Callable[[RunResult], object] | None) -> None:
+        """Run the plan on a runner thread of its own (called holding the condition)."""
+        self._running[plan_id] = owner
+
+        def body() -> None:
+            result = self._run(plan_id, owner)
+            if result is not None and on_result is not None:
+                on_result(result)
+
+        # A daemon: a run that overran the drain is left to the next worker, not waited for at exit.
+        threading.Thread(target=body, name=f"plangate-worker-{plan_id[:8]}", daemon=True).start()
+
+    def _run(self, plan_id: str, owner: str) -> RunResult | None:
+        runtime = self._runtime()
+        result: RunResult | None = None
+        healthy = True
+        try:
+            # resume's own checks are the claim's (lifecycle.claim): start at once, without reading the plan twice
+            result = runtime.drive(runtime.start(plan_id, actor=f"worker:{self.name}", owner=owner))
+        except GovernanceError as refused:  # it may not run: sent back for approval, or the log disagrees
+            self.refused.append(f"{plan_id}: {refused}")
+            with self._cond:
+                self._skip.add(plan_id)
+        except LeaseLostError:
+            pass  # another worker has the plan now
+        except PlangateError as exc:
+            self.failed.append(f"{plan_id}: {exc}")
+            _log.warning("plan %s: %s", plan_id, exc)
+        except Exception as exc:  # noqa: BLE001 - a broken connection must not end the worker: drop the runtime
+            healthy = False
+            self.failed.append(f"{plan_id}: {exc}")
+            _log.warning("plan %s: %s", plan_id, exc, exc_info=True)
+        finally:
+            self._finish(plan_id, owner, runtime if healthy else self._dropped(runtime), ran=result is not None)
+        return result
+
+    def _finish(self, plan_id: str, owner: str, runtime: Runtime | None, *, ran: bool) -> None:
+        with self._cond:
+            if self._running.get(plan_id) != owner:
+                return  # the drain gave it up already
+        try:
+            (runtime.store if runtime is not None else self._claiming()).release(plan_id, owner)
+        except Exception as exc:  # noqa: BLE001 - the lease then expires by itself; the connection is dropped
+            _log.warning("plan %s: releasing the lease failed: %s", plan_id, exc)
+            runtime = self._dropped(runtime)
+        with self._cond:
+            self._running.pop(plan_id, None)
+            self._ran += ran
+            self._ended += 1
+            if runtime is not None:
+                self._idle.append(runtime)
+            self._cond.notify_all()
+
+    @staticmethod
+    def _dropped(runtime: Runtime | None) -> None:
+        """Close a runtime that is not given back to the pool (its connection may be broken): None."""
+        if runtime is not None:
+            with contextlib.suppress(Exception):  # a broken connection may refuse to close
+                runtime.store.close()
+
+    def _runtime(self) -> Runtime:
+        with self._cond:
+            if self._idle:
+                return self._idle.pop()
+        return Runtime(self.catalogue, self.policy, db=self.db, clock=self.clock, lease_seconds=self.lease_seconds)
+
+    def _drain(self) -> None:
+        """Wait for running plans up to the drain timeout; release the leases of those still running."""
+        deadline = time.monotonic() + self.drain_timeout
+        with self._cond:
+            self._cond.wait_for(lambda: not self._running, timeout=max(0.0, deadline - time.monotonic()))
+            left, self._running = dict(self._running), {}
+        for plan_id, owner in left.items():
+            # The engine's next fence fails without the lease: the run records nothing more, and the
+            # next worker resumes it under the usual rules (a step cut off mid-call is not re-run blindly).
+            self._claiming().release(plan_id, owner)
+            self.left.append(plan_id)
 
     def _until(self) -> str:
         return iso(self.clock.now() + timedelta(seconds=self.lease_seconds))

@@ -7,7 +7,7 @@ import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 
@@ -31,6 +31,9 @@ from plangate.cli._remote import server_option
 from plangate.errors import UsageError
 from plangate.policy import Policy
 from plangate.tools import Catalogue
+
+if TYPE_CHECKING:
+    from plangate.worker import Worker
 
 
 def _run_command(
@@ -230,6 +233,20 @@ def close_command(
     is_flag=True,
     help="Exit when no plan is left to run (with --temporal: and no workflow of this store's plans still runs).",
 )
+@click.option(
+    "--concurrency",
+    type=click.IntRange(1, 1024),
+    default=8,
+    show_default=True,
+    help="Plans this worker runs at once, each under its own lease, on its own store connection.",
+)
+@click.option(
+    "--drain-timeout",
+    type=click.FloatRange(0),
+    default=30.0,
+    show_default=True,
+    help="On SIGTERM: stop claiming and let running plans go on this many seconds; then release their leases.",
+)
 @click.option("--name", help="This worker's name (default: host and process).")
 @click.option(
     "--temporal",
@@ -294,6 +311,8 @@ def worker_command(
     db: str | None,
     lease_seconds: float,
     drain: bool,
+    concurrency: int,
+    drain_timeout: float,
     name: str | None,
     temporal_address: str | None,
     metrics_port: int | None,
@@ -303,8 +322,10 @@ def worker_command(
     """Claim approved plans and run them; several workers (on several machines) share the work.
 
     Use a PostgreSQL store (--db postgresql://...) to share it across machines. A killed
-    worker's plan is taken over by another once its lease expires. With --metrics-port, the
-    worker serves its own Prometheus metrics (no login: keep it on loopback or a private network).
+    worker's plan is taken over by another once its lease expires. SIGTERM (or Ctrl-C) drains:
+    no new claims, running plans finish (up to --drain-timeout), leases of the rest are released
+    for the next worker, exit 0. With --metrics-port, the worker serves its own Prometheus
+    metrics (no login: keep it on loopback or a private network).
     """
 
     from plangate import lifecycle
@@ -322,13 +343,34 @@ def worker_command(
         policy=Policy.load(policy_file) if policy_file else None,
         lease_seconds=lease_seconds,
         name=lifecycle.runner(name or "worker"),
+        concurrency=concurrency,
+        drain_timeout=drain_timeout,
     )
-    click.echo(f"worker {worker.name} on {worker.db or 'the default store'}", err=True)
+    _serve_plans(worker, drain=drain)
+
+
+def _serve_plans(worker: Worker, *, drain: bool) -> NoReturn:
+    """Serve until drained or stopped by SIGTERM / SIGINT, then leave at once (see _leave_now)."""
+    import signal
+
+    def stop(*_: object) -> None:
+        worker.stop()
+        os.write(2, b"worker: stopping: no new claims; draining the plans running\n")  # no lock a handler may hold
+
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, stop)
+    # A run's transaction holds the audit log's lock across round trips; each answer from the
+    # store then waits for the interpreter's lock. Handing it over sooner shortens that hold.
+    sys.setswitchinterval(0.0005)
+    click.echo(f"worker {worker.name} on {worker.db or 'the default store'}, {worker.concurrency} at once", err=True)
     try:
         ran = worker.serve(drain=drain, on_result=lambda r: click.echo(f"{r.plan_id}: {r.status}"))
     finally:
         worker.close()
+    for plan_id in worker.left:
+        click.echo(f"worker {worker.name}: {plan_id} still running at the drain deadline: lease released", err=True)
     click.echo(f"worker {worker.name}: {ran} plans run", err=True)
+    _leave_now()
 
 
 def _serve_temporal(

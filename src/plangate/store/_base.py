@@ -199,6 +199,10 @@ class Store(abc.ABC):
         """Lease the next plan to run (approved, or running under an expired lease) to ``worker``."""
 
     @abc.abstractmethod
+    def claim_batch(self, worker: str, now: str, until: str, limit: int, skip: Sequence[str] = ()) -> list[str]:
+        """Lease up to ``limit`` plans to run to ``worker`` in one statement (a worker's free capacity)."""
+
+    @abc.abstractmethod
     def renew(self, plan_id: str, worker: str, until: str) -> bool: ...
 
     @abc.abstractmethod

@@ -436,22 +436,27 @@ class SQLStore(AuditLog, Store):
 
     def claim(self, worker: str, now: str, until: str, skip: Sequence[str] = ()) -> str | None:
         """Lease the oldest plan a worker should run: approved, or running under an expired lease."""
+        claimed = self.claim_batch(worker, now, until, 1, skip)
+        return claimed[0] if claimed else None
+
+    def claim_batch(self, worker: str, now: str, until: str, limit: int, skip: Sequence[str] = ()) -> list[str]:
+        """Lease up to ``limit`` of the oldest plans to run, in one statement; oldest first."""
+        if limit < 1:
+            return []
         excluded = f" AND id NOT IN ({', '.join('?' for _ in skip)})" if skip else ""
         with self.transaction():
-            row = self._exec(
+            rows = self._exec(
                 # Never a plan under a live lease, whatever its status: a plan just claimed is still
                 # "approved" until its engine starts, and must not be claimed twice in between.
-                "SELECT id FROM plans WHERE kind = 'plan' AND ((status = 'approved' AND (lease_until IS NULL"
-                " OR lease_until < ?)) OR (status = 'running' AND (lease_until IS NULL OR lease_until < ?)))"
+                "UPDATE plans SET lease_owner = ?, lease_until = ? WHERE id IN (SELECT id FROM plans WHERE"
+                " kind = 'plan' AND status IN ('approved', 'running') AND (lease_until IS NULL OR lease_until < ?)"
                 + excluded
-                + " ORDER BY created_at, id LIMIT 1"
-                + self._LOCK_ROWS,
-                (now, now, *skip),
-            ).fetchone()
-            if row is None:
-                return None
-            self._exec("UPDATE plans SET lease_owner = ?, lease_until = ? WHERE id = ?", (worker, until, row[0]))
-            return str(row[0])
+                + " ORDER BY created_at, id LIMIT ?"
+                + self._LOCK_ROWS
+                + ") RETURNING id, created_at",
+                (worker, until, now, *skip, limit),
+            ).fetchall()
+        return [str(row[0]) for row in sorted(rows, key=lambda row: (row[1], row[0]))]
 
     def renew(self, plan_id: str, worker: str, until: str) -> bool:
         """Extend a lease this worker holds; False when it lost it."""
