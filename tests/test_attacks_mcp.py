@@ -1,0 +1,163 @@
+"""An attacker's pass over MCP tools in, ``plangate mcp serve`` out, the async API and the recipes.
+
+The central promise under attack: only the exact plan a person approved runs, each step at
+most once, and the log proves it. Each test is one attack, against real parts: a hostile MCP
+server of the tests' own (tests/hostile_mcp.py) over stdio, SQLite, the SDK's client.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from plangate import Runtime
+from plangate.errors import CatalogueError, GovernanceError, ToolDefinitionError
+from plangate.policy import Policy
+from plangate.tools import Catalogue
+from tests.helpers import plan
+
+HOSTILE = Path(__file__).with_name("hostile_mcp.py")
+POLICY = """
+version: 1
+name: attacks
+roles: {dev: {tools: ["*"], scopes: ["*"]}}
+default_role: dev
+approval: {default: human, auto: [ops]}
+categories:
+  ops: {description: "Reads at once; anything else waits for a person.", tools: ["*"]}
+"""
+
+
+class Server:
+    """The hostile server's spec, its state file (which tools it lists) and the calls it received."""
+
+    def __init__(self, folder: Path, state: str = "v1") -> None:
+        self.state, self.log = folder / "state", folder / "calls.jsonl"
+        self.state.write_text(state)
+        self.spec = f"mcp:stdio:{shlex.quote(sys.executable)} {shlex.quote(str(HOSTILE))} {self.state} {self.log}"
+
+    def calls(self, tool: str | None = None) -> list[dict[str, Any]]:
+        if not self.log.exists():
+            return []
+        found = [json.loads(line) for line in self.log.read_text().splitlines()]
+        return [c for c in found if tool is None or c["tool"] == tool]
+
+
+@pytest.fixture
+def hostile(tmp_path: Path) -> Server:
+    return Server(tmp_path)
+
+
+def governed(server: Server, tmp_path: Path, extra: str = "") -> tuple[Catalogue, Runtime]:
+    catalogue = Catalogue.from_spec(server.spec)
+    policy = Policy.from_yaml(POLICY + extra)
+    return catalogue, Runtime(catalogue, policy, db=f"sqlite:///{tmp_path}/p.db", tools=server.spec)
+
+
+def approved(runtime: Runtime, tool: str, **params: Any) -> str:
+    record = runtime.submit(plan({"id": 1, "tool": tool, "params": params}, category="ops"), requested_by="alice")
+    if record.status == "pending_approval":
+        runtime.approve(record.id, "bob", record.hash)
+    return record.id
+
+
+# -- 1. a hostile server as a tool source ------------------------------------------------------------
+
+
+def test_a_read_hint_is_believed_only_until_the_policy_says_otherwise(hostile: Server, tmp_path: Path) -> None:
+    catalogue, runtime = governed(hostile, tmp_path)
+    with catalogue:
+        lying = runtime.submit(
+            plan({"id": 1, "tool": "liar", "params": {"note": "x"}}, category="ops"), requested_by="a"
+        )
+        assert lying.status == "approved"  # the documented default: a read hint is believed, auto-approved
+        assert hostile.calls() == []  # approving runs nothing
+    catalogue, runtime = governed(hostile, tmp_path, "tools: {liar: {effect: write}}\n")
+    with catalogue:
+        held = runtime.submit(
+            plan({"id": 1, "tool": "liar", "params": {"note": "y"}}, category="ops"), requested_by="a"
+        )
+        assert held.status == "pending_approval" and held.needs == ("a person",)
+        with pytest.raises(GovernanceError, match="approval"):
+            runtime.execute(held.id, actor="a")
+    assert hostile.calls() == []
+
+
+def test_a_server_that_dies_during_a_write_leaves_its_outcome_unknown_and_it_is_never_called_again(
+    hostile: Server, tmp_path: Path
+) -> None:
+    catalogue, runtime = governed(hostile, tmp_path)
+    with catalogue:
+        plan_id = approved(runtime, "crash", note="pay 100")
+        first = runtime.execute(plan_id, actor="bob")
+        assert first.status == "halted" and "outcome unknown" in (first.error or "")
+        assert "'crash' is not idempotent" in (first.error or "")
+        again = runtime.resume(plan_id, actor="bob")  # a resume does not call it again: a person settles it
+        assert again.status == "halted" and "outcome unknown" in (again.error or "")
+    assert len(hostile.calls("crash")) == 1
+    kinds = [e.kind for e in runtime.trace(plan_id)]
+    assert "step.outcome_unknown" in kinds and "step.failed" not in kinds
+
+
+def test_a_server_that_hangs_is_cut_off_by_the_time_limit_and_not_called_again(hostile: Server, tmp_path: Path) -> None:
+    catalogue, runtime = governed(hostile, tmp_path, "limits: {tool_timeout: 2}\n")
+    with catalogue:
+        plan_id = approved(runtime, "hang", note="x")
+        halted = runtime.execute(plan_id, actor="bob")
+        assert halted.status == "halted" and "timed out" in (halted.error or "") and "outcome unknown" in halted.error
+    assert len(hostile.calls("hang")) == 1
+
+
+def test_an_is_error_answer_fails_the_step_and_a_resume_calls_again_under_the_same_key(
+    hostile: Server, tmp_path: Path
+) -> None:
+    catalogue, runtime = governed(hostile, tmp_path)
+    with catalogue:
+        plan_id = approved(runtime, "flaky", note="x")
+        first = runtime.execute(plan_id, actor="bob")
+        assert first.status == "halted" and "McpToolError: try again" in (first.error or "")
+        assert len(hostile.calls("flaky")) == 1  # an MCP tool has no retries of its own: the run halts
+        again = runtime.resume(plan_id, actor="bob")  # a person resumes: the server said it failed
+    made = hostile.calls("flaky")
+    assert again.status == "succeeded" and len(made) == 2
+    assert {c["meta"]["plangate/idempotency_key"] for c in made} == {f"{plan_id}:1"}
+    assert [c["meta"]["plangate/attempt"] for c in made] == [1, 2]
+
+
+def test_an_output_that_breaks_its_own_schema_fails_the_step(hostile: Server, tmp_path: Path) -> None:
+    catalogue, runtime = governed(hostile, tmp_path)
+    with catalogue:
+        plan_id = approved(runtime, "bad_output", note="x")
+        result = runtime.execute(plan_id, actor="bob")
+    assert result.status == "halted" and "'x' is not of type 'integer'" in (result.error or ""), result.error
+
+
+@pytest.mark.parametrize("state", ["names", "deep"])
+def test_odd_names_and_schemas_are_refused_when_the_catalogue_opens(hostile: Server, state: str) -> None:
+    hostile.state.write_text(state)
+    said = {"names": "'../etc/passwd': a tool name is a letter or '_' then", "deep": "its tool list cannot be read"}
+    with pytest.raises((CatalogueError, ToolDefinitionError), match=re.escape(said[state])):
+        Catalogue.from_spec(hostile.spec).close()
+
+
+def test_a_server_that_comes_back_with_other_tools_under_the_same_names_is_drift(
+    hostile: Server, tmp_path: Path
+) -> None:
+    catalogue, runtime = governed(hostile, tmp_path)
+    with catalogue:
+        plan_id = approved(runtime, "liar", note="x")
+        hostile.state.write_text("v2")  # it restarts as another server: liar now cannot be undone
+        for held in catalogue._holds:  # type: ignore[attr-defined]
+            held.close()  # the connection broke; the next call opens it again
+        refused = runtime.execute(plan_id, actor="bob")
+        assert refused.status == "halted" and "came back with other tools" in (refused.error or ""), refused.error
+        assert "(drift): nothing was called" in (refused.error or "")
+        hostile.state.write_text("v1")  # the same server again: the catalogue goes on
+        assert runtime.resume(plan_id, actor="bob").status == "succeeded"
+    assert len(hostile.calls("liar")) == 1
