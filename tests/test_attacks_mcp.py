@@ -11,18 +11,24 @@ import json
 import re
 import shlex
 import sys
+import uuid
 from pathlib import Path
 from typing import Any
 
 import pytest
+from examples.business import effect_counts
 
 from plangate import Runtime
-from plangate.errors import CatalogueError, GovernanceError, ToolDefinitionError
+from plangate.accounts import Accounts
+from plangate.errors import CatalogueError, GovernanceError, ToolDefinitionError, UsageError
+from plangate.mcpserver import Gate
 from plangate.policy import Policy
 from plangate.tools import Catalogue
+from tests.conftest import EXAMPLES, load_plan
 from tests.helpers import plan
 
 HOSTILE = Path(__file__).with_name("hostile_mcp.py")
+BUSINESS = str(EXAMPLES / "business.py")
 POLICY = """
 version: 1
 name: attacks
@@ -161,3 +167,87 @@ def test_a_server_that_comes_back_with_other_tools_under_the_same_names_is_drift
         hostile.state.write_text("v1")  # the same server again: the catalogue goes on
         assert runtime.resume(plan_id, actor="bob").status == "succeeded"
     assert len(hostile.calls("liar")) == 1
+
+
+def test_a_server_tool_named_like_plangates_own_cannot_be_served(hostile: Server, tmp_path: Path) -> None:
+    hostile.state.write_text("own")
+    with Catalogue.from_spec(hostile.spec) as catalogue:
+        runtime = Runtime(catalogue, db=f"sqlite:///{tmp_path}/p.db")
+        with pytest.raises(UsageError, match="'plangate_' are plangate's own over MCP: plangate_submit_plan"):
+            Gate(runtime, user="alice")
+
+
+# -- 2. plangate mcp serve, as a hostile client sees it -------------------------------------------------
+
+
+def business(db: str) -> Runtime:
+    return Runtime(Catalogue.from_module(BUSINESS), Policy.load(EXAMPLES / "policy.yaml"), db=db)
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path}/plangate.db"
+
+
+def test_a_reference_smuggled_into_a_direct_call_is_refused_and_runs_nothing(db: str) -> None:
+    gate = Gate(business(db), user="alice")
+    reply = gate.call("get_invoice", {"invoice_id": "${1.total}"})
+    assert reply.error and reply.data["status"] == "rejected" and "step 1: " in reply.text
+    refund = gate.call("issue_refund", {"invoice_id": "42", "amount": "${1}"})
+    assert refund.error and refund.data["error"] == "bad-arguments"  # not a number: refused before recording
+    assert effect_counts() == {}
+
+
+def test_a_whole_plan_is_never_run_over_mcp_even_when_the_policy_approves_it(db: str) -> None:
+    gate = Gate(business(db), user="alice")
+    reads = {
+        "task": "t",
+        "category": "lookups",
+        "steps": [{"id": 1, "tool": "get_invoice", "params": {"invoice_id": "42"}, "rationale": "r"}],
+    }
+    submitted = gate.call("plangate_submit_plan", reads)
+    assert submitted.data["status"] == "approved" and "an MCP call never runs it" in submitted.text
+    result = gate.call("plangate_plan_result", {"plan_id": submitted.data["plan_id"]})
+    assert result.data["outputs"] is None and business(db).store.steps(submitted.data["plan_id"]) == {}
+    smuggled = {**load_plan("refund"), "category": "lookups"}  # a write under a category that holds only reads
+    refused = gate.call("plangate_submit_plan", smuggled)
+    assert refused.error and refused.data["status"] == "rejected" and effect_counts() == {}
+
+
+def test_draft_ids_are_unguessable_and_a_guess_adds_nothing(db: str) -> None:
+    gate = Gate(business(db), user="alice")
+    first = gate.call("plangate_draft_add", {"tool": "get_invoice", "params": {"invoice_id": "42"}, "rationale": "r"})
+    assert uuid.UUID(first.data["draft"]).version == 4
+    guess = gate.call("plangate_draft_add", {"tool": "issue_refund", "params": {}, "rationale": "r", "draft": "1"})
+    assert guess.error and guess.data["error"] == "no-draft"
+    submitted = gate.call("plangate_draft_submit", {"draft": first.data["draft"], "task": "t"})
+    again = gate.call("plangate_draft_submit", {"draft": first.data["draft"], "task": "t"})
+    assert not submitted.error and again.error and again.data["error"] == "no-draft"  # a draft is submitted once
+    late = gate.call(
+        "plangate_draft_add", {"tool": "issue_refund", "params": {}, "rationale": "r", "draft": first.data["draft"]}
+    )
+    assert late.error and len(business(db).get(submitted.data["plan_id"]).plan.steps) == 1  # type: ignore[union-attr]
+
+
+def test_very_large_arguments_are_refused_before_anything_is_recorded(db: str) -> None:
+    gate = Gate(business(db), user="alice")
+    reply = gate.call("get_invoice", {"invoice_id": "4" * 2_000_000})
+    assert reply.error and "invoice_id" in reply.text and len(reply.text) < 2000
+    assert business(db).list_plans() == []
+
+
+def test_another_accounts_plans_cannot_be_found_by_prefix(db: str) -> None:
+    rt = business(db)
+    accounts = Accounts(rt.store)
+    accounts.add("alice", "requester")
+    accounts.add("bob", "requester")
+    alice = Gate(rt, token=accounts.issue_token("alice"))
+    secret = alice.call("issue_refund", {"invoice_id": "42", "amount": 5.0}).data["plan_id"]
+    bob = Gate(rt, token=accounts.issue_token("bob"))
+    answers = {
+        prefix: bob.call("plangate_plan_status", {"plan_id": prefix}).text
+        for prefix in (secret, secret[:8], "ffffffff-ffff")
+    }
+    assert len(set(answers.values()) - {""}) == len(answers)  # each names what was asked...
+    said = {text.replace(prefix, "ID") for prefix, text in answers.items()}
+    assert len(said) == 1, said  # ...and says the same of a plan bob may not see and of none at all
