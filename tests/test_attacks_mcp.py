@@ -7,6 +7,7 @@ server of the tests' own (tests/hostile_mcp.py) over stdio, SQLite, the SDK's cl
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import shlex
@@ -18,7 +19,7 @@ from typing import Any
 import pytest
 from examples.business import effect_counts
 
-from plangate import Runtime
+from plangate import Runtime, ledger
 from plangate.accounts import Accounts
 from plangate.errors import CatalogueError, GovernanceError, ToolDefinitionError, UsageError
 from plangate.mcpserver import Gate
@@ -251,3 +252,74 @@ def test_another_accounts_plans_cannot_be_found_by_prefix(db: str) -> None:
     assert len(set(answers.values()) - {""}) == len(answers)  # each names what was asked...
     said = {text.replace(prefix, "ID") for prefix, text in answers.items()}
     assert len(said) == 1, said  # ...and says the same of a plan bob may not see and of none at all
+
+
+def test_over_http_a_request_whose_host_or_origin_is_not_loopback_is_refused(tmp_path: Path, db: str) -> None:
+    import httpx
+
+    from tests.test_mcp_server import over_http
+
+    hello = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {}}
+    headers = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
+    with over_http(tmp_path, db) as url:
+        port = url.split(":")[2].split("/")[0]
+        rebound = httpx.post(url, json=hello, headers={**headers, "Host": f"evil.example:{port}"})
+        foreign = httpx.post(url, json=hello, headers={**headers, "Origin": "http://evil.example"})
+    assert rebound.status_code == 421 and foreign.status_code == 403
+    assert business(db).list_plans() == []
+
+
+# -- 3. the async API -----------------------------------------------------------------------------------
+
+
+def test_two_tasks_executing_one_plan_at_once_make_its_effect_once(db: str) -> None:
+    rt = business(db)
+    refund = {"id": 1, "tool": "issue_refund", "params": {"invoice_id": "42", "amount": 5.0}}
+    record = rt.submit(plan(refund, category="refunds"), requested_by="alice")
+    assert record.needs == ("a person",)
+    rt.approve(record.id, "dave", record.hash)
+
+    async def both() -> list[Any]:
+        return await asyncio.gather(*(rt.aexecute(record.id, actor="bob") for _ in range(2)), return_exceptions=True)
+
+    outcomes = asyncio.run(both())
+    ran = [o for o in outcomes if not isinstance(o, BaseException)]
+    assert len(ran) >= 1 and all(isinstance(o, GovernanceError) for o in outcomes if o not in ran), outcomes
+    assert effect_counts() == {"refund": 1}
+    assert ledger.verify(rt.store).ok
+
+
+def test_an_approval_racing_an_edit_binds_to_the_hash_it_names(db: str) -> None:
+    rt = business(db)
+    record = rt.submit(load_plan("refund"), requested_by="alice")
+    edited = {**load_plan("refund"), "task": "another task"}
+
+    async def race() -> list[Any]:
+        return await asyncio.gather(
+            rt.aedit(record.id, edited, "alice"),
+            rt.aapprove(record.id, "dave", record.hash),
+            return_exceptions=True,
+        )
+
+    asyncio.run(race())
+    now = rt.get(record.id)
+    valid = [a for a in rt.store.approvals(record.id, now.version) if not a.void and a.decision == "approved"]
+    assert all(a.plan_hash == now.hash for a in valid) and (now.hash == record.hash or valid == [])
+
+
+# -- 4. the Pydantic AI toolset -------------------------------------------------------------------------
+
+
+def test_the_toolsets_draft_is_submitted_once_and_not_changed_after(tmp_path: Path) -> None:
+    from examples.integrations import _demo
+
+    from plangate.integrations.pydantic_ai import PlanGateToolset
+
+    toolset = PlanGateToolset(_demo.runtime(tmp_path), requester="alice", task=_demo.TASK, category="refunds")
+    toolset.steps.append(
+        {"id": 1, "tool": "issue_refund", "params": {"invoice_id": "42", "amount": 5.0}, "rationale": "r"}
+    )
+    first = asyncio.run(toolset.submit())
+    with pytest.raises(UsageError, match=f"already submitted as plan {first.id}"):
+        asyncio.run(toolset.submit())
+    assert len(toolset.runtime.list_plans()) == 1 and effect_counts() == {}
