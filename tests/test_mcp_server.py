@@ -287,4 +287,4 @@ def test_with_accounts_the_token_says_who_asks_and_what_they_may_see(db: str) ->
     assert rt.get(reply.data["plan_id"]).requested_by == "alice"
     bob = Gate(rt, token=accounts.issue_token("bob"))
     hidden = bob.call("plangate_plan_status", {"plan_id": reply.data["plan_id"]})
-    assert hidden.error and "bob may not see plan" in hidden.text
+    assert hidden.error and "bob may see no plan" in hidden.text

@@ -19,6 +19,7 @@ from pydantic import ValidationError
 
 from plangate import timeouts
 from plangate._jsontypes import value_type
+from plangate.errors import OutcomeUnknownError
 from plangate.plan import Step, expected_types
 from plangate.tools import Tool
 
@@ -37,6 +38,7 @@ class Outcome:
     retryable: bool = False  # the tool raised or overran (a wrong output is not repeated: it would be again)
     timed_out: float | None = None  # the limit, in seconds, that the call overran
     handled: bool = False  # already recorded (a retry that could not start): nothing left to record
+    unknown: str | None = None  # the call may have had its effect (its connection broke): why
 
 
 def inline(
@@ -108,7 +110,8 @@ def timed_out(step_id: int, seconds: float, start: float) -> Outcome:
 def raised(step_id: int, exc: BaseException, start: float) -> Outcome:
     text = str(exc)
     error = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
-    return Outcome(step_id=step_id, ok=False, error=error, ms=_ms(start), retryable=True)
+    unknown = text if isinstance(exc, OutcomeUnknownError) else None
+    return Outcome(step_id=step_id, ok=False, error=error, ms=_ms(start), retryable=True, unknown=unknown)
 
 
 def checked(step: Step, tool: Tool, value: Any, start: float) -> Outcome:

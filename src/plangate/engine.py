@@ -501,10 +501,13 @@ class _Run:
                 self._record_call(outcome)
 
     def _record_call(self, outcome: Outcome) -> None:
-        """A call to a tool that is not idempotent that overran may have happened: a person must say."""
+        """A call to a tool that is not idempotent that overran, or whose connection broke, may have happened:
+        a person must say."""
         if outcome.timed_out is not None and not self._tool(outcome.step_id).idempotent:
             cause = f"the call timed out after {outcome.timed_out:g} s and may have happened (it may still be running)"
             self._unknown_outcome(self.rows[outcome.step_id], cause)
+        elif outcome.unknown is not None and not self._tool(outcome.step_id).idempotent:
+            self._unknown_outcome(self.rows[outcome.step_id], outcome.unknown)
         else:
             self.finished.append(outcome)
 

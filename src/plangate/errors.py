@@ -154,6 +154,14 @@ class StoreError(PlangateError):
     """The store cannot be opened or used (a bad URL, a newer schema, a locked file)."""
 
 
+class OutcomeUnknownError(PlangateError):
+    """A tool's call may or may not have had its effect (its server's connection broke during the call).
+
+    The engine treats it as an overrun: a tool that is not idempotent is not called again on
+    its own, and the run halts with the step's outcome unknown for a person to settle.
+    """
+
+
 class LeaseLostError(PlangateError):
     """A worker's lease on a plan expired and another worker took the plan over: this one stops."""
 

@@ -32,7 +32,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError
 
 from plangate import identity
-from plangate.errors import NotPermittedError, PlangateError, UsageError
+from plangate.errors import NotFoundError, PlangateError, UsageError
 from plangate.plan import Plan, plan_json_schema
 from plangate.record import PlanRecord
 from plangate.results import recorded_result
@@ -293,9 +293,15 @@ class Gate:
     def _visible(self, plan_id: str) -> PlanRecord:
         """The plan, if the requester may see it (token mode: their own, or of a category they decide)."""
         who = identity.actor(self.runtime.store, token=identity.find_token(self.token), claimed=self.user)
-        record = self.runtime.get(plan_id)
-        if who.user is not None and not who.user.may_read(category=record.category, requested_by=record.requested_by):
-            raise NotPermittedError(f"{who.name} may not see plan {plan_id!r}")
+        if who.user is None:
+            return self.runtime.get(plan_id)
+        hidden = NotFoundError(f"{who.name} may see no plan {plan_id!r} (give its full id if a prefix matches several)")
+        try:  # one answer for none, several and another's: an id or prefix tells nothing of plans one may not see
+            record = self.runtime.get(plan_id)
+        except NotFoundError:
+            raise hidden from None
+        if not who.user.may_read(category=record.category, requested_by=record.requested_by):
+            raise hidden
         return record
 
     # -- answers -----------------------------------------------------------------------------

@@ -27,6 +27,7 @@ from pydantic_ai.toolsets.abstract import ToolsetTool  # noqa: E402
 from pydantic_core import SchemaValidator, core_schema  # noqa: E402
 
 from plangate.check import check  # noqa: E402
+from plangate.errors import UsageError  # noqa: E402
 from plangate.record import PlanRecord  # noqa: E402
 from plangate.runtime import Runtime  # noqa: E402
 from plangate.tools import Catalogue  # noqa: E402
@@ -60,6 +61,8 @@ class PlanGateToolset(AbstractToolset[Any]):
         self.ran_at_once: list[str] = []
         """The ids of the one-step read plans that ran during the run."""
         self._id = toolset_id
+        self.submitted: str | None = None
+        """The id of the plan :meth:`submit` made; a toolset submits once."""
 
     @property
     def id(self) -> str | None:
@@ -86,6 +89,8 @@ class PlanGateToolset(AbstractToolset[Any]):
     async def call_tool(
         self, name: str, tool_args: dict[str, Any], ctx: RunContext[Any], tool: ToolsetTool[Any]
     ) -> Any:
+        if self.submitted is not None:
+            raise UsageError(f"this toolset's draft was already submitted as plan {self.submitted}: nothing is added")
         step = {"id": len(self.steps) + 1, "tool": name, "params": tool_args, "rationale": f"The agent's call {name}."}
         self.steps.append(step)
         checked = check(self.plan(), self.catalogue, self.runtime.policy, user=self.requester)
@@ -119,4 +124,8 @@ class PlanGateToolset(AbstractToolset[Any]):
         """Submit the draft as one plan: checked, held against the policy, and waiting for its approvals."""
         if not self.steps:
             raise ValueError("the agent called no tool: there is no plan to submit")
-        return await self.runtime.asubmit(self.plan(), requested_by=self.requester)
+        if self.submitted is not None:  # a second plan of the same calls would make their effects twice
+            raise UsageError(f"this toolset's draft was already submitted as plan {self.submitted}: make a new one")
+        record = await self.runtime.asubmit(self.plan(), requested_by=self.requester)
+        self.submitted = record.id
+        return record

@@ -28,6 +28,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+from plangate.errors import CatalogueError, OutcomeUnknownError
 from plangate.tools._context import RunContext
 from plangate.tools._mcpconn import McpConnection
 from plangate.tools._schematool import schema_tool
@@ -86,11 +87,29 @@ def mcp_tools(connection: McpConnection, prefix: str = "") -> list[Tool]:
 def _caller(connection: McpConnection, name: str, *, structured: bool) -> Callable[..., Any]:
     def call(**kwargs: Any) -> Any:
         ctx = kwargs.pop(CTX, None)
-        result = connection.call_tool(name, kwargs, meta(ctx))
+        try:
+            result = connection.call_tool(name, kwargs, meta(ctx))
+        except CatalogueError:
+            raise  # the session could not be opened, or is not the one approved: nothing was sent
+        except Exception as exc:
+            if _answered(exc):
+                raise
+            raise OutcomeUnknownError(
+                f"the connection to MCP server {connection.spec.text!r} broke during the call of {name!r} "
+                f"({type(exc).__name__}: {exc}); the server may have made the call's effect"
+            ) from exc
         return output(name, result, structured=structured)
 
     call.__name__ = name
     return call
+
+
+def _answered(exc: Exception) -> bool:
+    """Whether the server answered the call with a JSON-RPC error (it said no), not a broken connection."""
+    from mcp.shared.exceptions import MCPError
+    from mcp_types import CONNECTION_CLOSED
+
+    return isinstance(exc, MCPError) and exc.code != CONNECTION_CLOSED
 
 
 def meta(ctx: RunContext | None) -> dict[str, Any]:

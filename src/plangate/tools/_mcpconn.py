@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import json
 import shlex
 import tempfile
 import threading
@@ -88,6 +89,7 @@ class McpConnection:
         self._thread: threading.Thread | None = None
         self._held: _Held | None = None
         self.opened = 0  # how many times a session was opened: the first, then each reconnection
+        self._pinned: str | None = None  # the server and its tools as first listed: a reopened session must match
 
     # -- what callers use ------------------------------------------------------------------
     def server(self) -> tuple[str, str]:
@@ -96,18 +98,18 @@ class McpConnection:
         return str(info.name), str(info.version)
 
     def list_tools(self) -> list[Any]:
-        """Every tool the server lists, page after page."""
-        from mcp import types
-
-        found: list[Any] = []
-        cursor: str | None = None
-        while True:
-            params = types.PaginatedRequestParams(cursor=cursor) if cursor else None
-            page = self._run(lambda s, p=params: s.list_tools(params=p))
-            found.extend(page.tools)
-            cursor = page.next_cursor
-            if not cursor or len(found) > 10_000:
-                return found
+        """Every tool the server lists, page after page; the first listing is what a reopened session must match."""
+        held = self._session()
+        try:
+            found = self._listing(held)
+        except CatalogueError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a server whose listing cannot be read: one line that names it
+            raise CatalogueError(f"MCP server {self._what()}: its tool list cannot be read: {_reason(exc)}") from None
+        with self._lock:
+            if self._pinned is None and self._held is held:
+                self._pinned = _digest(held.init, found)
+        return found
 
     def call_tool(self, name: str, arguments: dict[str, Any], meta: dict[str, Any]) -> Any:
         """The server's ``CallToolResult`` for one call; raises when the connection fails (then reopened next time)."""
@@ -146,7 +148,37 @@ class McpConnection:
             if self._held is None:
                 self._held = self._open()
                 self.opened += 1
+                if self._pinned is not None:
+                    self._same_as_pinned(self._held)
             return self._held
+
+    def _listing(self, held: _Held) -> list[Any]:
+        from mcp import types
+
+        assert self._loop is not None
+        found: list[Any] = []
+        cursor: str | None = None
+        while True:
+            params = types.PaginatedRequestParams(cursor=cursor) if cursor else None
+            page = asyncio.run_coroutine_threadsafe(held.session.list_tools(params=params), self._loop).result()
+            found.extend(page.tools)
+            cursor = page.next_cursor
+            if not cursor or len(found) > 10_000:
+                return found
+
+    def _same_as_pinned(self, held: _Held) -> None:
+        """A reopened session (the server restarted) must offer what the catalogue was made of, else it is drift."""
+        try:
+            now = _digest(held.init, self._listing(held))
+        except Exception as exc:  # noqa: BLE001 - cannot tell: refuse, as for a change
+            now = f"unreadable: {_reason(exc)}"
+        if now != self._pinned:
+            self._drop()
+            raise CatalogueError(
+                f"MCP server {self._what()} came back with other tools, schemas, annotations or version than "
+                "when its catalogue was opened (drift): nothing was called; open the catalogue again so that "
+                "plans are checked against what it offers now"
+            )
 
     def _open(self) -> _Held:
         if self._loop is None:
@@ -205,13 +237,31 @@ class McpConnection:
         with contextlib.suppress(Exception):
             held.task.result(timeout=10)
 
+    def _what(self) -> str:
+        return f"command {shlex.join(self.spec.command)!r}" if self.spec.command else f"URL {self.spec.url}"
+
     def _failed(self, reason: str, errlog: Any) -> CatalogueError:
-        what = f"command {shlex.join(self.spec.command)!r}" if self.spec.command else f"URL {self.spec.url}"
+        what = self._what()
         errlog.flush()
         errlog.seek(0)
         said = [line.strip() for line in errlog.read()[-4000:].splitlines() if line.strip()]
         tail = f" (it said: {said[-1][:300]})" if said else ""
         return CatalogueError(f"MCP server {what} did not start: {reason}{tail}")
+
+
+def _digest(init: Any, tools: list[Any]) -> str:
+    """The server's name and version and each tool's name, schemas and annotations (not its description)."""
+    info = init.server_info
+    listed = [
+        tool.model_dump(
+            mode="json",
+            by_alias=True,
+            exclude_none=True,
+            include={"name", "input_schema", "output_schema", "annotations"},
+        )
+        for tool in tools
+    ]
+    return json.dumps([str(info.name), str(info.version), listed], sort_keys=True, default=str)
 
 
 def _task_future(task: asyncio.Task[Any]) -> concurrent.futures.Future[None]:
