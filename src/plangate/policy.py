@@ -24,7 +24,7 @@ from plangate._frozen import Frozen, cached
 from plangate._justified import Justified
 from plangate._overrides import ToolOverride
 from plangate._patterns import REMEMBERED, matches_any, star_match
-from plangate._valuerules import RULE_NAME, DenyRule, RequireRule, plan_meter, value_violations
+from plangate._valuerules import RULE_NAME, DenyRule, RequireRule, ValueRule, plan_meter, value_violations
 from plangate.errors import PolicyError, RefusedInputError
 from plangate.graph import PlanGraph
 from plangate.plan import Plan, Step, canonical
@@ -318,25 +318,43 @@ class Policy(_Rules):
         return hashlib.sha256(self.canonical_json().encode()).hexdigest()
 
     @cached
-    def facts_kept(self) -> dict[tuple[str | None, str, str, Tool | None, str | None], _StepFacts]:
-        """What this policy says of a step by its role, category, tool and resource: kept, a plan repeats them.
+    def facts_kept(self) -> dict[_FactsKey, _StepFacts | None]:
+        """What this policy says of a step by its role, category and tool (and resource): kept, plans repeat them.
 
         Keyed by immutable things only: the tool object (a changed or overridden tool is another
         object) and strings; a copy of the policy starts with none (see ``Frozen.model_copy``).
+        ``None`` under a key without a resource: the answer depends on the step's resource too.
         """
         return {}
 
-    def step_facts(
-        self, role: str | None, category: str, step: Step, tool: Tool | None, resource: str | None
-    ) -> _StepFacts:
+    def step_facts(self, role: str | None, category: str, step: Step, tool: Tool | None) -> _StepFacts:
         """What this policy says of ``step`` that does not depend on its values (remembered, see ``facts_kept``)."""
-        key = (role, category, step.tool, tool, resource)
-        facts = self.facts_kept.get(key)
-        if facts is None:
-            facts = _step_facts(self, key, step)
-            if len(self.facts_kept) < FACTS_KEPT and (resource is None or len(resource) <= REMEMBERED):
-                self.facts_kept[key] = facts
+        kept = self.facts_kept
+        key: _FactsKey = (role, category, step.tool, tool)
+        held = kept.get(key, _UNKNOWN)
+        if isinstance(held, _StepFacts):
+            return held
+        resource = tool.resource_for(step.params) if tool is not None else None
+        if held is _UNKNOWN and not self._reads_resource(step.tool):
+            facts = _step_facts(self, role, category, step, tool, resource=resource)
+        else:
+            if held is _UNKNOWN and len(kept) < FACTS_KEPT:
+                kept[key] = None
+            key = (role, category, step.tool, tool, resource)
+            facts = kept.get(key) or _step_facts(self, role, category, step, tool, resource=resource)
+            if resource is not None and len(resource) > REMEMBERED:
+                return facts
+        if len(kept) < FACTS_KEPT:
+            kept[key] = facts
         return facts
+
+    def _reads_resource(self, tool_name: str) -> bool:
+        """Whether a rule that may apply to a step of this tool matches on the step's resource."""
+        rules: list[StepMatch | ValueRule] = [*self.deny, *self.require]
+        rules += [match for rule in self.sequences for match in (rule.after, rule.forbid)]
+        return any(
+            rule.resources is not None and (rule.tools is None or matches_any(rule.tools, tool_name)) for rule in rules
+        )
 
     def category_envelope(self, name: str) -> Envelope | None:
         """What plans of category ``name`` may do; None when the policy does not say.
@@ -441,6 +459,8 @@ def _resources_clash(a: str, b: str) -> bool:
     return a == b or ("*" in a and star_match(a, b)) or ("*" in b and star_match(b, a))
 
 
+_FactsKey = tuple[str | None, str, str, Tool | None] | tuple[str | None, str, str, Tool | None, str | None]
+_UNKNOWN = object()
 FACTS_KEPT = 4096
 """The most step facts one policy keeps (a plan's resources may be many; each is a key)."""
 
@@ -460,9 +480,11 @@ class _StepFacts(NamedTuple):
     approval: Literal["escalate", "read", "named", "write"]
 
 
-def _step_facts(policy: Policy, key: tuple[str | None, str, str, Tool | None, str | None], step: Step) -> _StepFacts:
-    """``step``'s facts; the matchers read only its tool's name, which ``key`` holds too."""
-    role, category, name, tool, resource = key
+def _step_facts(
+    policy: Policy, role: str | None, category: str, step: Step, tool: Tool | None, *, resource: str | None
+) -> _StepFacts:
+    """``step``'s facts (the matchers read only its tool's name, and ``resource``)."""
+    name = step.tool
     return _StepFacts(
         external=tool is not None and tool.external,
         writes=tool is not None and tool.effect != "read",
@@ -551,18 +573,17 @@ class _Evaluation:
         steps = self.plan.steps
         get = self.catalogue.get
         tools = [get(s.tool) for s in steps]
-        resources = [t.resource_for(s.params) if t else None for s, t in zip(steps, tools, strict=True)]
         role = self._role()
         facts_of, category = self.policy.step_facts, self.plan.category
-        facts = [facts_of(role, category, *row) for row in zip(steps, tools, resources, strict=True)]
+        facts = [facts_of(role, category, step, tool) for step, tool in zip(steps, tools, strict=True)]
         self._limits(facts)
         self._category()
         self._per_step(facts, "envelope")
         if role is not None:
             self._per_step(facts, "role")
-        self._deny(facts, resources)
-        if self.policy.resources.exclusive_writes:
-            self._resource_conflicts(tools, resources)
+        self._deny(tools, facts)
+        if self.policy.resources.exclusive_writes and self.plan.order == "dataflow":
+            self._resource_conflicts(tools)
         self._sequences(facts)
         approval = self._approval(tools, facts)
         return PolicyDecision(
@@ -627,21 +648,22 @@ class _Evaluation:
                 for rule, message in found.role:
                     self._flag(rule, message, step.id)
 
-    def _deny(self, facts: list[_StepFacts], resources: list[str | None]) -> None:
+    def _deny(self, tools: list[Tool | None], facts: list[_StepFacts]) -> None:
         policy = self.policy
         meter = None
-        for step, found, resource in zip(self.plan.steps, facts, resources, strict=True):
+        for step, tool, found in zip(self.plan.steps, tools, facts, strict=True):
             if not (found.deny or found.require):
                 continue
+            resource = tool.resource_for(step.params) if tool is not None else None
             if meter is None:  # one budget for the plan
                 meter = plan_meter(lambda: len(self.plan.canonical_json()), len(policy.deny))
             self.violations.extend(
                 value_violations(found.deny, found.require, step, step.params, resource, resolved=False, meter=meter)
             )
 
-    def _resource_conflicts(self, tools: list[Tool | None], resources: list[str | None]) -> None:
-        if self.plan.order != "dataflow":
-            return  # in listed order every write waits for the steps before it: two never overlap
+    def _resource_conflicts(self, tools: list[Tool | None]) -> None:
+        """In a dataflow plan (in listed order every write waits for the steps before it: two never overlap)."""
+        resources = [t.resource_for(s.params) if t else None for s, t in zip(self.plan.steps, tools, strict=True)]
         writers = [  # (step, resource, declared): a write whose tool declares no resource may touch anything
             (step.id, "*" if resource is None else resource, resource is not None)
             for step, tool, resource in zip(self.plan.steps, tools, resources, strict=True)
