@@ -262,6 +262,8 @@ class _Checker:
                     )
 
     def params(self, step: Step, tool: Tool) -> None:
+        if tool.params_plainly_valid(step.params):
+            return
         by_param: dict[str, list[str]] = {}
         for err in tool.param_errors(step.params):
             kind, given = err["type"], err.get("input")
