@@ -8,7 +8,7 @@ import json
 import math
 import re
 import string
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, Literal, TypeVar, get_args, get_type_hints, overload
@@ -25,6 +25,7 @@ Effect = Literal["read", "write", "irreversible"]
 EFFECTS: tuple[Effect, ...] = get_args(Effect)
 NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.\-]{0,199}")
 F = TypeVar("F", bound=Callable[..., Any])
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)
@@ -62,6 +63,7 @@ class Tool:
     _output: TypeAdapter[Any] = field(repr=False)
     _resource_parts: tuple[tuple[str, str | None], ...] = field(default=(), repr=False)
     _located: dict[tuple[str, tuple[str | int, ...]], jt.Located] = field(default_factory=dict, repr=False)
+    _kept: dict[Hashable, Any] = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
         where = f"tool {self.name!r}"
@@ -102,6 +104,21 @@ class Tool:
             if len(self._located) < 4096:
                 self._located[key] = found
         return found
+
+    def kept(self, key: Hashable, compute: Callable[..., T], *args: Any) -> T:
+        """``compute(*args)``, remembered under ``key`` for this tool object (at most 4096 answers).
+
+        For answers that follow from the tool's declarations and ``key`` alone: a changed tool
+        is another object, with nothing kept.
+        """
+        kept = self._kept
+        if key in kept:
+            answer: T = kept[key]
+            return answer
+        answer = compute(*args)
+        if len(kept) < 4096:
+            kept[key] = answer
+        return answer
 
     def param_errors(self, params: Mapping[str, Any]) -> list[pydantic_core.ErrorDetails]:
         """Every way ``params`` (JSON values) fails the parameter schema; empty when valid."""
