@@ -62,14 +62,20 @@ class StepRefs(NamedTuple):
     """The steps whose outputs this step reads (in its parameters or its condition)."""
 
 
+_NO_REFS = StepRefs()
+
+
 def _analyse(step: Step) -> StepRefs:
+    found = references.find(step.params)
+    if not found and step.condition is None and step.rollback is None:
+        return _NO_REFS  # most steps: nothing to work out
     params: list[references.Found] = []
     bad: list[tuple[references.Loc, RefError]] = []
-    for found in references.find(step.params):
-        if isinstance(found, references.Found):
-            params.append(found)
+    for each in found:
+        if isinstance(each, references.Found):
+            params.append(each)
         else:
-            bad.append(found)
+            bad.append(each)
     condition, condition_error = None, None
     if step.condition is not None:
         try:
