@@ -116,6 +116,8 @@ class _Checker:
     forward: list[tuple[int, int]] = field(default_factory=list)
     fallible: bool = False
     """Whether any step may fail and go on (its output then null): only then is a use of one 'optional'."""
+    tools: list[Tool | None] = field(default_factory=list)
+    """Each step's tool (None: not in the catalogue), by the step's index."""
 
     def flag(self, step: Step, rule: str, message: str) -> None:
         self.out.append(Violation(rule=rule, message=message, step=step.id))
@@ -127,13 +129,15 @@ class _Checker:
                 self.flag(step, "duplicate-step-id", f"id {step.id} is already used by an earlier step")
             else:
                 self.position[step.id] = index
+        get = self.catalogue.get
+        self.tools = [get(step.tool) for step in self.plan.steps]
         for index, step in enumerate(self.plan.steps):
             self.step(index, step)
         self.cycles()
         return self.out
 
     def step(self, index: int, step: Step) -> None:
-        tool = self.catalogue.get(step.tool)
+        tool = self.tools[index]
         if tool is None:
             close = difflib.get_close_matches(step.tool, self.catalogue.names, n=1)
             hint = f"; did you mean {close[0]!r}?" if close else ""
@@ -193,10 +197,11 @@ class _Checker:
 
         ``where``: the place, in words, or the parameter reference found (worded only when flagged).
         """
-        if ref.step == step.id or ref.step not in self.position or self.position[ref.step] > index:
+        at = self.position.get(ref.step)
+        if at is None or at > index or ref.step == step.id:
             self.bad_target(index, step, ref, where if isinstance(where, str) else f"param {_where(where.loc)!r}")
             return False
-        return self.catalogue.get(self.plan.steps[self.position[ref.step]].tool)
+        return self.tools[at]
 
     def bad_target(self, index: int, step: Step, ref: references.Ref, where: str) -> None:
         at = self.position.get(ref.step)
