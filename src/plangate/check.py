@@ -7,9 +7,9 @@ plain message. Rule names (see ``RULES``) are part of the public contract.
 from __future__ import annotations
 
 import difflib
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from plangate import _jsontypes as jt
 from plangate import condtypes, references
@@ -114,32 +114,43 @@ class _Checker:
     out: list[Violation] = field(default_factory=list)
     position: dict[int, int] = field(default_factory=dict)
     forward: list[tuple[int, int]] = field(default_factory=list)
+    fallible: bool = False
+    """Whether any step may fail and go on (its output then null): only then is a use of one 'optional'."""
+    tools: list[Tool | None] = field(default_factory=list)
+    """Each step's tool (None: not in the catalogue), by the step's index."""
 
     def flag(self, step: Step, rule: str, message: str) -> None:
         self.out.append(Violation(rule=rule, message=message, step=step.id))
 
     def run(self) -> list[Violation]:
+        self.fallible = any(step.on_failure == "continue" for step in self.plan.steps)
         for index, step in enumerate(self.plan.steps):
             if step.id in self.position:
                 self.flag(step, "duplicate-step-id", f"id {step.id} is already used by an earlier step")
             else:
                 self.position[step.id] = index
+        get = self.catalogue.get
+        self.tools = [get(step.tool) for step in self.plan.steps]
         for index, step in enumerate(self.plan.steps):
             self.step(index, step)
         self.cycles()
         return self.out
 
     def step(self, index: int, step: Step) -> None:
-        tool = self.catalogue.get(step.tool)
+        tool = self.tools[index]
         if tool is None:
             close = difflib.get_close_matches(step.tool, self.catalogue.names, n=1)
             hint = f"; did you mean {close[0]!r}?" if close else ""
             self.flag(step, "unknown-tool", f"no tool named {step.tool!r} in the catalogue{hint}")
-        self.param_refs(index, step, tool)
-        self.condition(index, step)
+        if step.refs.params or step.refs.bad_params:
+            self.param_refs(index, step, tool)
+        if step.condition is not None:
+            self.condition(index, step)
         if tool is not None:
-            self.params(step, tool)
-            self.expected_output(step, tool)
+            if not tool.params_plainly_valid(step.params):
+                self.params(step, tool)
+            if step.expected_output != "any":
+                self.expected_output(step, tool)
             if step.on_failure == "continue" and tool.effect != "read":
                 self.flag(
                     step,
@@ -147,8 +158,10 @@ class _Checker:
                     f"on_failure 'continue' is for read steps only, and {tool.name!r} is a {tool.effect} tool: "
                     "a write that fails must stop the plan",
                 )
-        self.rollback(index, step)
-        self.after(index, step)
+        if step.rollback is not None:
+            self.rollback(index, step)
+        if step.after:
+            self.after(index, step)
 
     def after(self, index: int, step: Step) -> None:
         seen: set[int] = set()
@@ -171,36 +184,44 @@ class _Checker:
 
     def optional(self, step: Step, ref: references.Ref) -> bool:
         """True when ``ref`` may be null because the step it reads may fail, and nothing guards it."""
-        at = self.position.get(ref.step)
+        at = self.position.get(ref.step) if self.fallible else None
         if at is None or self.plan.steps[at].on_failure != "continue":
             return False
         condition = step.refs.condition
         return condition is None or ref.step not in condtypes.not_null(condition.tree)
 
-    def target(self, index: int, step: Step, ref: references.Ref, where: str) -> Tool | bool | None:
-        """The referenced step's tool (None: unknown tool), or False when the reference is bad."""
+    def target(
+        self, index: int, step: Step, ref: references.Ref, where: str | references.Found
+    ) -> Tool | Literal[False] | None:
+        """The referenced step's tool (None: unknown tool), or False when the reference is bad.
+
+        ``where``: the place, in words, or the parameter reference found (worded only when flagged).
+        """
+        at = self.position.get(ref.step)
+        if at is None or at > index or ref.step == step.id:
+            self.bad_target(index, step, ref, where if isinstance(where, str) else f"param {_where(where.loc)!r}")
+            return False
+        return self.tools[at]
+
+    def bad_target(self, index: int, step: Step, ref: references.Ref, where: str) -> None:
+        at = self.position.get(ref.step)
         if ref.step == step.id:
             self.flag(step, "ref-self", f"{where}: {ref} refers to this step's own output")
-            return False
-        at = self.position.get(ref.step)
-        if at is None:
+        elif at is None:
             self.flag(step, "ref-missing-step", f"{where}: {ref} refers to step {ref.step}, which does not exist")
-            return False
-        if at > index:
+        elif at > index:
             self.flag(step, "ref-forward", f"{where}: {ref} refers to step {ref.step}, which comes later")
             self.forward.append((step.id, ref.step))
-            return False
-        return self.catalogue.get(self.plan.steps[at].tool)
 
     def output_at(self, index: int, step: Step, ref: references.Ref, where: str) -> jt.Located | None:
         source = self.target(index, step, ref, where)
-        if not isinstance(source, Tool):
-            return None if source is False else jt.UNKNOWN
-        located = source.output_at(ref.path)
-        if located.error is not None:
-            self.flag(
-                step, "ref-path", f"{where}: {ref}: the output of step {ref.step} ({source.name}) {located.error}"
-            )
+        return None if source is False else self.located(step, ref, where, source)
+
+    def located(self, step: Step, ref: references.Ref, where: str, source: Tool | None) -> jt.Located | None:
+        """What ``ref`` reads in ``source``'s output (flagged, and None, when that has no such field)."""
+        located = _located(ref, where, source)
+        if isinstance(located, str):
+            self.flag(step, "ref-path", located)
             return None
         return located
 
@@ -208,38 +229,37 @@ class _Checker:
         for loc, error in step.refs.bad_params:
             self.flag(step, "ref-syntax", f"param {_where(loc)!r}: {error}")
         for found in step.refs.params:
-            where = f"param {_where(found.loc)!r}"
-            located = self.output_at(index, step, found.ref, where)
-            if located is None or tool is None:
+            source = self.target(index, step, found.ref, found)
+            if source is False:
                 continue
-            wanted = tool.param_at(found.loc)
-            if wanted.error is not None:
-                continue  # an unknown parameter: reported by the parameter check
-            accepted = wanted.types
-            if self.optional(step, found.ref) and (not found.whole or jt.not_accepted(jt.NULL, accepted)):
-                use = f"takes {jt.describe(accepted)}" if found.whole else "would read 'null' in its text"
-                self.flag(
-                    step,
-                    "ref-optional",
-                    f"{where} {use}, but {found.ref} is null when step {found.ref.step} fails "
-                    f"(its on_failure is 'continue'); give this step the condition '${{{found.ref.step}}} != null'",
-                )
+            if tool is None or self.optional(step, found.ref):
+                self.param_ref(step, tool, found, source)
                 continue
-            if not found.whole:
-                if jt.not_accepted(frozenset({"string"}), accepted):
-                    self.flag(
-                        step,
-                        "param-type",
-                        f"{where} takes {jt.describe(accepted)}, but its value is text "
-                        f"with {found.ref} inside; write the reference alone to pass its value",
-                    )
-                continue
-            given = located.types
-            bad = jt.not_accepted(given, accepted)
-            if bad:
-                self.flag(
-                    step, "ref-type", f"{where} takes {jt.describe(accepted)}, but {found.ref} is {jt.describe(given)}"
-                )
+            # Everything else follows from the two tools and the reference: worked out once per tool.
+            for rule, message in tool.kept((source, found), _ref_use, tool, found, source):
+                self.flag(step, rule, message)
+
+    def param_ref(self, step: Step, tool: Tool | None, found: references.Found, source: Tool | None) -> None:
+        """A reference from a step whose tool is unknown, or to a step that may fail (its output null)."""
+        where = f"param {_where(found.loc)!r}"
+        located = self.located(step, found.ref, where, source)
+        if located is None or tool is None:
+            return
+        wanted = tool.param_at(found.loc)
+        if wanted.error is not None:
+            return  # an unknown parameter: reported by the parameter check
+        accepted = wanted.types
+        if self.optional(step, found.ref) and (not found.whole or jt.not_accepted(jt.NULL, accepted)):
+            use = f"takes {jt.describe(accepted)}" if found.whole else "would read 'null' in its text"
+            self.flag(
+                step,
+                "ref-optional",
+                f"{where} {use}, but {found.ref} is null when step {found.ref.step} fails "
+                f"(its on_failure is 'continue'); give this step the condition '${{{found.ref.step}}} != null'",
+            )
+            return
+        for rule, message in _use(where, found, located, accepted):
+            self.flag(step, rule, message)
 
     def condition(self, index: int, step: Step) -> None:
         analysis = step.refs
@@ -251,7 +271,7 @@ class _Checker:
                 why = condtypes.problem(analysis.condition.tree, lambda ref: located[ref].types)  # type: ignore[union-attr]
                 if why is not None:
                     self.flag(step, "condition-type", f"condition {step.condition!r}: {why}")
-            for ref in sorted(condtypes.value_reads(analysis.condition.tree)):
+            for ref in sorted(condtypes.value_reads(analysis.condition.tree)) if self.fallible else ():
                 if self.optional(step, ref):
                     self.flag(
                         step,
@@ -314,6 +334,43 @@ class _Checker:
                 ring = " -> ".join(str(s) for s in [source, *path])
                 step = self.plan.steps[self.position[source]]
                 self.flag(step, "cycle", f"steps depend on each other in a circle: {ring}")
+
+
+def _ref_use(tool: Tool, found: references.Found, source: Tool | None) -> tuple[tuple[str, str], ...]:
+    """What is wrong with ``found``, in a parameter of ``tool``, reading the output of ``source``'s tool."""
+    where = f"param {_where(found.loc)!r}"
+    located = _located(found.ref, where, source)
+    if isinstance(located, str):
+        return (("ref-path", located),)
+    wanted = tool.param_at(found.loc)
+    if wanted.error is not None:
+        return ()  # an unknown parameter: reported by the parameter check
+    return tuple(_use(where, found, located, wanted.types))
+
+
+def _located(ref: references.Ref, where: str, source: Tool | None) -> jt.Located | str:
+    """What ``ref`` reads in the output of ``source`` (unknown for an unknown tool), or why it reads nothing."""
+    if source is None:
+        return jt.UNKNOWN
+    located = source.output_at(ref.path)
+    if located.error is not None:
+        return f"{where}: {ref}: the output of step {ref.step} ({source.name}) {located.error}"
+    return located
+
+
+def _use(where: str, found: references.Found, located: jt.Located, accepted: jt.Types) -> Iterator[tuple[str, str]]:
+    """A reference's type against the parameter's: text with a reference inside is text."""
+    if not found.whole:
+        if jt.not_accepted(frozenset({"string"}), accepted):
+            yield (
+                "param-type",
+                f"{where} takes {jt.describe(accepted)}, but its value is text "
+                f"with {found.ref} inside; write the reference alone to pass its value",
+            )
+        return
+    given = located.types
+    if jt.not_accepted(given, accepted):
+        yield "ref-type", f"{where} takes {jt.describe(accepted)}, but {found.ref} is {jt.describe(given)}"
 
 
 def _path(edges: Mapping[int, set[int]], start: int, goal: int) -> list[int] | None:

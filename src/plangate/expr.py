@@ -23,7 +23,7 @@ It is parsed by precedence climbing over a table of binding powers.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, NamedTuple
@@ -107,7 +107,7 @@ def parse(source: str) -> Condition:
     parser = _Parser(_tokenize(source))
     tree = parser.expr(0, 0)
     parser.expect_end()
-    return Condition(source, tree, tuple(_refs(tree)))
+    return Condition(source, tree, tuple(parser.refs))
 
 
 def _tokenize(source: str) -> list[_Tok]:
@@ -157,6 +157,8 @@ class _Parser:
     def __init__(self, tokens: list[_Tok]) -> None:
         self.tokens = tokens
         self.pos = 0
+        self.refs: list[Ref] = []
+        """The references read, in the order written (the tree's order, left to right)."""
 
     def fail(self, expected: str) -> ConditionError:
         tok = self.tokens[self.pos]
@@ -215,9 +217,11 @@ class _Parser:
             return Literal(_unquote(tok))
         if tok.kind == "ref":
             try:
-                return RefNode(_parse_body(tok.text[2:-1]))
+                ref = _parse_body(tok.text[2:-1])
             except RefError as exc:
                 raise ConditionError(str(exc), column=tok.col) from None
+            self.refs.append(ref)
+            return RefNode(ref)
         if tok.kind == "word" and tok.text in _LITERALS:
             return Literal(_LITERALS[tok.text])
         if tok.kind == "op" and tok.text == "(":
@@ -244,6 +248,8 @@ class _Parser:
 
 def _unquote(tok: _Tok) -> str:
     body = tok.text[1:-1]
+    if "\\" not in body:
+        return body
     out: list[str] = []
     chars = iter(body)
     for ch in chars:
@@ -255,19 +261,6 @@ def _unquote(tok: _Tok) -> str:
         else:
             out.append(ch)
     return "".join(out)
-
-
-def _refs(node: Node) -> Iterator[Ref]:
-    if isinstance(node, RefNode):
-        yield node.ref
-    elif isinstance(node, ListNode):
-        for item in node.items:
-            yield from _refs(item)
-    elif isinstance(node, Unary):
-        yield from _refs(node.operand)
-    elif isinstance(node, Binary):
-        yield from _refs(node.left)
-        yield from _refs(node.right)
 
 
 def _is_number(value: Any) -> bool:

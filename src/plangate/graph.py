@@ -30,13 +30,17 @@ class PlanGraph:
         deps: dict[int, frozenset[int]] = {}
         ancestors: dict[int, frozenset[int]] = {}
         for step in plan.steps:
-            if step.id in seen:
+            step_id = step.id
+            if step_id in seen:
                 continue
-            direct = (step.refs.depends_on | set(step.after) if after else step.refs.depends_on) & seen
-            deps[step.id] = direct
-            ancestors[step.id] = direct.union(*(ancestors[d] for d in direct))
-            seen.add(step.id)
-            order.append(step.id)
+            reads = step.refs.depends_on
+            if after and step.after:
+                reads = reads | set(step.after)
+            direct = reads & seen if reads else reads
+            deps[step_id] = direct
+            ancestors[step_id] = direct.union(*[ancestors[d] for d in direct]) if direct else direct
+            seen.add(step_id)
+            order.append(step_id)
         return cls(tuple(order), deps, ancestors)
 
     def ordered(self, a: int, b: int) -> bool:

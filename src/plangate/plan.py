@@ -62,14 +62,17 @@ class StepRefs(NamedTuple):
     """The steps whose outputs this step reads (in its parameters or its condition)."""
 
 
+_NO_REFS = StepRefs()
+
+
 def _analyse(step: Step) -> StepRefs:
-    params: list[references.Found] = []
+    found = references.find(step.params)
+    if not found and step.condition is None and step.rollback is None:
+        return _NO_REFS  # most steps: nothing to work out
+    params = [each for each in found if type(each) is references.Found]
     bad: list[tuple[references.Loc, RefError]] = []
-    for found in references.find(step.params):
-        if isinstance(found, references.Found):
-            params.append(found)
-        else:
-            bad.append(found)
+    if len(params) < len(found):
+        bad = [each for each in found if not isinstance(each, references.Found)]
     condition, condition_error = None, None
     if step.condition is not None:
         try:
@@ -83,7 +86,7 @@ def _analyse(step: Step) -> StepRefs:
             rollback = references.scan(step.rollback)
         except RefError as exc:
             rollback_error = exc
-    reads = {found.ref.step for found in params}
+    reads = {each.ref.step for each in params}
     if condition is not None:
         reads.update(ref.step for ref in condition.refs)
     return StepRefs(

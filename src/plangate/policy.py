@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 
@@ -24,7 +24,7 @@ from plangate._frozen import Frozen, cached
 from plangate._justified import Justified
 from plangate._overrides import ToolOverride
 from plangate._patterns import REMEMBERED, matches_any, star_match
-from plangate._valuerules import RULE_NAME, DenyRule, RequireRule, plan_meter, value_violations
+from plangate._valuerules import RULE_NAME, DenyRule, RequireRule, ValueRule, plan_meter, value_violations
 from plangate.errors import PolicyError, RefusedInputError
 from plangate.graph import PlanGraph
 from plangate.plan import Plan, Step, canonical
@@ -317,6 +317,45 @@ class Policy(_Rules):
         """SHA-256 of the policy's canonical JSON form: recorded with every decision."""
         return hashlib.sha256(self.canonical_json().encode()).hexdigest()
 
+    @cached
+    def facts_kept(self) -> dict[_FactsKey, _StepFacts | None]:
+        """What this policy says of a step by its role, category and tool (and resource): kept, plans repeat them.
+
+        Keyed by immutable things only: the tool object (a changed or overridden tool is another
+        object) and strings; a copy of the policy starts with none (see ``Frozen.model_copy``).
+        ``None`` under a key without a resource: the answer depends on the step's resource too.
+        """
+        return {}
+
+    def step_facts(self, role: str | None, category: str, step: Step, tool: Tool | None) -> _StepFacts:
+        """What this policy says of ``step`` that does not depend on its values (remembered, see ``facts_kept``)."""
+        kept = self.facts_kept
+        key: _FactsKey = (role, category, step.tool, tool)
+        held = kept.get(key, _UNKNOWN)
+        if isinstance(held, _StepFacts):
+            return held
+        resource = tool.resource_for(step.params) if tool is not None else None
+        if held is _UNKNOWN and not self._reads_resource(step.tool):
+            facts = _step_facts(self, role, category, step, tool, resource=resource)
+        else:
+            if held is _UNKNOWN and len(kept) < FACTS_KEPT:
+                kept[key] = None
+            key = (role, category, step.tool, tool, resource)
+            facts = kept.get(key) or _step_facts(self, role, category, step, tool, resource=resource)
+            if resource is not None and len(resource) > REMEMBERED:
+                return facts
+        if len(kept) < FACTS_KEPT:
+            kept[key] = facts
+        return facts
+
+    def _reads_resource(self, tool_name: str) -> bool:
+        """Whether a rule that may apply to a step of this tool matches on the step's resource."""
+        rules: list[StepMatch | ValueRule] = [*self.deny, *self.require]
+        rules += [match for rule in self.sequences for match in (rule.after, rule.forbid)]
+        return any(
+            rule.resources is not None and (rule.tools is None or matches_any(rule.tools, tool_name)) for rule in rules
+        )
+
     def category_envelope(self, name: str) -> Envelope | None:
         """What plans of category ``name`` may do; None when the policy does not say.
 
@@ -420,6 +459,99 @@ def _resources_clash(a: str, b: str) -> bool:
     return a == b or ("*" in a and star_match(a, b)) or ("*" in b and star_match(b, a))
 
 
+_FactsKey = tuple[str | None, str, str, Tool | None] | tuple[str | None, str, str, Tool | None, str | None]
+_UNKNOWN = object()
+FACTS_KEPT = 4096
+"""The most step facts one policy keeps (a plan's resources may be many; each is a key)."""
+
+
+class _StepFacts(NamedTuple):
+    """What a policy says of one step by its tool, role, category and resource: the same for every such step."""
+
+    external: bool
+    writes: bool
+    call_limits: tuple[tuple[str, str], ...]
+    envelope: str | None
+    role: tuple[tuple[str, str], ...]
+    deny: tuple[DenyRule, ...]
+    require: tuple[RequireRule, ...]
+    after: tuple[bool, ...]
+    forbid: tuple[bool, ...]
+    approval: Literal["escalate", "read", "named", "write"]
+
+
+def _step_facts(
+    policy: Policy, role: str | None, category: str, step: Step, tool: Tool | None, *, resource: str | None
+) -> _StepFacts:
+    """``step``'s facts (the matchers read only its tool's name, and ``resource``)."""
+    name = step.tool
+    return _StepFacts(
+        external=tool is not None and tool.external,
+        writes=tool is not None and tool.effect != "read",
+        call_limits=_call_limits(policy.limits, tool),
+        envelope=_envelope(policy, category, tool),
+        role=_role_rule(policy, role, name, tool),
+        deny=tuple(rule for rule in policy.deny if rule.applies(step, resource)),
+        require=tuple(rule for rule in policy.require if rule.applies(step, resource)),
+        after=tuple(rule.after.matches(step, tool, resource) for rule in policy.sequences),
+        forbid=tuple(rule.forbid.matches(step, tool, resource) for rule in policy.sequences),
+        approval=_approval_kind(policy, category, tool),
+    )
+
+
+def _call_limits(limits: Limits, tool: Tool | None) -> tuple[tuple[str, str], ...]:
+    """A tool's own timeout and retries within the ceilings: refused before approval, never cut at run time."""
+    found: list[tuple[str, str]] = []
+    if tool is None:
+        return ()
+    if limits.max_tool_timeout is not None and (tool.timeout or 0) > limits.max_tool_timeout:
+        found.append(
+            (
+                "tool-timeout",
+                f"tool {tool.name!r} declares a timeout of {tool.timeout:g} s; "
+                f"the policy's max_tool_timeout is {limits.max_tool_timeout:g} s",
+            )
+        )
+    if limits.max_retries is not None and tool.retries > limits.max_retries:
+        found.append(
+            (
+                "tool-retries",
+                f"tool {tool.name!r} declares {tool.retries} retries; the policy's max_retries is {limits.max_retries}",
+            )
+        )
+    return tuple(found)
+
+
+def _envelope(policy: Policy, category: str, tool: Tool | None) -> str | None:
+    """Why a step using ``tool`` is outside the category's envelope; None inside, or with no envelope to hold."""
+    envelope = policy.categories.get(category) if policy.categories is not None else None
+    if envelope is None or tool is None:  # an unknown category is flagged once; an unknown tool by the checker
+        return None
+    why = envelope.breach(tool)
+    return None if why is None else f"category {category!r} {why}"
+
+
+def _role_rule(policy: Policy, name: str | None, tool_name: str, tool: Tool | None) -> tuple[tuple[str, str], ...]:
+    role = policy.roles.get(name) if name is not None else None
+    if role is None:
+        return ()
+    if not matches_any(role.tools, tool_name):
+        return (("tool-not-allowed", f"role {name!r} may not use tool {tool_name!r}"),)
+    missing = [s for s in tool.scopes if not matches_any(role.scopes, s)] if tool is not None else []
+    if missing:
+        why = f"tool {tool_name!r} needs scope {', '.join(missing)}, which role {name!r} does not hold"
+        return (("missing-scope", why),)
+    return ()
+
+
+def _approval_kind(policy: Policy, category: str, tool: Tool | None) -> Literal["escalate", "read", "named", "write"]:
+    if tool is not None and tool.effect in policy.approval.escalate:
+        return "escalate"
+    if tool is None or tool.effect == "read":
+        return "read"
+    return "named" if _named(policy, category, tool) else "write"
+
+
 @dataclass
 class _Evaluation:
     policy: Policy
@@ -439,18 +571,21 @@ class _Evaluation:
 
     def run(self) -> PolicyDecision:
         steps = self.plan.steps
-        tools = [self.catalogue.get(s.tool) for s in steps]
-        resources = [t.resource_for(s.params) if t else None for s, t in zip(steps, tools, strict=True)]
+        get = self.catalogue.get
+        tools = [get(s.tool) for s in steps]
         role = self._role()
-        self._limits(tools)
-        self._category(tools)
+        facts_of, category = self.policy.step_facts, self.plan.category
+        facts = [facts_of(role, category, step, tool) for step, tool in zip(steps, tools, strict=True)]
+        self._limits(facts)
+        self._category()
+        self._per_step(facts, "envelope")
         if role is not None:
-            self._role_rules(role, tools)
-        self._deny(resources)
-        if self.policy.resources.exclusive_writes:
-            self._resource_conflicts(tools, resources)
-        self._sequences(tools, resources)
-        approval = self._approval(tools)
+            self._per_step(facts, "role")
+        self._deny(tools, facts)
+        if self.policy.resources.exclusive_writes and self.plan.order == "dataflow":
+            self._resource_conflicts(tools)
+        self._sequences(facts)
+        approval = self._approval(tools, facts)
         return PolicyDecision(
             policy=self.policy.name,
             revision=self.policy.revision,
@@ -477,83 +612,58 @@ class _Evaluation:
             return None
         return role
 
-    def _limits(self, tools: list[Tool | None]) -> None:
+    def _limits(self, facts: list[_StepFacts]) -> None:
         limits = self.policy.limits
         if limits.max_steps is not None and len(self.plan.steps) > limits.max_steps:
             self._flag("max-steps", f"the plan has {len(self.plan.steps)} steps; the limit is {limits.max_steps}")
-        external = [s.id for s, t in zip(self.plan.steps, tools, strict=True) if t is not None and t.external]
+        external = [s.id for s, f in zip(self.plan.steps, facts, strict=True) if f.external]
         if limits.max_external_calls is not None and len(external) > limits.max_external_calls:
             self._flag(
                 "max-external-calls",
                 f"{len(external)} steps call outside (steps {_ids(external)}); "
                 f"the limit is {limits.max_external_calls}",
             )
-        self._call_limits(tools)
+        for step, found in zip(self.plan.steps, facts, strict=True):
+            for rule, message in found.call_limits:
+                self._flag(rule, message, step.id)
 
-    def _call_limits(self, tools: list[Tool | None]) -> None:
-        """A tool's own timeout and retries within the ceilings: refused before approval, never cut at run time."""
-        limits = self.policy.limits
-        for step, tool in zip(self.plan.steps, tools, strict=True):
-            if tool is None:
-                continue
-            if limits.max_tool_timeout is not None and (tool.timeout or 0) > limits.max_tool_timeout:
-                self._flag(
-                    "tool-timeout",
-                    f"tool {tool.name!r} declares a timeout of {tool.timeout:g} s; "
-                    f"the policy's max_tool_timeout is {limits.max_tool_timeout:g} s",
-                    step.id,
-                )
-            if limits.max_retries is not None and tool.retries > limits.max_retries:
-                self._flag(
-                    "tool-retries",
-                    f"tool {tool.name!r} declares {tool.retries} retries; the policy's max_retries is "
-                    f"{limits.max_retries}",
-                    step.id,
-                )
-
-    def _category(self, tools: list[Tool | None]) -> None:
-        """The plan's category must be one the policy knows, and every step inside its envelope."""
+    def _category(self) -> None:
+        """The plan's category must be one the policy knows (each step's envelope is in its facts)."""
         categories = self.policy.categories
         name = self.plan.category
-        if categories is None:
+        if categories is None or name in categories:
             return
-        envelope = categories.get(name)
-        if envelope is None:
-            close = difflib.get_close_matches(name, list(categories), n=1)
-            hint = f"; did you mean {close[0]!r}?" if close else ""
-            known = ", ".join(sorted(categories)) or "none"
-            self._flag("unknown-category", f"category {name!r} is not defined (categories: {known}){hint}")
-            return
-        for step, tool in zip(self.plan.steps, tools, strict=True):
-            why = envelope.breach(tool) if tool is not None else None  # an unknown tool: the checker says so
-            if why is not None:
-                self._flag("category-envelope", f"category {name!r} {why}", step.id)
+        close = difflib.get_close_matches(name, list(categories), n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        known = ", ".join(sorted(categories)) or "none"
+        self._flag("unknown-category", f"category {name!r} is not defined (categories: {known}){hint}")
 
-    def _role_rules(self, name: str, tools: list[Tool | None]) -> None:
-        role = self.policy.roles[name]
-        for step, tool in zip(self.plan.steps, tools, strict=True):
-            if not matches_any(role.tools, step.tool):
-                self._flag("tool-not-allowed", f"role {name!r} may not use tool {step.tool!r}", step.id)
-            elif tool is not None:
-                missing = [s for s in tool.scopes if not matches_any(role.scopes, s)]
-                if missing:
-                    self._flag(
-                        "missing-scope",
-                        f"tool {step.tool!r} needs scope {', '.join(missing)}, which role {name!r} does not hold",
-                        step.id,
-                    )
+    def _per_step(self, facts: list[_StepFacts], which: Literal["envelope", "role"]) -> None:
+        """The category envelope's, or the role's, violations, step by step."""
+        for step, found in zip(self.plan.steps, facts, strict=True):
+            if which == "envelope":
+                if found.envelope is not None:
+                    self._flag("category-envelope", found.envelope, step.id)
+            else:
+                for rule, message in found.role:
+                    self._flag(rule, message, step.id)
 
-    def _deny(self, resources: list[str | None]) -> None:
+    def _deny(self, tools: list[Tool | None], facts: list[_StepFacts]) -> None:
         policy = self.policy
-        meter = plan_meter(lambda: len(self.plan.canonical_json()), len(policy.deny))  # one budget for the plan
-        for step, resource in zip(self.plan.steps, resources, strict=True):
+        meter = None
+        for step, tool, found in zip(self.plan.steps, tools, facts, strict=True):
+            if not (found.deny or found.require):
+                continue
+            resource = tool.resource_for(step.params) if tool is not None else None
+            if meter is None:  # one budget for the plan
+                meter = plan_meter(lambda: len(self.plan.canonical_json()), len(policy.deny))
             self.violations.extend(
-                value_violations(policy.deny, policy.require, step, step.params, resource, resolved=False, meter=meter)
+                value_violations(found.deny, found.require, step, step.params, resource, resolved=False, meter=meter)
             )
 
-    def _resource_conflicts(self, tools: list[Tool | None], resources: list[str | None]) -> None:
-        if self.plan.order != "dataflow":
-            return  # in listed order every write waits for the steps before it: two never overlap
+    def _resource_conflicts(self, tools: list[Tool | None]) -> None:
+        """In a dataflow plan (in listed order every write waits for the steps before it: two never overlap)."""
+        resources = [t.resource_for(s.params) if t else None for s, t in zip(self.plan.steps, tools, strict=True)]
         writers = [  # (step, resource, declared): a write whose tool declares no resource may touch anything
             (step.id, "*" if resource is None else resource, resource is not None)
             for step, tool, resource in zip(self.plan.steps, tools, resources, strict=True)
@@ -575,14 +685,14 @@ class _Evaluation:
                     later,
                 )
 
-    def _sequences(self, tools: list[Tool | None], resources: list[str | None]) -> None:
-        rows = list(zip(self.plan.steps, tools, resources, strict=True))
+    def _sequences(self, facts: list[_StepFacts]) -> None:
+        steps = self.plan.steps
         # In a dataflow plan a step listed first may run last: only what it waits for is before it.
         runs = self.runs if self.plan.order == "dataflow" else None
-        for rule in self.policy.sequences:
+        for number, rule in enumerate(self.policy.sequences):
             seen: list[int] = []  # earlier steps that match the rule's `after`
-            for index, (step, tool, resource) in enumerate(rows):
-                if rule.forbid.matches(step, tool, resource):
+            for index, (step, found) in enumerate(zip(steps, facts, strict=True)):
+                if found.forbid[number]:
                     culprits = seen
                     if rule.scope == "dataflow":
                         ancestors = self.graph.ancestors.get(step.id, frozenset())
@@ -590,12 +700,12 @@ class _Evaluation:
                     elif runs is not None:
                         culprits = seen + [
                             later.id
-                            for later, t, r in rows[index + 1 :]
-                            if rule.after.matches(later, t, r) and step.id not in runs.ancestors.get(later.id, ())
+                            for later, f in zip(steps[index + 1 :], facts[index + 1 :], strict=True)
+                            if f.after[number] and step.id not in runs.ancestors.get(later.id, ())
                         ]
                     if culprits:
                         self._sequence_hit(rule, step, culprits)
-                if rule.after.matches(step, tool, resource):
+                if found.after[number]:
                     seen.append(step.id)
 
     def _sequence_hit(self, rule: SequenceRule, step: Step, culprits: list[int]) -> None:
@@ -611,7 +721,7 @@ class _Evaluation:
             self.named.append((step.id, rule.unless_approved_by))
             self.reasons.append(f"{text}: needs approval by {rule.unless_approved_by!r} (sequence:{rule.name})")
 
-    def _approval(self, tools: list[Tool | None]) -> Approval:
+    def _approval(self, tools: list[Tool | None], facts: list[_StepFacts]) -> Approval:
         """Human unless the category is cleared and nothing escalates; every reason is kept.
 
         A cleared category still covers a step that writes only when the category's
@@ -626,12 +736,13 @@ class _Evaluation:
         elif not cleared:
             self.reasons.append(f"category {category!r} is not cleared for automatic approval")
         covered = []
-        for step, tool in zip(self.plan.steps, tools, strict=True):
-            if tool is not None and tool.effect in rules.escalate:
-                self.reasons.append(f"step {step.id} ({step.tool}) is {tool.effect}")
-            elif tool is None or tool.effect == "read":
+        for step, tool, found in zip(self.plan.steps, tools, facts, strict=True):
+            kind = found.approval
+            if kind == "read" or tool is None:
                 continue
-            elif _named(self.policy, category, tool):
+            if kind == "escalate":
+                self.reasons.append(f"step {step.id} ({step.tool}) is {tool.effect}")
+            elif kind == "named":
                 covered.append(f"step {step.id} ({step.tool}) is {tool.effect}, a tool its envelope names")
             elif cleared:
                 self.reasons.append(self._unnamed_write(step, tool))

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Collection, Iterator, Mapping
+from functools import lru_cache
 from typing import Any, NamedTuple
 
 from plangate.errors import RefError
@@ -89,6 +90,15 @@ def whole_ref(value: object) -> Ref | None:
     return None if match is None else _ref(match)
 
 
+_SHORT = 80
+"""Whole references up to this long are parsed once and remembered: plans repeat the same few."""
+
+
+@lru_cache(maxsize=4096)
+def _whole_short(text: str) -> Ref | None:
+    return whole_ref(text)
+
+
 def has_refs(value: str) -> bool:
     return "${" in value
 
@@ -109,9 +119,9 @@ def walk(value: Any, loc: Loc = ()) -> Iterator[tuple[Loc, str]]:
 def find(value: Any, loc: Loc = ()) -> list[Found | tuple[Loc, RefError]]:
     """Every reference inside a JSON value, or the error for a malformed one."""
     out: list[Found | tuple[Loc, RefError]] = []
-    if isinstance(value, Mapping) and not loc:  # the usual case: a step's flat parameters
+    if not loc and (type(value) is dict or isinstance(value, Mapping)):  # the usual case: a step's flat parameters
         for key, item in value.items():
-            if isinstance(item, str):
+            if type(item) is str:
                 if "${" in item:
                     _collect(out, (key,), item)
             elif isinstance(item, Mapping | list):
@@ -124,9 +134,9 @@ def find(value: Any, loc: Loc = ()) -> list[Found | tuple[Loc, RefError]]:
 
 
 def _collect(out: list[Found | tuple[Loc, RefError]], here: Loc, text: str) -> None:
-    match = _WHOLE.fullmatch(text)
-    if match is not None:
-        out.append(Found(here, _ref(match), True))
+    ref = _whole_short(text) if len(text) <= _SHORT else whole_ref(text)
+    if ref is not None:
+        out.append(Found(here, ref, True))
         return
     try:
         out.extend(Found(here, ref, False) for ref in scan(text))

@@ -31,6 +31,9 @@ class SchemaTool(Tool):
 
     _validators: tuple[Any, Any] = field(default=(None, None), repr=False)
 
+    def params_plainly_valid(self, params: Mapping[str, Any]) -> bool:
+        return False  # its validator is the JSON Schema's own: only it decides
+
     def param_errors(self, params: Mapping[str, Any]) -> list[pydantic_core.ErrorDetails]:
         errors = [
             _details(err)

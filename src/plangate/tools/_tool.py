@@ -8,7 +8,7 @@ import json
 import math
 import re
 import string
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, Literal, TypeVar, get_args, get_type_hints, overload
@@ -25,6 +25,7 @@ Effect = Literal["read", "write", "irreversible"]
 EFFECTS: tuple[Effect, ...] = get_args(Effect)
 NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.\-]{0,199}")
 F = TypeVar("F", bound=Callable[..., Any])
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)
@@ -62,6 +63,7 @@ class Tool:
     _output: TypeAdapter[Any] = field(repr=False)
     _resource_parts: tuple[tuple[str, str | None], ...] = field(default=(), repr=False)
     _located: dict[tuple[str, tuple[str | int, ...]], jt.Located] = field(default_factory=dict, repr=False)
+    _kept: dict[Hashable, Any] = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
         where = f"tool {self.name!r}"
@@ -103,6 +105,21 @@ class Tool:
                 self._located[key] = found
         return found
 
+    def kept(self, key: Hashable, compute: Callable[..., T], *args: Any) -> T:
+        """``compute(*args)``, remembered under ``key`` for this tool object (at most 4096 answers).
+
+        For answers that follow from the tool's declarations and ``key`` alone: a changed tool
+        is another object, with nothing kept.
+        """
+        kept = self._kept
+        if key in kept:
+            answer: T = kept[key]
+            return answer
+        answer = compute(*args)
+        if len(kept) < 4096:
+            kept[key] = answer
+        return answer
+
     def param_errors(self, params: Mapping[str, Any]) -> list[pydantic_core.ErrorDetails]:
         """Every way ``params`` (JSON values) fails the parameter schema; empty when valid."""
         try:
@@ -110,6 +127,23 @@ class Tool:
         except ValidationError as exc:
             return exc.errors(include_url=False)
         return []
+
+    @cached_property
+    def plain_params(self) -> PlainParams | None:
+        """The parameters' types when every one is a plain string, integer, number or boolean; else None.
+
+        Read from the validator's own schema rather than the JSON Schema, which does not show
+        constraints held by functions: a value of a plain parameter's type cannot fail it.
+        """
+        return PlainParams.of(self._params)
+
+    def params_plainly_valid(self, params: Mapping[str, Any]) -> bool:
+        """True only when ``param_errors`` would find nothing but errors in values that take a reference.
+
+        A cheap test the checker tries first; False says nothing (``param_errors`` decides).
+        """
+        plain = self.plain_params
+        return plain is not None and plain.accepts(params)
 
     def validate_params(self, params: Mapping[str, Any]) -> dict[str, Any]:
         """The keyword arguments to call the function with; raises :class:`ParamsError`."""
@@ -167,6 +201,81 @@ class Tool:
             **({"origin": dict(self.origin)} if self.origin is not None else {}),
             **({"set_by_policy": list(self.overridden)} if self.overridden else {}),
         }
+
+
+_PLAIN_TYPES = {"str": "string", "int": "integer", "float": "number", "bool": "boolean"}
+_MODEL_KEYS = frozenset({"type", "cls", "schema", "custom_init", "root_model", "config", "ref", "metadata"})
+_FIELDS_KEYS = frozenset({"type", "fields", "model_name", "computed_fields"})
+_FIELD_KEYS = frozenset({"type", "schema", "validation_alias", "serialization_alias", "metadata"})
+_CONFIG_KEYS = frozenset({"extra_fields_behavior", "strict", "validate_by_name", "validate_by_alias", "title"})
+_INT_RANGE = range(-(2**63), 2**63)
+
+
+@dataclass(frozen=True)
+class PlainParams:
+    """A tool's parameters when each is one plain JSON type with no constraint: checked without a validator."""
+
+    types: Mapping[str, str]
+    """Parameter name -> its JSON type (string, integer, number or boolean)."""
+    required: frozenset[str]
+
+    @classmethod
+    def of(cls, model: type[BaseModel]) -> PlainParams | None:
+        """The plain parameters of a parameter model, or None when anything in its schema is more than plain."""
+        schema: Any = model.__dict__.get("__pydantic_core_schema__")
+        if not isinstance(schema, dict) or schema.get("type") != "model" or set(schema) - _MODEL_KEYS:
+            return None
+        config, fields = schema.get("config", {}), schema["schema"]
+        if schema.get("custom_init") or schema.get("root_model") or set(config) - _CONFIG_KEYS:
+            return None
+        if config.get("extra_fields_behavior") != "forbid" or config.get("validate_by_alias") is False:
+            return None
+        if fields.get("type") != "model-fields" or set(fields) - _FIELDS_KEYS or fields.get("computed_fields"):
+            return None
+        types: dict[str, str] = {}
+        required: set[str] = set()
+        for name, found in fields["fields"].items():
+            alias = found.get("validation_alias", name)
+            inner = found.get("schema", {})
+            optional = inner.get("type") == "default" and set(inner) == {"type", "schema", "default"}
+            inner = inner["schema"] if optional else inner
+            if set(found) - _FIELD_KEYS or not isinstance(alias, str) or set(inner) - {"type", "metadata"}:
+                return None
+            if inner.get("type") not in _PLAIN_TYPES or alias in types:
+                return None
+            types[alias] = _PLAIN_TYPES[inner["type"]]
+            if not optional:
+                required.add(alias)
+        return cls(types, frozenset(required))
+
+    def accepts(self, params: Mapping[str, Any]) -> bool:
+        """Whether every parameter is known and of its type (or text with a reference), and none is missing."""
+        if not params.keys() >= self.required:
+            return False
+        types = self.types
+        for name, value in params.items():
+            kind = types.get(name)
+            if kind is None:
+                return False
+            given = type(value)
+            if given is str:
+                if not value.isascii():  # text that may not encode: the validator says what it makes of it
+                    return False
+                if kind != "string" and "${" not in value:  # a reference: its type is the reference check's
+                    return False
+            elif not _plain_fits(kind, given, value):
+                return False
+        return True
+
+
+def _plain_fits(kind: str, given: type, value: Any) -> bool:
+    if given is bool:
+        return kind == "boolean"
+    if given is int:
+        return kind in ("integer", "number") and value in _INT_RANGE
+    if given is float:
+        return kind == "number" and math.isfinite(value)
+    return False
 
 
 def problems(errors: Iterable[pydantic_core.ErrorDetails], prefix: str = "") -> list[Problem]:
