@@ -8,16 +8,21 @@ Every figure is measured in this run, on this machine:
   power loss), sequential chains of 10 and 100 no-op steps, with commits counted;
 - LangGraph with its SQLite checkpointer and durability="sync", and DBOS with its SQLite
   system database, on the same chains (the `bench` extra installs them);
-- 10 independent steps that each sleep 100 ms: plangate runs them at the same time.
+- 10 independent steps that each sleep 100 ms: plangate runs them at the same time;
+- with ``--previous SRC`` (a checkout's ``src`` folder of an earlier plangate): the 100-step
+  chain with synchronous=normal run by that tree and by this one in alternating processes,
+  median and best of the rounds, and their ratio.
 
-Run: ``make bench`` or ``python bench/engine.py [--repeat N]``.
+Run: ``make bench`` or ``python bench/engine.py [--repeat N] [--previous SRC [--rounds N]]``.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sqlite3
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -85,7 +90,7 @@ def plain_loop(folder: Path, n: int, repeat: int) -> float:
 
 def plangate_chain(folder: Path, n: int, repeat: int, synchronous: str, db: str | None = None) -> tuple[float, float]:
     rt = Runtime(Catalogue([noop]), db=db or f"sqlite:///{folder}/plangate-{synchronous}.db?synchronous={synchronous}")
-    commits = [0]
+    commits = [0, 0]  # commits, statements
     ids = []
     for _ in range(repeat):
         record = rt.submit(chain(n), "bench")
@@ -94,6 +99,7 @@ def plangate_chain(folder: Path, n: int, repeat: int, synchronous: str, db: str 
 
     def count(statement: str) -> None:
         commits[0] += statement.strip().upper() == "COMMIT"
+        commits[1] += 1
 
     def run() -> None:
         assert rt.execute(next(pending)).ok
@@ -105,7 +111,36 @@ def plangate_chain(folder: Path, n: int, repeat: int, synchronous: str, db: str 
     if sqlite:
         rt.store._conn.set_trace_callback(None)  # type: ignore[attr-defined]
     rt.close()
+    STATEMENTS[synchronous, n] = commits[1] / (repeat * n)
     return per_step, commits[0] / (repeat * n)
+
+
+STATEMENTS: dict[tuple[str, int], float] = {}
+"""SQL statements per step (commits included), per (synchronous, steps), as counted by the last run."""
+
+
+_ONE_CHAIN = (
+    "import pathlib, sys, tempfile; sys.path.insert(0, {bench!r}); import engine; "
+    "print(engine.plangate_chain(pathlib.Path(tempfile.mkdtemp()), {n}, {repeat}, 'normal')[0])"
+)
+
+
+def against_previous(previous: str, rounds: int, repeat: int, n: int = 100) -> None:
+    """This tree and an earlier one on the same chain, in alternating processes (so both see the same machine)."""
+    this = str(Path(__file__).resolve().parents[1] / "src")
+    script = _ONE_CHAIN.format(bench=str(Path(__file__).resolve().parent), n=n, repeat=repeat)
+    samples: dict[str, list[float]] = {"previous": [], "this": []}
+    for _ in range(rounds):
+        for label, src in (("previous", previous), ("this", this)):
+            env = {**os.environ, "PYTHONPATH": src}
+            done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True)
+            samples[label].append(float(done.stdout.split()[-1]))
+    old, new = statistics.median(samples["previous"]), statistics.median(samples["this"])
+    best_old, best_new = min(samples["previous"]), min(samples["this"])
+    print(f"\n{n}-step chain, synchronous=normal, {rounds} alternating rounds of {repeat} runs (ms/step)")
+    print(f"  previous ({previous})  median {old:7.3f}  best {best_old:7.3f}")
+    print(f"  this tree{' ' * (len(previous) - 6)}  median {new:7.3f}  best {best_new:7.3f}")
+    print(f"  -> this tree takes {new / old:.2f}x the previous one's time per step (best: {best_new / best_old:.2f}x)")
 
 
 def postgres(repeat: int) -> None:
@@ -307,7 +342,14 @@ def fmt(value: float | str, base: float) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--repeat", type=int, default=7, help="runs of each chain (the median is reported)")
+    parser.add_argument("--previous", metavar="SRC", help="an earlier plangate's src folder: the chain against it")
+    parser.add_argument("--rounds", type=int, default=9, help="alternating rounds with --previous")
+    parser.add_argument("--only-previous", action="store_true", help="with --previous: only that comparison")
     args = parser.parse_args()
+    if args.previous:
+        against_previous(args.previous, args.rounds, args.repeat)
+        if args.only_previous:
+            return 0
     folder = Path(tempfile.mkdtemp(prefix="plangate-bench-"))
     dbos = dbos_chains(folder, args.repeat)
     print("per-step overhead of a sequential chain of no-op steps; median of", args.repeat, "runs")
@@ -321,8 +363,8 @@ def main() -> int:
         print(f"\n{n} steps")
         print(f"  plain loop, 1 INSERT+COMMIT per step     {base:7.3f} ms/step  (baseline; no engine at all)")
         print(
-            f"  plangate, synchronous=normal             {fmt(normal, base)}  {normal_commits:.2f} commits/step"
-            "  [survives a process crash]"
+            f"  plangate, synchronous=normal             {fmt(normal, base)}  {normal_commits:.2f} commits/step,"
+            f" {STATEMENTS['normal', n]:.1f} statements/step  [survives a process crash]"
         )
         print(
             f"  plangate, synchronous=full               {fmt(full, base)}  {full_commits:.2f} commits/step"
