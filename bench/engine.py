@@ -138,8 +138,9 @@ def against_previous(previous: str, rounds: int, repeat: int, n: int = 100) -> N
     old, new = statistics.median(samples["previous"]), statistics.median(samples["this"])
     best_old, best_new = min(samples["previous"]), min(samples["this"])
     print(f"\n{n}-step chain, synchronous=normal, {rounds} alternating rounds of {repeat} runs (ms/step)")
-    print(f"  previous ({previous})  median {old:7.3f}  best {best_old:7.3f}")
-    print(f"  this tree{' ' * (len(previous) - 6)}  median {new:7.3f}  best {best_new:7.3f}")
+    print(f"  previous tree ({previous})")
+    print(f"  previous tree  median {old:7.3f}  best {best_old:7.3f}")
+    print(f"  this tree      median {new:7.3f}  best {best_new:7.3f}")
     print(f"  -> this tree takes {new / old:.2f}x the previous one's time per step (best: {best_new / best_old:.2f}x)")
 
 
