@@ -124,7 +124,7 @@ class _Run:
         self.spans = tracing.NO_RUN  # the run's spans: opened by ``watched``
         self.deps = run_deps(plan, lambda name: engine.catalogue[name].effect if name in engine.catalogue else None)
         self.tools: dict[int, Tool] = {}  # each step's tool, looked up once
-        self.origins: dict[int, dict[str, str]] = {}  # what each step's started event says of its tool's origin
+        self.origins: dict[str, dict[str, str]] = {}  # what a started event says of its tool's origin, by tool
 
     # -- the loop ------------------------------------------------------------------------
     def watched(self) -> RunResult:
@@ -619,9 +619,10 @@ class _Run:
         return tool
 
     def _origin(self, step_id: int) -> dict[str, str]:
-        found = self.origins.get(step_id)
+        name = self.steps[step_id].tool
+        found = self.origins.get(name)
         if found is None:
-            found = self.origins[step_id] = origin(self._tool(step_id))
+            found = self.origins[name] = origin(self._tool(step_id))
         return found
 
     def _tick(self) -> None:
