@@ -62,12 +62,14 @@ def chain(n: int) -> dict[str, Any]:
     return {"task": f"chain of {n}", "category": "bench", "steps": steps}
 
 
-def median_ms_per_step(run: Callable[[], None], steps: int, repeat: int) -> float:
+def median_ms_per_step(
+    run: Callable[[], None], steps: int, repeat: int, clock: Callable[[], float] = time.perf_counter
+) -> float:
     samples = []
     for _ in range(repeat):
-        start = time.perf_counter()
+        start = clock()
         run()
-        samples.append((time.perf_counter() - start) * 1000 / steps)
+        samples.append((clock() - start) * 1000 / steps)
     return statistics.median(samples)
 
 
@@ -88,7 +90,16 @@ def plain_loop(folder: Path, n: int, repeat: int) -> float:
     return median_ms_per_step(run, n, repeat)
 
 
-def plangate_chain(folder: Path, n: int, repeat: int, synchronous: str, db: str | None = None) -> tuple[float, float]:
+def plangate_chain(
+    folder: Path,
+    n: int,
+    repeat: int,
+    synchronous: str,
+    db: str | None = None,
+    *,
+    clock: Callable[[], float] = time.perf_counter,
+) -> tuple[float, float]:
+    """ms/step (by ``clock``: wall time unless told) and commits/step."""
     rt = Runtime(Catalogue([noop]), db=db or f"sqlite:///{folder}/plangate-{synchronous}.db?synchronous={synchronous}")
     commits = [0, 0]  # commits, statements
     ids = []
@@ -107,7 +118,7 @@ def plangate_chain(folder: Path, n: int, repeat: int, synchronous: str, db: str 
     sqlite = db is None
     if sqlite:
         rt.store._conn.set_trace_callback(count)  # type: ignore[attr-defined]
-    per_step = median_ms_per_step(run, n, repeat)
+    per_step = median_ms_per_step(run, n, repeat, clock)
     if sqlite:
         rt.store._conn.set_trace_callback(None)  # type: ignore[attr-defined]
     rt.close()
@@ -120,8 +131,9 @@ STATEMENTS: dict[tuple[str, int], float] = {}
 
 
 _ONE_CHAIN = (
-    "import pathlib, sys, tempfile; sys.path.insert(0, {bench!r}); import engine; "
-    "print(engine.plangate_chain(pathlib.Path(tempfile.mkdtemp()), {n}, {repeat}, 'normal')[0])"
+    "import pathlib, sys, tempfile, time; sys.path.insert(0, {bench!r}); import engine; "
+    "chain = lambda clock: engine.plangate_chain(pathlib.Path(tempfile.mkdtemp()), {n}, {repeat}, 'normal', "
+    "clock=clock)[0]; print(chain(time.perf_counter), chain(time.process_time))"
 )
 
 
@@ -129,19 +141,27 @@ def against_previous(previous: str, rounds: int, repeat: int, n: int = 100) -> N
     """This tree and an earlier one on the same chain, in alternating processes (so both see the same machine)."""
     this = str(Path(__file__).resolve().parents[1] / "src")
     script = _ONE_CHAIN.format(bench=str(Path(__file__).resolve().parent), n=n, repeat=repeat)
-    samples: dict[str, list[float]] = {"previous": [], "this": []}
+    wall: dict[str, list[float]] = {"previous": [], "this": []}
+    cpu: dict[str, list[float]] = {"previous": [], "this": []}
     for _ in range(rounds):
         for label, src in (("previous", previous), ("this", this)):
             env = {**os.environ, "PYTHONPATH": src}
             done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True)
-            samples[label].append(float(done.stdout.split()[-1]))
-    old, new = statistics.median(samples["previous"]), statistics.median(samples["this"])
-    best_old, best_new = min(samples["previous"]), min(samples["this"])
+            seconds, busy = done.stdout.split()[-2:]
+            wall[label].append(float(seconds))
+            cpu[label].append(float(busy))
     print(f"\n{n}-step chain, synchronous=normal, {rounds} alternating rounds of {repeat} runs (ms/step)")
-    print(f"  previous tree ({previous})")
-    print(f"  previous tree  median {old:7.3f}  best {best_old:7.3f}")
-    print(f"  this tree      median {new:7.3f}  best {best_new:7.3f}")
-    print(f"  -> this tree takes {new / old:.2f}x the previous one's time per step (best: {best_new / best_old:.2f}x)")
+    print(f"  previous tree: {previous}")
+    for name, samples in (("wall time", wall), ("CPU time", cpu)):
+        old, new = statistics.median(samples["previous"]), statistics.median(samples["this"])
+        best_old, best_new = min(samples["previous"]), min(samples["this"])
+        print(f"  {name:9}  previous tree median {old:7.3f} best {best_old:7.3f}")
+        print(f"  {name:9}  this tree     median {new:7.3f} best {best_new:7.3f}")
+        print(
+            f"  -> this tree takes {new / old:.2f}x the previous one's {name} per step"
+            f" (best: {best_new / best_old:.2f}x)"
+        )
+    print("  (CPU time: of the whole process, all its threads; steadier than wall time on a shared machine)")
 
 
 def postgres(repeat: int) -> None:
