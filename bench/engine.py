@@ -12,14 +12,20 @@ Every figure is measured in this run, on this machine:
 - on PostgreSQL, plans per second through worker processes at concurrency 1, 8 and 32
   (bench/throughput.py), as ratios to one worker at concurrency 1.
 
-Run: ``make bench`` or ``python bench/engine.py [--repeat N] [--quick]``.
+- with ``--previous SRC`` (a checkout's ``src`` folder of an earlier plangate): the 100-step
+  chain with synchronous=normal run by that tree and by this one in alternating processes,
+  median and best of the rounds, and their ratio.
+
+Run: ``make bench`` or ``python bench/engine.py [--repeat N] [--quick] [--previous SRC [--rounds N]]``.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sqlite3
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -53,12 +59,14 @@ def chain(n: int) -> dict[str, Any]:
     return {"task": f"chain of {n}", "category": "bench", "steps": steps}
 
 
-def median_ms_per_step(run: Callable[[], None], steps: int, repeat: int) -> float:
+def median_ms_per_step(
+    run: Callable[[], None], steps: int, repeat: int, clock: Callable[[], float] = time.perf_counter
+) -> float:
     samples = []
     for _ in range(repeat):
-        start = time.perf_counter()
+        start = clock()
         run()
-        samples.append((time.perf_counter() - start) * 1000 / steps)
+        samples.append((clock() - start) * 1000 / steps)
     return statistics.median(samples)
 
 
@@ -79,9 +87,18 @@ def plain_loop(folder: Path, n: int, repeat: int) -> float:
     return median_ms_per_step(run, n, repeat)
 
 
-def plangate_chain(folder: Path, n: int, repeat: int, synchronous: str, db: str | None = None) -> tuple[float, float]:
+def plangate_chain(
+    folder: Path,
+    n: int,
+    repeat: int,
+    synchronous: str,
+    db: str | None = None,
+    *,
+    clock: Callable[[], float] = time.perf_counter,
+) -> tuple[float, float]:
+    """ms/step (by ``clock``: wall time unless told) and commits/step."""
     rt = Runtime(Catalogue([noop]), db=db or f"sqlite:///{folder}/plangate-{synchronous}.db?synchronous={synchronous}")
-    commits = [0]
+    commits = [0, 0]  # commits, statements
     ids = []
     for _ in range(repeat):
         record = rt.submit(chain(n), "bench")
@@ -90,6 +107,7 @@ def plangate_chain(folder: Path, n: int, repeat: int, synchronous: str, db: str 
 
     def count(statement: str) -> None:
         commits[0] += statement.strip().upper() == "COMMIT"
+        commits[1] += 1
 
     def run() -> None:
         assert rt.execute(next(pending)).ok
@@ -97,11 +115,50 @@ def plangate_chain(folder: Path, n: int, repeat: int, synchronous: str, db: str 
     sqlite = db is None
     if sqlite:
         rt.store._conn.set_trace_callback(count)  # type: ignore[attr-defined]
-    per_step = median_ms_per_step(run, n, repeat)
+    per_step = median_ms_per_step(run, n, repeat, clock)
     if sqlite:
         rt.store._conn.set_trace_callback(None)  # type: ignore[attr-defined]
     rt.close()
+    STATEMENTS[synchronous, n] = commits[1] / (repeat * n)
     return per_step, commits[0] / (repeat * n)
+
+
+STATEMENTS: dict[tuple[str, int], float] = {}
+"""SQL statements per step (commits included), per (synchronous, steps), as counted by the last run."""
+
+
+_ONE_CHAIN = (
+    "import pathlib, sys, tempfile, time; sys.path.insert(0, {bench!r}); import engine; "
+    "chain = lambda clock: engine.plangate_chain(pathlib.Path(tempfile.mkdtemp()), {n}, {repeat}, 'normal', "
+    "clock=clock)[0]; print(chain(time.perf_counter), chain(time.process_time))"
+)
+
+
+def against_previous(previous: str, rounds: int, repeat: int, n: int = 100) -> None:
+    """This tree and an earlier one on the same chain, in alternating processes (so both see the same machine)."""
+    this = str(Path(__file__).resolve().parents[1] / "src")
+    script = _ONE_CHAIN.format(bench=str(Path(__file__).resolve().parent), n=n, repeat=repeat)
+    wall: dict[str, list[float]] = {"previous": [], "this": []}
+    cpu: dict[str, list[float]] = {"previous": [], "this": []}
+    for _ in range(rounds):
+        for label, src in (("previous", previous), ("this", this)):
+            env = {**os.environ, "PYTHONPATH": src}
+            done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True)
+            seconds, busy = done.stdout.split()[-2:]
+            wall[label].append(float(seconds))
+            cpu[label].append(float(busy))
+    print(f"\n{n}-step chain, synchronous=normal, {rounds} alternating rounds of {repeat} runs (ms/step)")
+    print(f"  previous tree: {previous}")
+    for name, samples in (("wall time", wall), ("CPU time", cpu)):
+        old, new = statistics.median(samples["previous"]), statistics.median(samples["this"])
+        best_old, best_new = min(samples["previous"]), min(samples["this"])
+        print(f"  {name:9}  previous tree median {old:7.3f} best {best_old:7.3f}")
+        print(f"  {name:9}  this tree     median {new:7.3f} best {best_new:7.3f}")
+        print(
+            f"  -> this tree takes {new / old:.2f}x the previous one's {name} per step"
+            f" (best: {best_new / best_old:.2f}x)"
+        )
+    print("  (CPU time: of the whole process, all its threads; steadier than wall time on a shared machine)")
 
 
 def postgres(repeat: int, quick: bool = False) -> None:
@@ -276,9 +333,16 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--repeat", type=int, default=7, help="runs of each chain (the median is reported)")
     parser.add_argument("--quick", action="store_true", help="a short run: 2 runs of each chain, fewer plans")
+    parser.add_argument("--previous", metavar="SRC", help="an earlier plangate's src folder: the chain against it")
+    parser.add_argument("--rounds", type=int, default=9, help="alternating rounds with --previous")
+    parser.add_argument("--only-previous", action="store_true", help="with --previous: only that comparison")
     args = parser.parse_args()
     if args.quick:
         args.repeat = 2
+    if args.previous:
+        against_previous(args.previous, args.rounds, args.repeat)
+        if args.only_previous:
+            return 0
     folder = Path(tempfile.mkdtemp(prefix="plangate-bench-"))
     dbos = dbos_chains(folder, args.repeat)
     print("per-step overhead of a sequential chain of no-op steps; median of", args.repeat, "runs")
@@ -292,8 +356,8 @@ def main() -> int:
         print(f"\n{n} steps")
         print(f"  plain loop, 1 INSERT+COMMIT per step     {base:7.3f} ms/step  (baseline; no engine at all)")
         print(
-            f"  plangate, synchronous=normal             {fmt(normal, base)}  {normal_commits:.2f} commits/step"
-            "  [survives a process crash]"
+            f"  plangate, synchronous=normal             {fmt(normal, base)}  {normal_commits:.2f} commits/step,"
+            f" {STATEMENTS['normal', n]:.1f} statements/step  [survives a process crash]"
         )
         print(
             f"  plangate, synchronous=full               {fmt(full, base)}  {full_commits:.2f} commits/step"

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import hashlib
+import hmac
 import itertools
+import json
 import stat
 from contextlib import closing
 from pathlib import Path
@@ -102,6 +104,23 @@ def cli(*args: str) -> tuple[int, str, str]:
 def key(monkeypatch: pytest.MonkeyPatch) -> str:
     monkeypatch.setenv("PLANGATE_AUDIT_KEY", KEY)
     return KEY
+
+
+def test_an_appended_event_is_hashed_by_the_documented_formula(url: str, key: str) -> None:
+    """Pinned: the data as canonical JSON, its SHA-256, and the HMAC over a header and that digest.
+
+    Logs written before must keep verifying: the formula does not change without a migration.
+    """
+    with closing(open_store(url)) as store:
+        append(store, 4)
+        rows = store.query(f"SELECT {audit.COLUMNS} FROM events ORDER BY seq")
+    for row in rows:
+        data = {"output": {"refund_id": f"r-{row[3]}", "amount": 10.0 * row[3]}}
+        assert row[7] == json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+        assert row[11] == hashlib.sha256(row[7].encode()).hexdigest()
+        header = json.dumps([*row[:7], row[8], row[10]], separators=(",", ":"), ensure_ascii=False)
+        expected = hmac.new(audit_key(), f"2\n{header}\n{row[11]}".encode(), hashlib.sha256).hexdigest()
+        assert row[9] == expected
 
 
 # -- (a) an edit, with the chain and the head recomputed as the unkeyed code did ----------------------------

@@ -29,7 +29,7 @@ def iso(moment: datetime) -> str:
     """A timestamp as stored: ISO 8601 in UTC, microseconds, with a ``Z``."""
     if moment.tzinfo is not UTC:
         moment = moment.astimezone(UTC)
-    return moment.replace(tzinfo=None).isoformat(timespec="microseconds") + "Z"
+    return moment.isoformat(timespec="microseconds")[:-6] + "Z"  # "+00:00" said as "Z"
 
 
 def parse_iso(text: str) -> datetime:

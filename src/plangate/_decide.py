@@ -38,9 +38,9 @@ def decide(
     step: Step, tool: Tool, policy: Policy | None, outputs: Mapping[int, Any], nulls: Collection[int]
 ) -> Decision:
     """Skipped input, condition, references, validation, then the policy's deny and require rules."""
-    skipped_input = [d for d in sorted(step.refs.depends_on) if outputs.get(d) is SKIPPED]
+    skipped_input = [d for d in step.refs.depends_on if outputs.get(d) is SKIPPED]
     if skipped_input:
-        return Decision("skip", f"step {skipped_input[0]}, whose output it reads, was skipped")
+        return Decision("skip", f"step {min(skipped_input)}, whose output it reads, was skipped")
     condition: bool | None = None
     try:
         if step.refs.condition is not None:

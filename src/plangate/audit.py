@@ -46,9 +46,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from plangate._auditkey import FILE_VARIABLE, KEY_VARIABLE, key_path
+from plangate._encode import reused_encoder
 
 GENESIS = "0" * 64
-_HEADER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+_HEADER = reused_encoder(json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False))
 COLUMNS = "seq, plan_id, version, step_id, kind, actor, at, data, prev, hash, plan_prev, data_hash"
 """An event as the hash covers it: ``prev`` links it to the event before it in the log,
 ``plan_prev`` to the event before it of the same plan (GENESIS for a plan's first),
@@ -76,7 +77,9 @@ class Chain:
     __slots__ = ("_mac", "key_id")
 
     def __init__(self, key: bytes) -> None:
-        self._mac = hmac.new(key, digestmod=hashlib.sha256)  # keyed once, copied for each event
+        keyed = hmac.new(key, digestmod=hashlib.sha256)  # keyed once, copied for each event
+        # The C object behind it where there is one: the same HMAC, without a Python wrapper per call.
+        self._mac: hmac.HMAC = getattr(keyed, "_hmac", None) or keyed  # the same methods
         self.key_id = key_id(key)
 
     def hash(self, row: Sequence[Any]) -> str:
@@ -87,15 +90,23 @@ class Chain:
         which matches no stored hash. The two forms cannot be taken for each other: the
         second's text starts with ``2``, the first's with the header's ``[``.
         """
-        header = _HEADER.encode((*row[:7], row[8], row[10]))  # seq .. at, prev, plan_prev: a JSON array
-        mac = self._mac.copy()
         digest = row[11] if len(row) > 11 else None
         if digest is None:
-            mac.update(f"{header}\n{row[7]}".encode())
-        elif data_digest(row[7]) == digest or self._sealed_purge(row[0], digest, row[7]):
-            mac.update(f"2\n{header}\n{digest}".encode())
-        else:
-            return ""
+            mac = self._mac.copy()
+            mac.update(f"{_header(row)}\n{row[7]}".encode())
+            return mac.hexdigest()
+        if data_digest(row[7]) == digest or self._sealed_purge(row[0], digest, row[7]):
+            return self.sign(row)
+        return ""
+
+    def sign(self, row: Sequence[Any]) -> str:
+        """The hash of a row whose ``data_hash`` is the digest of its data, as an append just computed it.
+
+        The same formula as :meth:`hash` (which checks the digest against the data first):
+        a new event's data is digested once, not once more to be signed.
+        """
+        mac = self._mac.copy()
+        mac.update(f"2\n{_header(row)}\n{row[11]}".encode())
         return mac.hexdigest()
 
     def purge_seal(self, seq: int, digest: str, kept: str) -> str:
@@ -126,6 +137,11 @@ class Chain:
         mac = self._mac.copy()
         mac.update(f"seal\n{text}".encode())
         return mac.hexdigest()
+
+
+def _header(row: Sequence[Any]) -> str:
+    """seq .. at, prev, plan_prev, as a JSON array."""
+    return _HEADER((*row[:7], row[8], row[10]))
 
 
 def data_digest(text: str) -> str:

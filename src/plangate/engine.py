@@ -123,6 +123,8 @@ class _Run:
         self.watch: timeouts.Watch | None = None
         self.spans = tracing.NO_RUN  # the run's spans: opened by ``watched``
         self.deps = run_deps(plan, lambda name: engine.catalogue[name].effect if name in engine.catalogue else None)
+        self.tools: dict[int, Tool] = {}  # each step's tool, looked up once
+        self.origins: dict[str, dict[str, str]] = {}  # what a started event says of its tool's origin, by tool
 
     # -- the loop ------------------------------------------------------------------------
     def watched(self) -> RunResult:
@@ -333,9 +335,7 @@ class _Run:
                     f"step {step.id}'s record changed while its call (attempt {attempt}) ran: a person settled it, "
                     "or another attempt took it over; this outcome is not recorded, and the run stops here"
                 )
-            self.rows[step.id] = replace(
-                self.rows[step.id], status=status, output=output, error=outcome.error, finished_at=now
-            )
+            self.rows[step.id] = _finished(self.rows[step.id], status, output, outcome.error, now)
             if outcome.ok:
                 self._done(step.id, outcome.output)
                 self._event("step.succeeded", step.id, {"output": outcome.output, "ms": round(outcome.ms, 3)})
@@ -395,7 +395,7 @@ class _Run:
                 "params": params,
                 "attempt": attempt,
                 "idempotency_key": row.idempotency_key,
-                **origin(self._tool(step_id)),
+                **self._origin(step_id),
             },
         )
         self.kwargs[step_id] = kwargs
@@ -616,7 +616,17 @@ class _Run:
 
     # -- helpers -------------------------------------------------------------------------
     def _tool(self, step_id: int) -> Tool:
-        return self.e.catalogue[self.steps[step_id].tool]
+        tool = self.tools.get(step_id)
+        if tool is None:
+            tool = self.tools[step_id] = self.e.catalogue[self.steps[step_id].tool]
+        return tool
+
+    def _origin(self, step_id: int) -> dict[str, str]:
+        name = self.steps[step_id].tool
+        found = self.origins.get(name)
+        if found is None:
+            found = self.origins[name] = origin(self._tool(step_id))
+        return found
 
     def _tick(self) -> None:
         """Read the clock once per transaction: what commits together carries one time."""
@@ -651,3 +661,20 @@ class _Run:
                     ms=ms,
                 )
             )
+
+
+def _finished(row: StepRow, status: StepStatus, output: Any, error: str | None, at: str) -> StepRow:
+    """The row of a step whose call ended (what ``dataclasses.replace`` gives, built directly: once per step)."""
+    return StepRow(
+        plan_id=row.plan_id,
+        step_id=row.step_id,
+        version=row.version,
+        status=status,
+        attempt=row.attempt,
+        idempotency_key=row.idempotency_key,
+        params=row.params,
+        output=output,
+        error=error,
+        started_at=row.started_at,
+        finished_at=at,
+    )

@@ -24,6 +24,7 @@ from typing import Any, Literal, NamedTuple
 from pydantic import ConfigDict, Field, JsonValue, ValidationError, model_validator
 
 from plangate import _input, expr, references
+from plangate._encode import reused_encoder
 from plangate._frozen import Frozen, cached
 from plangate._jsontypes import JSON_TYPES
 from plangate.errors import ConditionError, PlanError, Problem, RefError, RefusedInputError
@@ -243,8 +244,13 @@ def _drop_defaults(data: dict[str, Any], defaults: Mapping[str, Any]) -> None:
             del data[name]
 
 
+_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+_canonical = reused_encoder(_CANONICAL)
+
+
 def canonical(value: Any) -> str:
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    """Keys sorted, no white space, no NaN: the text that hashes and the audit log's data are made of."""
+    return _canonical(value)
 
 
 def plan_json_schema() -> dict[str, Any]:

@@ -19,7 +19,7 @@ from plangate.store._records import Event
 
 
 def _dump(value: Any) -> str:
-    return canonical(value)
+    return "null" if value is None else canonical(value)
 
 
 def _load(text: str | None) -> Any:
@@ -83,7 +83,7 @@ class AuditLog:
         plan_prev = self._plan_head(chain_of)
         text = _dump(data)
         row = (seq, plan_id, version, step_id, kind, actor, at, text, prev, "", plan_prev, audit.data_digest(text))
-        digest = self._chain_for_append(seq - 1).hash(row)
+        digest = self._chain_for_append(seq - 1).sign(row)
         self._exec(
             f"INSERT INTO events ({audit.COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (*row[:9], digest, *row[10:]),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sqlite3
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from plangate.errors import StoreError
 from plangate.store._schema import MIGRATIONS
@@ -36,6 +36,9 @@ class SQLiteStore(SQLStore):
         super().__init__(f"sqlite:///{path}", conn)
         self.synchronous = synchronous
         self._migrate()
+
+    def _exec(self, query: str, params: tuple[Any, ...] = ()) -> Any:
+        return self._conn.execute(query, params)  # SQLite's placeholders are the store's own: nothing to rewrite
 
     def _begin(self) -> None:
         # IMMEDIATE takes the write lock at once, so reading the audit head inside the
