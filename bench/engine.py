@@ -33,7 +33,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import throughput  # bench/throughput.py, beside this file
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/throughput.py, beside this file, however it is loaded
+
+import throughput
 from plangate import Catalogue, tool
 from plangate.runtime import Runtime
 
