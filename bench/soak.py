@@ -120,8 +120,11 @@ def soak(db: str, plans: int, concurrency: int, snapshots: Path | None) -> list[
             # so that plans per second count its work, not the submissions trickling in.
             process.send_signal(signal.SIGSTOP)
             submit(db, first, count)
+            pending = unfinished(db)
             process.send_signal(signal.SIGCONT)
             start = time.monotonic()
+            if pending != count:
+                print(f"  (only {pending} of {count} were left to run when the paused worker went on)", flush=True)
             while unfinished(db):
                 if process.poll() is not None:
                     raise RuntimeError(f"the worker ended with {process.returncode}")
@@ -143,7 +146,7 @@ def growth(snapshots: Path, top: int = 15) -> None:
     for stat in last.compare_to(first, "traceback")[:top]:
         where = stat.traceback.format()[-1].strip()
         print(f"  {stat.size_diff / 1024:+9.1f} KiB {stat.count_diff:+7d} blocks  {where}")
-        for frame in list(stat.traceback)[:6]:  # the newest frames: where it was allocated, and from where
+        for frame in list(stat.traceback)[-8:]:  # the newest frames (oldest first): who asked for it
             print(f"        {frame.filename}:{frame.lineno}")
 
 
