@@ -68,6 +68,8 @@ bench: $(BENCH_STAMP)
 	$(BIN)/python bench/approvals.py
 	$(BIN)/python bench/observability.py
 	$(BIN)/python bench/torture.py
+	$(BIN)/python bench/torture.py --db postgresql
+	$(BIN)/python bench/soak.py
 
 clean:
 	rm -rf $(VENV) .plangate .pytest_cache .mypy_cache .ruff_cache .hypothesis

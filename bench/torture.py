@@ -1,9 +1,8 @@
-"""Crash torture: run many plans while killing the worker with SIGKILL at random moments.
+"""Crash torture: run many plans while killing workers with SIGKILL at random moments.
 
-Plans mix idempotent, non-idempotent, failing and slow tools. A worker process resumes
-every unfinished plan; it is killed (SIGKILL) after a random delay, again and again,
-until every plan has ended (succeeded, or halted on a failure or on an outcome only a
-person can settle). Then the tools' own ledger is checked against the store:
+Plans mix idempotent, non-idempotent, failing and slow tools. Workers resume every
+unfinished plan; they are killed (SIGKILL) after random delays, again and again. Then the
+tools' own ledger is checked against the store:
 
 - duplicated effects: an idempotent tool's effect applied twice for one step (must be 0);
 - silent re-runs: a non-idempotent tool called twice for one step (must be 0: the engine
@@ -11,22 +10,36 @@ person can settle). Then the tools' own ledger is checked against the store:
 - lost steps: a step the store says succeeded whose effect is missing, or a step whose
   effect exists but the store never recorded (a non-idempotent send must be recorded or
   be waiting for a person);
-- plans that did not end.
+- plans that did not end: still ``approved`` or ``running`` once the kills stopped, the
+  last lease expired and a last worker drained what was left;
+- the audit log's hash chain, verified from the first event to the last.
 
-Run: ``python bench/torture.py [--plans N] [--kills N] [--seed S]``.
+Two modes. On SQLite (the default) one worker process resumes every plan and is killed
+until every plan has ended. With ``--db postgresql`` (a throwaway cluster) or ``--db
+postgresql://...`` (an empty database), several ``plangate worker --concurrency N``
+processes share the plans; each is killed at a random moment after it started serving
+and started again at once, while new plans keep arriving, until ``--kills`` kills.
+
+Run: ``python bench/torture.py [--plans N] [--kills N] [--seed S]`` or
+``python bench/torture.py --db postgresql [--workers 3] [--concurrency 4] [--kills 500]``.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import random
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
-from collections import Counter
+from collections import Counter, defaultdict
+from collections.abc import Iterator
+from contextlib import closing, contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +55,13 @@ for row in rt.list_plans(limit=10**6):
     if row.status in ("approved", "running"):
         rt.resume(row.id)
 """
+BAD = (
+    "duplicated effects of idempotent tools",
+    "silent re-runs of non-idempotent tools",
+    "lost or duplicated completed steps",
+    "sends the store does not know about",
+    "plans that did not end",
+)
 
 
 def make_plan(rng: random.Random, number: int) -> dict[str, Any]:
@@ -57,27 +77,32 @@ def make_plan(rng: random.Random, number: int) -> dict[str, Any]:
     return {"task": f"torture {number}", "category": "torture", "steps": steps}
 
 
-def setup(folder: Path, plans: int, seed: int) -> str:
+def submit(db: str, rng: random.Random, first: int, count: int) -> None:
+    """Submit and approve ``count`` plans numbered from ``first``."""
     from plangate import Catalogue
     from plangate.runtime import Runtime
 
-    db = f"sqlite:///{folder}/plangate.db"
     rt = Runtime(Catalogue.from_module(TOOLS), db=db)
-    rng = random.Random(seed)
-    for number in range(plans):
-        record = rt.submit(make_plan(rng, number), "torture")
-        rt.approve(record.id, "reviewer", record.hash)
-    rt.close()
+    try:
+        for number in range(first, first + count):
+            record = rt.submit(make_plan(rng, number), "torture")
+            rt.approve(record.id, "reviewer", record.hash)
+    finally:
+        rt.close()
+
+
+def setup(folder: Path, plans: int, seed: int) -> str:
+    db = f"sqlite:///{folder}/plangate.db"
+    submit(db, random.Random(seed), 0, plans)
     return db
 
 
 def unfinished(db: str) -> int:
     from plangate.store import open_store
 
-    store = open_store(db)
-    count = sum(1 for row in store.list_plans(limit=10**6) if row.status in ("approved", "running"))
-    store.close()
-    return count
+    with closing(open_store(db)) as store:
+        rows = store.query("SELECT count(*) FROM plans WHERE status IN ('approved', 'running')")
+    return int(rows[0][0])
 
 
 def torture(db: str, folder: Path, *, kills: int, seed: int, max_delay: float) -> int:
@@ -100,79 +125,275 @@ def torture(db: str, folder: Path, *, kills: int, seed: int, max_delay: float) -
     return done
 
 
+# -- several workers at once --------------------------------------------------------------
+@dataclass(frozen=True, kw_only=True)
+class Fleet:
+    """How the workers run: how many processes, plans at once in each, their lease."""
+
+    db: str
+    folder: Path
+    workers: int = 3
+    concurrency: int = 4
+    lease: float = 2.0
+    max_delay: float = 1.0
+    """Longest a worker serves, once it said it was up, before the kill (s)."""
+
+    def command(self, name: str, *, drain: bool = False) -> list[str]:
+        command = [sys.executable, "-m", "plangate", "worker", "--tools", str(TOOLS), "--db", self.db]
+        command += ["--concurrency", str(self.concurrency), "--lease", str(self.lease), "--name", name]
+        return [*command, "--drain-timeout", "5", *(["--drain"] if drain else [])]
+
+    def env(self) -> dict[str, str]:
+        return {**os.environ, "TORTURE_LEDGER": str(self.folder / "ledger.db")}
+
+
+@dataclass
+class _Slot:
+    """One worker process: its log (its first line says it serves) and the moment it is killed."""
+
+    name: str
+    log: Path
+    process: subprocess.Popen[bytes]
+    kill_at: float | None = None
+
+
+@dataclass
+class FleetStats:
+    kills: int = 0
+    exits: int = 0
+    """Workers that ended on their own before their kill (never expected: each serves until stopped)."""
+    starts: int = 0
+    plans: int = 0
+    unfinished_when_kills_stopped: int = 0
+    left_to_last_worker: int = 0
+    errors: list[str] = field(default_factory=list)
+
+
+def torture_workers(fleet: Fleet, *, plans: int, kills: int, seed: int, backlog: int = 0) -> FleetStats:
+    """Kill random workers of the fleet ``kills`` times while new plans arrive; then let everything end.
+
+    ``plans`` are submitted first; a feeder submits more whenever fewer than ``backlog``
+    (default: twice the fleet's capacity) are left to run, so the workers never run dry.
+    """
+    rng = random.Random(seed + 1)
+    stats = FleetStats()
+    backlog = backlog or 2 * fleet.workers * fleet.concurrency
+    submit(fleet.db, random.Random(seed), 0, plans)
+    stats.plans = plans
+    with _feeding(fleet.db, random.Random(seed + 2), stats, backlog):
+        slots = [_start(fleet, f"w{i}", stats) for i in range(fleet.workers)]
+        while stats.kills < kills and stats.exits < 10:  # workers that keep dying on their own: a failure
+            time.sleep(0.01)
+            for i, slot in enumerate(slots):
+                if _due(slot, rng, fleet.max_delay):
+                    slots[i] = _kill_and_restart(fleet, slot, stats)
+    _settle(fleet, slots, stats)
+    return stats
+
+
+@contextmanager
+def _feeding(db: str, rng: random.Random, stats: FleetStats, backlog: int) -> Iterator[None]:
+    stop = threading.Event()
+
+    def feed() -> None:
+        while not stop.wait(0.2):
+            if unfinished(db) < backlog:
+                submit(db, rng, stats.plans, backlog)
+                stats.plans += backlog
+
+    feeder = threading.Thread(target=feed, name="torture-feeder")
+    feeder.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        feeder.join()
+
+
+def _start(fleet: Fleet, name: str, stats: FleetStats) -> _Slot:
+    stats.starts += 1
+    log = fleet.folder / f"{name}-{stats.starts}.log"
+    with log.open("wb") as out:  # the child keeps its own descriptor
+        process = subprocess.Popen(fleet.command(name), env=fleet.env(), stdout=subprocess.DEVNULL, stderr=out)
+    return _Slot(name, log, process)
+
+
+def _due(slot: _Slot, rng: random.Random, max_delay: float) -> bool:
+    """Whether the slot's worker is to be killed now (or died on its own)."""
+    if slot.process.poll() is not None:
+        return True
+    if slot.kill_at is None:
+        if slot.log.stat().st_size == 0:
+            return False  # still starting: a kill now would not land while it works
+        slot.kill_at = time.monotonic() + rng.uniform(0.0, max_delay)
+    return time.monotonic() >= slot.kill_at
+
+
+def _kill_and_restart(fleet: Fleet, slot: _Slot, stats: FleetStats) -> _Slot:
+    if slot.process.poll() is None:
+        slot.process.send_signal(signal.SIGKILL)
+        stats.kills += 1
+    else:
+        stats.exits += 1
+        stats.errors.append(f"{slot.name} exited with {slot.process.returncode}: {slot.log.read_text()[-2000:]}")
+    slot.process.wait()
+    slot.log.unlink()
+    return _start(fleet, slot.name, stats)
+
+
+def _settle(fleet: Fleet, slots: list[_Slot], stats: FleetStats) -> None:
+    """After the last kill: the survivors drain (SIGTERM), the last lease expires, a last worker runs the rest."""
+    stats.unfinished_when_kills_stopped = unfinished(fleet.db)
+    deadline = time.monotonic() + 120
+    while unfinished(fleet.db) and time.monotonic() < deadline and all(s.process.poll() is None for s in slots):
+        time.sleep(0.2)
+    for slot in slots:
+        slot.process.send_signal(signal.SIGTERM)
+    for slot in slots:
+        slot.process.wait(60)
+    time.sleep(fleet.lease + 0.2)  # every lease a worker held has expired now
+    stats.left_to_last_worker = unfinished(fleet.db)
+    subprocess.run(
+        fleet.command("last", drain=True),
+        env=fleet.env(),
+        check=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        timeout=300,
+    )
+
+
+# -- the check ----------------------------------------------------------------------------
 def check(db: str, folder: Path) -> dict[str, int]:
     import sqlite3
 
     from plangate.store import open_store
 
-    store = open_store(db)
-    ledger = sqlite3.connect(folder / "ledger.db")
-    effects = Counter((p, s) for p, s in ledger.execute("SELECT plan, step FROM effects"))
-    sends = Counter((p, s) for p, s in ledger.execute("SELECT plan, step FROM sends"))
-    calls = Counter((p, s) for p, s, _ in ledger.execute("SELECT plan, step, tool FROM calls"))
+    with closing(sqlite3.connect(folder / "ledger.db")) as ledger:
+        effects = Counter((p, s) for p, s in ledger.execute("SELECT plan, step FROM effects"))
+        sends = Counter((p, s) for p, s in ledger.execute("SELECT plan, step FROM sends"))
+        calls = Counter((p, s) for p, s, _ in ledger.execute("SELECT plan, step, tool FROM calls"))
+    sent_steps: dict[str, set[int]] = defaultdict(set)
+    for plan_id, step_id in sends:
+        sent_steps[plan_id].add(step_id)
     counts = Counter[str]()
-    for row in store.list_plans(limit=10**6):
-        counts["plans"] += 1
-        counts[f"plans {row.status}"] += 1
-        steps = store.steps(row.id)
-        for step_id, step in steps.items():
-            key = (row.id, step_id)
-            counts["steps recorded"] += 1
-            if step.status == "succeeded":
-                counts["steps succeeded"] += 1
-                tool = store.get_version(row.id, row.version)
-                name = _tool_of(tool.body if tool else "{}", step_id)
-                if (name == "idem" and effects[key] != 1) or (name == "once" and sends[key] != 1):
-                    counts["lost or duplicated completed steps"] += 1
-            if step.status == "outcome_unknown":
-                counts["steps waiting for a person (outcome unknown)"] += 1
-        for key in sends:
-            if key[0] == row.id and (
-                key[1] not in steps or steps[key[1]].status not in ("succeeded", "outcome_unknown")
-            ):
-                counts["sends the store does not know about"] += 1
-        if row.status in ("approved", "running"):
-            counts["plans that did not end"] += 1
+    with closing(open_store(db)) as store:
+        for row in store.list_plans(limit=10**6):
+            counts["plans"] += 1
+            counts[f"plans {row.status}"] += 1
+            if row.status in ("approved", "running"):
+                counts["plans that did not end"] += 1
+            version = store.get_version(row.id, row.version)
+            tools = _tools_of(version.body if version else "{}")
+            _check_steps(store.steps(row.id), row.id, tools, (effects, sends, sent_steps[row.id]), counts)
+        counts["audit log intact"] = int(store.verify_audit().ok)
     counts["duplicated effects of idempotent tools"] = sum(1 for n in effects.values() if n > 1)
     counts["silent re-runs of non-idempotent tools"] = sum(1 for n in sends.values() if n > 1)
     counts["idempotent re-runs with the same key (allowed)"] = sum(
         n - 1 for key, n in calls.items() if n > 1 and key not in sends
     )
-    counts["audit log intact"] = int(store.verify_audit().ok)
-    store.close()
+    counts["tool calls"] = sum(calls.values())
     return dict(counts)
 
 
-def _tool_of(body: str, step_id: int) -> str:
-    import json
+def _check_steps(
+    steps: dict[int, Any],
+    plan_id: str,
+    tools: dict[int, str],
+    ledger: tuple[Counter[tuple[str, int]], Counter[tuple[str, int]], set[int]],
+    counts: Counter[str],
+) -> None:
+    effects, sends, sent = ledger
+    for step_id, step in steps.items():
+        key = (plan_id, step_id)
+        counts["steps recorded"] += 1
+        if step.status == "succeeded":
+            counts["steps succeeded"] += 1
+            name = tools.get(step_id, "")
+            if (name == "idem" and effects[key] != 1) or (name == "once" and sends[key] != 1):
+                counts["lost or duplicated completed steps"] += 1
+        if step.status == "outcome_unknown":
+            counts["steps waiting for a person (outcome unknown)"] += 1
+    for step_id in sent:
+        if step_id not in steps or steps[step_id].status not in ("succeeded", "outcome_unknown"):
+            counts["sends the store does not know about"] += 1
 
-    return next((s["tool"] for s in json.loads(body).get("steps", []) if s["id"] == step_id), "")
+
+def _tools_of(body: str) -> dict[int, str]:
+    return {int(s["id"]): str(s["tool"]) for s in json.loads(body).get("steps", [])}
+
+
+def failed(counts: dict[str, int]) -> bool:
+    return any(counts.get(name, 0) for name in BAD) or not counts.get("audit log intact")
+
+
+# -- the command --------------------------------------------------------------------------
+@contextmanager
+def database(spec: str, folder: Path) -> Iterator[str]:
+    """The store to torture: SQLite in ``folder``, a throwaway PostgreSQL cluster, or a URL."""
+    if spec == "sqlite":
+        yield f"sqlite:///{folder}/plangate.db"
+    elif spec == "postgresql":
+        from plangate.testing import postgres_cluster
+
+        with postgres_cluster() as url:
+            yield url
+    else:
+        yield spec
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("--plans", type=int, default=600)
+    parser.add_argument("--db", default="sqlite", help="sqlite (default), postgresql (a throwaway cluster) or a URL")
+    parser.add_argument("--workers", type=int, help="worker processes (default: 1 on SQLite, 3 otherwise)")
+    parser.add_argument("--concurrency", type=int, default=4, help="plans each worker runs at once (several workers)")
+    parser.add_argument("--plans", type=int, default=600, help="plans (several workers: the first batch; more follow)")
     parser.add_argument("--kills", type=int, default=500)
     parser.add_argument("--seed", type=int, default=7)
-    parser.add_argument("--max-delay", type=float, default=0.3, help="longest a worker works before the kill (s)")
+    parser.add_argument("--max-delay", type=float, help="longest a worker works before the kill (s)")
     args = parser.parse_args()
     folder = Path(tempfile.mkdtemp(prefix="plangate-torture-"))
     os.environ["TORTURE_LEDGER"] = str(folder / "ledger.db")
-    db = setup(folder, args.plans, args.seed)
-    start = time.monotonic()
-    kills = torture(db, folder, kills=args.kills, seed=args.seed, max_delay=args.max_delay)
-    counts = check(db, folder)
-    print(f"{args.plans} plans, {kills} SIGKILLs at random moments, {time.monotonic() - start:.0f} s")
+    workers = args.workers or (1 if args.db == "sqlite" else 3)
+    with database(args.db, folder) as db:
+        start = time.monotonic()
+        stats: FleetStats | None = None
+        if workers == 1 and db.startswith("sqlite"):
+            submit(db, random.Random(args.seed), 0, args.plans)
+            kills = torture(db, folder, kills=args.kills, seed=args.seed, max_delay=args.max_delay or 0.3)
+            head = "one worker"
+        else:
+            fleet = Fleet(
+                db=db, folder=folder, workers=workers, concurrency=args.concurrency, max_delay=args.max_delay or 1.0
+            )
+            stats = torture_workers(fleet, plans=args.plans, kills=args.kills, seed=args.seed)
+            kills = stats.kills
+            head = f"{workers} workers at concurrency {args.concurrency}"
+        elapsed = time.monotonic() - start
+        counts = check(db, folder)
+    _report(head, counts, stats, kills, elapsed)
+    return 1 if failed(counts) or (stats is not None and stats.exits) else 0
+
+
+def _report(head: str, counts: dict[str, int], stats: FleetStats | None, kills: int, elapsed: float) -> None:
+    plans = counts.get("plans", 0)
+    print(f"{head}, {kills} SIGKILLs at random moments: {plans} plans, {elapsed:.0f} s")
     for name, value in sorted(counts.items()):
         print(f"  {name:<52} {value}")
-    bad = (
-        "duplicated effects of idempotent tools",
-        "silent re-runs of non-idempotent tools",
-        "lost or duplicated completed steps",
-        "sends the store does not know about",
-        "plans that did not end",
-    )
-    return 1 if any(counts.get(name, 0) for name in bad) or not counts.get("audit log intact") else 0
+    if stats is not None:
+        print(f"  {'worker starts':<52} {stats.starts}")
+        print(f"  {'workers that ended on their own (must be 0)':<52} {stats.exits}")
+        print(f"  {'plans unfinished when the kills stopped':<52} {stats.unfinished_when_kills_stopped}")
+        print(f"  {'plans left to the last worker (after the drain)':<52} {stats.left_to_last_worker}")
+        for error in stats.errors[:3]:
+            print(f"  worker error: {error}")
+    rate = plans / elapsed if elapsed else 0.0
+    reruns = counts.get("idempotent re-runs with the same key (allowed)", 0)
+    unknown = counts.get("steps waiting for a person (outcome unknown)", 0)
+    print(f"  plans per second under fire {rate:.1f}; kills per plan {kills / max(plans, 1):.2f}")
+    print(f"  per kill: {reruns / max(kills, 1):.2f} idempotent re-runs, {unknown / max(kills, 1):.2f} steps halted")
+    bad = sum(counts.get(name, 0) for name in BAD)
+    print("  PASS: nothing lost, nothing repeated, every plan ended" if not bad else f"  FAIL: {bad} problems")
 
 
 if __name__ == "__main__":

@@ -2,18 +2,10 @@
 
 from __future__ import annotations
 
-import importlib.util
 import os
-import random
-import signal
-import subprocess
-import sys
 import threading
-import time
 from collections.abc import Iterator
 from contextlib import closing
-from pathlib import Path
-from typing import Any
 
 import psycopg
 import pytest
@@ -22,7 +14,7 @@ from plangate import Catalogue, Policy
 from plangate.runtime import Runtime
 from plangate.store import open_store
 from plangate.testing import fresh_database, postgres_cluster
-from tests.conftest import ROOT, load_plan
+from tests.conftest import load_plan
 
 _COUNTER = iter(range(10**6))
 
@@ -71,55 +63,3 @@ def test_concurrent_writers_chain_the_audit_log(db: str, catalogue: Catalogue) -
     with closing(open_store(db)) as store:
         report = store.verify_audit()
     assert report.ok and report.events == 40 * 3
-
-
-def test_two_workers_with_kills_lose_and_repeat_nothing(
-    db: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    spec = importlib.util.spec_from_file_location("torture_pg", ROOT / "bench" / "torture.py")
-    assert spec is not None and spec.loader is not None
-    bench: Any = importlib.util.module_from_spec(spec)
-    sys.modules["torture_pg"] = bench
-    spec.loader.exec_module(bench)
-    monkeypatch.setenv("TORTURE_LEDGER", str(tmp_path / "ledger.db"))
-    rt = Runtime(Catalogue.from_module(bench.TOOLS), db=db)
-    rng = random.Random(5)
-    for number in range(50):
-        record = rt.submit(bench.make_plan(rng, number), "torture")
-        rt.approve(record.id, "reviewer", record.hash)
-    rt.close()
-    env = {**os.environ, "TORTURE_LEDGER": str(tmp_path / "ledger.db"), "PLANGATE_DB": db}
-    command = [sys.executable, "-m", "plangate", "worker", "--tools", str(bench.TOOLS), "--lease", "1", "--drain"]
-
-    def start(name: str) -> subprocess.Popen[bytes]:
-        return subprocess.Popen(
-            [*command, "--name", name], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-        )
-
-    workers = {"a": start("a"), "b": start("b")}
-    kills = 0
-    deadline = time.monotonic() + 60
-    while any(w.poll() is None for w in workers.values()) and time.monotonic() < deadline:
-        time.sleep(rng.uniform(0.2, 0.5))
-        victim = rng.choice(sorted(workers))
-        if workers[victim].poll() is None and kills < 5:
-            workers[victim].send_signal(signal.SIGKILL)
-            workers[victim].wait()
-            kills += 1
-            workers[victim] = start(victim)
-    for w in workers.values():
-        w.wait(60)
-    time.sleep(1.2)  # let the last dead worker's lease expire, then drain what is left
-    subprocess.run([*command, "--name", "c"], env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    counts = bench.check(db, tmp_path)
-    assert kills >= 3
-    assert counts["duplicated effects of idempotent tools"] == 0
-    assert counts["silent re-runs of non-idempotent tools"] == 0
-    assert counts.get("lost or duplicated completed steps", 0) == 0
-    assert counts.get("sends the store does not know about", 0) == 0
-    assert counts.get("plans that did not end", 0) == 0, counts
-    assert counts["audit log intact"] == 1
-    with closing(open_store(db)) as store:
-        runs = [e for e in store.events() if e.kind in ("run.started", "run.resumed")]
-    actors = {e.actor for e in runs}
-    assert len(actors) >= 2, f"more than one worker ran plans: {actors}"

@@ -1,13 +1,22 @@
-"""A short crash torture: the worker SIGKILLed at random moments, many times; nothing lost or repeated."""
+"""Short crash tortures: workers SIGKILLed at random moments, many times; nothing lost or repeated.
+
+One worker on SQLite; three ``plangate worker`` processes at concurrency 3 on PostgreSQL.
+"""
 
 from __future__ import annotations
 
 import importlib.util
+import os
 import sys
+from collections.abc import Iterator
+from contextlib import closing
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from plangate.store import open_store
+from plangate.testing import fresh_database, postgres_cluster
 from tests.conftest import ROOT
 
 
@@ -34,3 +43,31 @@ def test_random_kills_lose_and_repeat_nothing(tmp_path: Path, monkeypatch: pytes
     assert counts.get("plans that did not end", 0) == 0
     assert counts["audit log intact"] == 1
     assert counts["plans"] == 40 and counts.get("plans succeeded", 0) + counts.get("plans halted", 0) == 40
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[str]:
+    with postgres_cluster() as url:
+        yield url
+
+
+def test_three_workers_killed_on_postgresql_lose_and_repeat_nothing(
+    server: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bench: Any = load_bench()
+    monkeypatch.setenv("TORTURE_LEDGER", str(tmp_path / "ledger.db"))
+    db = fresh_database(server, f"torture_{os.getpid()}")
+    fleet = bench.Fleet(db=db, folder=tmp_path, workers=3, concurrency=3, lease=1.0, max_delay=0.5)
+    stats = bench.torture_workers(fleet, plans=30, kills=20, seed=3, backlog=12)
+    counts = bench.check(db, tmp_path)
+    assert stats.kills >= 20 and stats.exits == 0, stats.errors
+    assert counts["duplicated effects of idempotent tools"] == 0
+    assert counts["silent re-runs of non-idempotent tools"] == 0
+    assert counts.get("lost or duplicated completed steps", 0) == 0
+    assert counts.get("sends the store does not know about", 0) == 0
+    assert counts.get("plans that did not end", 0) == 0, counts
+    assert counts["audit log intact"] == 1
+    assert counts["plans"] == stats.plans == counts.get("plans succeeded", 0) + counts.get("plans halted", 0)
+    with closing(open_store(db)) as store:
+        actors = {e.actor for e in store.events() if e.kind in ("run.started", "run.resumed")}
+    assert len(actors) >= 2, f"more than one worker process ran plans: {actors}"
