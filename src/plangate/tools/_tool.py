@@ -9,7 +9,7 @@ import math
 import re
 import string
 from collections.abc import Callable, Hashable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any, Literal, TypeVar, get_args, get_type_hints, overload
 
@@ -45,6 +45,7 @@ class Tool:
     idempotent: bool
     compensate: str | None
     untrusted_output: bool
+    inherits_provenance: bool = False
     tags: tuple[str, ...]
     params_schema: dict[str, Any]
     output_schema: dict[str, Any]
@@ -59,6 +60,9 @@ class Tool:
     ``server`` and ``version`` (from the server's initialize result) and its ``tool`` name there."""
     overridden: tuple[str, ...] = ()
     """The fields the policy's ``tools`` section set (see :mod:`plangate._overrides`)."""
+    output_schema_for: Callable[[Mapping[str, Any]], dict[str, Any] | None] | None = field(default=None, repr=False)
+    """For a tool whose output's shape a step declares (``extract``): the output schema a step's parameters
+    give, or None when they give none; the checker types references to that step by it (:meth:`for_params`)."""
     _params: type[BaseModel] = field(repr=False)
     _output: TypeAdapter[Any] = field(repr=False)
     _resource_parts: tuple[tuple[str, str | None], ...] = field(default=(), repr=False)
@@ -87,6 +91,17 @@ class Tool:
     @property
     def param_names(self) -> tuple[str, ...]:
         return tuple(self.params_schema.get("properties", {}))
+
+    def for_params(self, params: Mapping[str, Any]) -> Tool:
+        """This tool as a step with ``params`` sees it: with the output schema those parameters declare, if any."""
+        declared = self.output_schema_for(params) if self.output_schema_for is not None else None
+        if declared is None:
+            return self
+        key = ("for_params", json.dumps(declared, sort_keys=True))
+        return self.kept(key, self._declaring, declared)
+
+    def _declaring(self, output_schema: dict[str, Any]) -> Tool:
+        return replace(self, output_schema=output_schema, output_schema_for=None, _located={})
 
     def output_at(self, path: tuple[str, ...]) -> jt.Located:
         """What ``path`` leads to in this tool's output schema (remembered: schemas never change)."""
@@ -328,6 +343,7 @@ def tool(fn: Callable[..., Any] | None = None, /, **meta: Any) -> Tool | Callabl
       filled from the step's parameters.
     - ``compensate``: name of the tool that undoes it.
     - ``untrusted_output``: its output is text from outside and may carry instructions.
+    - ``inherits_provenance``: its output's sources are the union of its inputs' sources.
     - ``tags``: free labels a policy can match, e.g. ``["pii"]``.
     - ``timeout``: seconds one call may take (default: the policy's ``limits.tool_timeout``,
       else 300). A call that takes longer is a failure; on a tool that is not idempotent
@@ -352,6 +368,7 @@ def _build(
     resource: str | None = None,
     compensate: str | None = None,
     untrusted_output: bool = False,
+    inherits_provenance: bool = False,
     tags: Iterable[str] = (),
     timeout: float | None = None,
     retries: int = 0,
@@ -387,6 +404,7 @@ def _build(
         idempotent=(effect == "read") if idempotent is None else bool(idempotent),
         compensate=compensate,
         untrusted_output=bool(untrusted_output),
+        inherits_provenance=bool(inherits_provenance),
         tags=tuple(tags),
         timeout=timeout,
         retries=retries,
