@@ -295,6 +295,7 @@ class Planner:
             tools=tools,
             limits=_limits(self.policy),
             schema=self._schema(),
+            extract=prompt("plan_extract").template if "extract" in self.catalogue else "",
         )
 
     def _schema(self) -> str:

@@ -62,6 +62,25 @@ class ExtractionError(ValueError):
     """The extractor's model answered nothing usable: not JSON, or not of the declared schema."""
 
 
+def _declared(schema: dict[str, Any]) -> dict[str, Any]:
+    """``schema`` when it is a small JSON Schema with a type; a ValueError (a ``param-type`` violation) else."""
+    from jsonschema import validators  # type: ignore[import-untyped,unused-ignore]  # the extract extra brings it
+
+    if len(json.dumps(schema, separators=(",", ":"))) > MAX_SCHEMA:
+        raise ValueError(f"the schema is over {MAX_SCHEMA} characters: declare a small value")
+    if "type" not in schema:
+        raise ValueError('the schema must say the value\'s "type" (object, string, number, array...)')
+    try:
+        validators.validator_for(schema).check_schema(schema)
+    except Exception as exc:  # noqa: BLE001 - any complaint of the meta-schema is the same answer: not valid
+        raise ValueError(f"not a valid JSON Schema: {_first_line(exc)}") from None
+    return schema
+
+
+Schema = Annotated[dict[str, Any], AfterValidator(_declared)]
+"""The type of ``extract``'s ``schema`` parameter: checked as JSON Schema when the plan is checked."""
+
+
 def extractor(
     model: Model,
     *,
@@ -83,21 +102,10 @@ def extractor(
     asker = _Asker(model, store, prices or PriceTable.load(), traces)
     system = resources.files("plangate").joinpath("prompts", "extract.md").read_text()
 
-    def declared(schema: dict[str, Any]) -> dict[str, Any]:
-        if len(json.dumps(schema, separators=(",", ":"))) > MAX_SCHEMA:
-            raise ValueError(f"the schema is over {MAX_SCHEMA} characters: declare a small value")
-        if "type" not in schema:
-            raise ValueError('the schema must say the value\'s "type" (object, string, number, array...)')
-        try:
-            validators.validator_for(schema).check_schema(schema)
-        except Exception as exc:  # noqa: BLE001 - any complaint of the meta-schema is the same answer: not valid
-            raise ValueError(f"not a valid JSON Schema: {_first_line(exc)}") from None
-        return schema
-
     def extract(
         ctx: RunContext,
         text: str,
-        schema: Annotated[dict[str, Any], AfterValidator(declared)],
+        schema: Schema,
         instructions: str = "",
     ) -> Any:
         """Take one value of the declared JSON Schema out of untrusted text.
