@@ -25,6 +25,7 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "anthropic": ("anthropic",),
     "openai": ("openai",),
     "pydantic-ai": ("pydantic_ai",),
+    "extract": ("jsonschema",),
 }
 
 

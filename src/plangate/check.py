@@ -141,6 +141,9 @@ class _Checker:
                 self.position[step.id] = index
         get = self.catalogue.get
         self.tools = [get(step.tool) for step in self.plan.steps]
+        for index, (step, found) in enumerate(zip(self.plan.steps, self.tools, strict=True)):
+            if found is not None and found.output_schema_for is not None:  # the step declares its output's shape
+                self.tools[index] = found.for_params(step.params)
         for index, step in enumerate(self.plan.steps):
             self.step(index, step)
         self.cycles()

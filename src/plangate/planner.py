@@ -19,15 +19,16 @@ over its limit.
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from importlib import resources
 from string import Template
 from typing import Any, Literal
 
-from plangate import _input, library, metrics, tracing
+from plangate import library, metrics, tracing
 from plangate._clock import Clock, SystemClock, iso
+from plangate._lenient import answer_json as _answer_json
+from plangate._lenient import json_text as _json_text
 from plangate.budget import Budget, BudgetAllocator
 from plangate.costs import PriceTable
 from plangate.errors import PlanError, PlangateError, RefusedInputError
@@ -294,6 +295,7 @@ class Planner:
             tools=tools,
             limits=_limits(self.policy),
             schema=self._schema(),
+            extract=prompt("plan_extract").template if "extract" in self.catalogue else "",
         )
 
     def _schema(self) -> str:
@@ -335,10 +337,7 @@ def _envelope(envelope: Envelope) -> str:
     return f"{envelope.description} ({said})" if envelope.description else said
 
 
-# -- lenient parsing ------------------------------------------------------------------------
-
-_FENCE = re.compile(r"```(?:json)?\s*(.*?)```", re.DOTALL)
-_TRAILING_COMMA = re.compile(r",(\s*[}\]])")
+# -- lenient parsing (the helpers live in plangate._lenient) ----------------------------------
 
 
 def parse_answer(response: ModelResponse) -> Plan:
@@ -362,46 +361,8 @@ def parse_answer(response: ModelResponse) -> Plan:
     return Plan.parse(data)
 
 
-def _answer_json(text: str) -> Any:
-    """Strict JSON (see ``plangate._input``), forgiving only trailing commas."""
-    try:
-        return _input.loads_strict(text, what="the answer")
-    except RefusedInputError as exc:
-        if exc.rule != "not-json":
-            raise
-    return _input.loads_strict(_TRAILING_COMMA.sub(r"\1", text), what="the answer")
-
-
 def _cut(response: ModelResponse) -> bool:
     return response.stop_reason in ("max_tokens", "length")
-
-
-def _json_text(text: str) -> str | None:
-    fenced = _FENCE.search(text)
-    if fenced:
-        text = fenced.group(1)
-    start = text.find("{")
-    if start < 0:
-        return None
-    end = _object_end(text, start)
-    return text[start:] if end is None else text[start : end + 1]  # unbalanced: the parser says where
-
-
-def _object_end(text: str, start: int) -> int | None:
-    """Where the JSON object opening at ``start`` closes (strings and escapes respected)."""
-    depth, in_string, escaped = 0, False, False
-    for index in range(start, len(text)):
-        char = text[index]
-        if in_string:
-            in_string = escaped or char != '"'
-            escaped = not escaped and char == "\\"
-        elif char == '"':
-            in_string = True
-        elif char in "{}":
-            depth += 1 if char == "{" else -1
-            if depth == 0:
-                return index
-    return None
 
 
 def _errors(error: PlanError) -> str:

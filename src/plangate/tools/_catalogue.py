@@ -9,10 +9,14 @@ import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import ModuleType, TracebackType
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from plangate.errors import CatalogueError
 from plangate.tools._tool import Tool, tool
+
+if TYPE_CHECKING:
+    from plangate.models import Model
+    from plangate.store import Store
 
 
 class Closeable(Protocol):
@@ -83,6 +87,13 @@ class Catalogue:
         """One catalogue of the tools of several (their names must differ: give each source a prefix)."""
         parts = list(catalogues)
         return cls([t for part in parts for t in part], holds=[h for part in parts for h in part._holds])
+
+    def with_extractor(self, model: Model, *, store: Store | str | None = None) -> Catalogue:
+        """These tools and ``extract``, the quarantined extractor asking ``model`` (see :mod:`plangate.tools.extract`);
+        its calls go to ``store``'s cost ledger when given."""
+        from plangate.tools.extract import extractor
+
+        return Catalogue.combine([self, Catalogue([extractor(model, store=store)])])
 
     def with_changes(self, key: str, changes: Callable[[Tool], Tool]) -> Catalogue:
         """The same tools, each passed through ``changes`` (the policy's overrides), remembered under ``key``."""

@@ -13,6 +13,9 @@
 
 - anything else: a Python module, as an import path or a ``.py`` file.
 
+With ``$PLANGATE_EXTRACT_MODEL`` set (``PROVIDER:NAME``), the catalogue also holds the
+quarantined extractor, ``extract`` (:mod:`plangate.tools.extract`), asking that model.
+
 The same text is recorded with each plan it submits, so a worker or a later ``execute``
 opens the same catalogue again.
 """
@@ -20,6 +23,7 @@ opens the same catalogue again.
 from __future__ import annotations
 
 import dataclasses
+import os
 import shlex
 from collections.abc import Sequence
 from pathlib import Path
@@ -65,10 +69,22 @@ class ToolsFile(BaseModel):
 
 def from_spec(cls: type[Catalogue], spec: str) -> Catalogue:
     if spec.startswith(PREFIX):
-        return from_mcp(cls, spec)
-    if spec.lower().endswith(YAML_SUFFIXES):
-        return from_file(cls, Path(spec))
-    return cls.from_module(spec)
+        found = from_mcp(cls, spec)
+    elif spec.lower().endswith(YAML_SUFFIXES):
+        found = from_file(cls, Path(spec))
+    else:
+        found = cls.from_module(spec)
+    return with_extractor(cls, found)
+
+
+def with_extractor(cls: type[Catalogue], catalogue: Catalogue) -> Catalogue:
+    """``catalogue`` and the ``extract`` tool when ``$PLANGATE_EXTRACT_MODEL`` names its model (and it has none)."""
+    if "extract" in catalogue or not os.environ.get("PLANGATE_EXTRACT_MODEL"):
+        return catalogue
+    from plangate.tools.extract import from_environment
+
+    made = from_environment()
+    return catalogue if made is None else cls.combine([catalogue, cls([made])])
 
 
 def from_mcp(

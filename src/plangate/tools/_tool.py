@@ -9,7 +9,7 @@ import math
 import re
 import string
 from collections.abc import Callable, Hashable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any, Literal, TypeVar, get_args, get_type_hints, overload
 
@@ -62,6 +62,9 @@ class Tool:
     inherits_provenance: bool = False
     """Its output's sources are the union of its inputs' sources; the tool adds no untrusted source of its own
     (an extractor that turns untrusted text into a value: see :mod:`plangate.provenance`)."""
+    output_schema_for: Callable[[Mapping[str, Any]], dict[str, Any] | None] | None = field(default=None, repr=False)
+    """For a tool whose output's shape a step declares (``extract``): the output schema a step's parameters
+    give, or None when they give none; the checker types references to that step by it (:meth:`for_params`)."""
     _params: type[BaseModel] = field(repr=False)
     _output: TypeAdapter[Any] = field(repr=False)
     _resource_parts: tuple[tuple[str, str | None], ...] = field(default=(), repr=False)
@@ -90,6 +93,17 @@ class Tool:
     @property
     def param_names(self) -> tuple[str, ...]:
         return tuple(self.params_schema.get("properties", {}))
+
+    def for_params(self, params: Mapping[str, Any]) -> Tool:
+        """This tool as a step with ``params`` sees it: with the output schema those parameters declare, if any."""
+        declared = self.output_schema_for(params) if self.output_schema_for is not None else None
+        if declared is None:
+            return self
+        key = ("for_params", json.dumps(declared, sort_keys=True))
+        return self.kept(key, self._declaring, declared)
+
+    def _declaring(self, output_schema: dict[str, Any]) -> Tool:
+        return replace(self, output_schema=output_schema, output_schema_for=None, _located={})
 
     def output_at(self, path: tuple[str, ...]) -> jt.Located:
         """What ``path`` leads to in this tool's output schema (remembered: schemas never change)."""
