@@ -217,3 +217,31 @@ def test_the_local_model_drives_the_extractor(tmp_path: Path) -> None:
     else:
         assert result.failed_step == 2 and "ExtractionError" in (result.error or ""), result
     json.dumps(result.outputs)
+
+
+SINK_POLICY = """
+version: 1
+name: pay-only-known
+sinks:
+  - name: iban-from-documents
+    tools: [pay]
+    params: [iban]
+    untrusted: deny
+"""
+
+
+def test_what_the_extractor_takes_out_of_untrusted_text_is_still_held_at_the_sink(tmp_path: Path) -> None:
+    """The extractor may be fooled (here it returns the attacker's IBAN): the sink rule refuses the flow anyway."""
+    from plangate import Policy
+
+    fooled = ScriptedModel(['{"iban": "GB33BUKB20201555555555"}'])
+    store = open_store(f"sqlite:///{tmp_path / 'plangate.db'}")
+    catalogue = Catalogue([read_file, pay]).with_extractor(fooled, store=store)
+    policy = Policy.from_yaml(SINK_POLICY)
+    refused = check(plan(*STEPS), catalogue, policy)
+    assert [(v.rule, v.step) for v in refused.violations] == [("sink:iban-from-documents", 3)], refused.violations
+    rt = Runtime(catalogue, policy, db=store, clock=FixedClock())
+    submitted = rt.submit(plan(*STEPS), "alice")
+    assert submitted.status == "rejected" and PAID == [] and fooled.requests == []
+    literal = (*STEPS[:2], {"id": 3, "tool": "pay", "params": {"iban": "DE89370400440532013000", "amount": 98.7}})
+    assert not check(plan(*literal), catalogue, policy).violations, "a payee written in the plan is not from the bill"
