@@ -234,6 +234,7 @@ def test_what_the_extractor_takes_out_of_untrusted_text_is_still_held_at_the_sin
     """The extractor may be fooled (here it returns the attacker's IBAN): the sink rule refuses the flow anyway."""
     from plangate import Policy
 
+    PAID.clear()
     fooled = ScriptedModel(['{"iban": "GB33BUKB20201555555555"}'])
     store = open_store(f"sqlite:///{tmp_path / 'plangate.db'}")
     catalogue = Catalogue([read_file, pay]).with_extractor(fooled, store=store)
