@@ -43,6 +43,9 @@ FETCH = Kind("read", external=True, untrusted=True)  # reaches out, returns what
 WRITE = Kind("write")
 SEND = Kind("irreversible", external=True)  # leaves the organisation and cannot be called back
 BOOK = Kind("write", external=True)
+# Writes that return what they touched, third-party text and all (an event, a file).
+WRITE_3P = Kind("write", untrusted=True)
+BOOK_3P = Kind("write", external=True, untrusted=True)
 
 TOOLS: dict[str, dict[str, Kind]] = {
     "workspace": {
@@ -62,13 +65,13 @@ TOOLS: dict[str, dict[str, Kind]] = {
         "search_files": READ_3P,
         "send_email": SEND,
         "delete_email": WRITE,
-        "create_calendar_event": BOOK,  # invites participants
-        "cancel_calendar_event": BOOK,
-        "reschedule_calendar_event": BOOK,
-        "add_calendar_event_participants": BOOK,
-        "append_to_file": WRITE,
+        "create_calendar_event": BOOK_3P,  # invites participants
+        "cancel_calendar_event": BOOK_3P,
+        "reschedule_calendar_event": BOOK_3P,
+        "add_calendar_event_participants": BOOK_3P,
+        "append_to_file": WRITE_3P,
         "create_file": WRITE,
-        "delete_file": WRITE,
+        "delete_file": WRITE_3P,
         "share_file": SEND,
     },
     "travel": {
@@ -115,7 +118,7 @@ TOOLS: dict[str, dict[str, Kind]] = {
         "update_user_info": WRITE,
     },
     "slack": {
-        "get_channels": READ,
+        "get_channels": READ_3P,  # anyone may name a channel
         "get_users_in_channel": READ,
         "read_channel_messages": READ_3P,
         "read_inbox": READ_3P,
@@ -231,9 +234,13 @@ def extractor(world: World) -> Tool:
     Which model is the bench's to say (``world.extract``): an honest one, or one the
     injected text has taken over. Its output is as trusted as its input, never more.
     """
+
+    def extract(text: Any, schema: dict[str, Any], instructions: str) -> Any:
+        return world.extract(text, schema, instructions)  # whichever mind the bench gave it for this run
+
     return schema_tool(
         name=EXTRACT,
-        fn=world.extract,
+        fn=extract,
         params_schema={
             "type": "object",
             "properties": {"text": {}, "schema": {"type": "object"}, "instructions": {"type": "string"}},
