@@ -14,6 +14,7 @@ from plangate import references, results
 from plangate.errors import ConditionError, ParamsError, RefError
 from plangate.plan import Step
 from plangate.policy import Policy
+from plangate.provenance import StepFlow
 from plangate.tools import Tool
 from plangate.violations import Violation
 
@@ -32,12 +33,24 @@ class Decision(NamedTuple):
     """The condition's value, when the step has one and it was worked out."""
     violation: Violation | None = None
     """The policy rule that refused the call, when one did."""
+    provenance: dict[str, Any] | None = None
+    """Where the parameters' values come from, as the ``step.started`` event records it (None: all plan text)."""
 
 
 def decide(
-    step: Step, tool: Tool, policy: Policy | None, outputs: Mapping[int, Any], nulls: Collection[int]
+    step: Step,
+    tool: Tool,
+    policy: Policy | None,
+    outputs: Mapping[int, Any],
+    nulls: Collection[int],
+    *,
+    flow: StepFlow | None = None,
 ) -> Decision:
-    """Skipped input, condition, references, validation, then the policy's deny and require rules."""
+    """Skipped input, condition, references, validation, then the policy's deny, require and sink rules.
+
+    ``flow``: where the step's values come from (:func:`plangate.provenance.analyse`), for the sink
+    rules, held again just before the call, and for the record.
+    """
     skipped_input = [d for d in step.refs.depends_on if outputs.get(d) is SKIPPED]
     if skipped_input:
         return Decision("skip", f"step {min(skipped_input)}, whose output it reads, was skipped")
@@ -53,10 +66,13 @@ def decide(
         return Decision("fail", str(exc), condition=condition)
     if policy is not None:
         denied = policy.call_violations(step, tool, params)
+        if flow is not None:
+            denied += policy.sink_violations(step, tool, flow)
         if denied:
             reason = f"{results.POLICY_REFUSAL}{denied[0]}"
             return Decision("fail", reason, params, condition=condition, violation=denied[0])
-    return Decision("start", params=params, kwargs=kwargs, condition=condition)
+    found = flow.data() if flow is not None else None
+    return Decision("start", params=params, kwargs=kwargs, condition=condition, provenance=found)
 
 
 def lookup(ref: references.Ref, outputs: Mapping[int, Any], nulls: Collection[int]) -> Any:

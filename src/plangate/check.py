@@ -9,6 +9,7 @@ from __future__ import annotations
 import difflib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, Literal
 
 from plangate import _jsontypes as jt
@@ -18,6 +19,7 @@ from plangate.errors import PlanError
 from plangate.graph import PlanGraph
 from plangate.plan import Plan, Step, expected_types
 from plangate.policy import Policy, PolicyDecision
+from plangate.provenance import EMPTY, Provenance, analyse
 from plangate.tools import Catalogue, Tool
 from plangate.violations import Violation
 
@@ -52,6 +54,13 @@ class CheckResult:
     violations: tuple[Violation, ...]
     plan: Plan | None
     decision: PolicyDecision | None = None
+    catalogue: Catalogue | None = field(default=None, repr=False, compare=False)
+    """The catalogue it was checked against (under the policy), for :attr:`provenance`."""
+
+    @cached_property
+    def provenance(self) -> Provenance:
+        """Where each step's parameter values come from (worked out on first use: see :mod:`plangate.provenance`)."""
+        return analyse(self.plan, self.catalogue) if self.plan is not None else EMPTY
 
     @property
     def ok(self) -> bool:
@@ -68,6 +77,7 @@ class CheckResult:
             "plan_hash": self.plan_hash,
             "violations": [v.to_dict() for v in self.violations],
             "policy": self.decision.to_dict() if self.decision else None,
+            **({"provenance": found.to_dict()} if (found := self.provenance).steps else {}),
         }
 
 
@@ -100,7 +110,7 @@ def check(
         violations.extend(decision.violations)
     position = {step_id: index for index, step_id in enumerate(graph.order)}
     violations.sort(key=lambda v: -1 if v.step is None else position.get(v.step, -1))
-    return CheckResult(violations=tuple(violations), plan=plan, decision=decision)
+    return CheckResult(violations=tuple(violations), plan=plan, decision=decision, catalogue=catalogue)
 
 
 def _unreadable(exc: PlanError) -> Violation:

@@ -33,10 +33,11 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from typing import Any, Literal
 
 from plangate import _calls as calls
-from plangate import lifecycle, metrics, results, timeouts, tracing
+from plangate import lifecycle, metrics, provenance, results, timeouts, tracing
 from plangate._calls import Outcome
 from plangate._clock import Clock, iso, parse_iso
 from plangate._decide import SKIPPED, decide
@@ -364,7 +365,8 @@ class _Run:
     def _prepare(self, step_id: int) -> bool:
         """Condition, references, validation, policy (:func:`plangate._decide.decide`), then the durable ``started``."""
         step = self.steps[step_id]
-        decision = decide(step, self._tool(step_id), self.e.policy, self.outputs, self.nulls)
+        flow = self.flows.of(step_id)
+        decision = decide(step, self._tool(step_id), self.e.policy, self.outputs, self.nulls, flow=flow)
         if decision.action == "skip":
             return self._skip(step, decision.reason)
         if decision.action == "fail":
@@ -396,6 +398,7 @@ class _Run:
                 "attempt": attempt,
                 "idempotency_key": row.idempotency_key,
                 **self._origin(step_id),
+                **(decision.provenance or {}),
             },
         )
         self.kwargs[step_id] = kwargs
@@ -615,6 +618,11 @@ class _Run:
             )
 
     # -- helpers -------------------------------------------------------------------------
+    @cached_property
+    def flows(self) -> provenance.Provenance:
+        """Where each step's values come from: the checker's analysis, made once per run."""
+        return provenance.analyse(self.plan, self.e.catalogue)
+
     def _tool(self, step_id: int) -> Tool:
         tool = self.tools.get(step_id)
         if tool is None:

@@ -19,7 +19,7 @@ from typing import Any, Literal, NamedTuple
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 
-from plangate import _input, names
+from plangate import _input, names, provenance
 from plangate._frozen import Frozen, cached
 from plangate._justified import Justified
 from plangate._overrides import ToolOverride
@@ -48,6 +48,7 @@ POLICY_RULES: dict[str, str] = {
     "deny:NAME": "a parameter value matches the deny rule NAME's pattern",
     "require:NAME": "a parameter value fails the require rule NAME's check (sql: read-only, decided by SQLite)",
     "sequence:NAME": "a step the sequence rule NAME forbids comes after (or uses) a step it names",
+    "sink:NAME": "a parameter the sink rule NAME guards takes data from a tool whose output is untrusted",
     "unknown-category": "the plan's category is not one the policy's categories define",
     "category-envelope": "the step's tool is outside what its category may do (tools, effects, external calls)",
 }
@@ -130,6 +131,44 @@ class SequenceRule(Justified):
     scope: Literal["order", "dataflow"] = "order"
     unless_approved_by: str | None = None
     message: str | None = None
+
+
+class SinkRule(Justified):
+    """Which parameters of which tools must not take untrusted data, and what happens when one does.
+
+    ``untrusted``: ``deny`` (a violation, ``sink:NAME``), ``approve`` (a person must approve the
+    plan; with ``approve: ROLE``, a person in that role) or ``allow``. ``control: true`` counts a
+    step whose condition reads untrusted data as feeding every parameter the rule names.
+    """
+
+    name: str = Field(pattern=RULE_NAME)
+    tools: tuple[str, ...] = Field(default=("*",), min_length=1, description="Tool name patterns.")
+    params: tuple[str, ...] = Field(default=("*",), min_length=1, description="Parameter name patterns.")
+    untrusted: Literal["deny", "approve", "allow"] | None = Field(
+        default=None, description="What untrusted data in one of these parameters leads to (default: deny)."
+    )
+    approve: str | None = Field(default=None, min_length=1, description="The role whose approval it then needs.")
+    control: bool = Field(default=False, description="true: a condition over untrusted data feeds these too.")
+    message: str | None = None
+
+    @model_validator(mode="after")
+    def _one_outcome(self) -> SinkRule:
+        if self.approve is not None and self.untrusted not in (None, "approve"):
+            raise ValueError(f"sink {self.name!r}: 'approve: {self.approve}' goes with 'untrusted: approve' only")
+        return self
+
+    @property
+    def outcome(self) -> Literal["deny", "approve", "allow"]:
+        return self.untrusted or ("approve" if self.approve is not None else "deny")
+
+
+DEFAULT_SINK = SinkRule(name="default", untrusted="approve")
+"""Where no sink rule names a parameter: a person approves untrusted data into an external write or an irreversible."""
+
+
+def default_sink(tool: Tool) -> bool:
+    """Whether :data:`DEFAULT_SINK` guards ``tool``'s parameters: it cannot be undone, or writes outside."""
+    return tool.effect == "irreversible" or (tool.external and tool.effect == "write")
 
 
 class Envelope(Justified):
@@ -223,6 +262,11 @@ class Policy(_Rules):
         default_factory=list, description="Checks parameter values must pass: an allow-list where deny is a deny-list."
     )
     sequences: list[SequenceRule] = Field(default_factory=list)
+    sinks: list[SinkRule] | None = Field(
+        default=None,
+        description="Parameters that must not take untrusted data, and what happens when one does; "
+        "the first rule that names a tool's parameter decides, else the default (see docs/injection.md).",
+    )
     resources: ResourceRules = Field(default_factory=ResourceRules)
     approval: ApprovalRules = Field(default_factory=ApprovalRules)
     categories: dict[str, Envelope] | None = Field(
@@ -260,6 +304,7 @@ class Policy(_Rules):
         if self.default_role is not None and self.default_role not in known:
             raise ValueError(f"default_role {self.default_role!r} is not under roles")
         rule_names = [r.name for r in self.deny] + [r.name for r in self.require] + [r.name for r in self.sequences]
+        rule_names += [r.name for r in self.sinks or ()]
         dupes = sorted({n for n in rule_names if rule_names.count(n) > 1})
         if dupes:
             raise ValueError(f"rule names must be unique; repeated: {', '.join(dupes)}")
@@ -307,7 +352,7 @@ class Policy(_Rules):
 
     def canonical_json(self) -> str:
         data = self.model_dump(mode="json")
-        for key in ("retention", "tools"):  # a policy that says nothing of them keeps the hash it always had
+        for key in ("retention", "tools", "sinks"):  # a policy that says nothing of them keeps the hash it always had
             if data[key] is None:
                 del data[key]
         return canonical(data)
@@ -395,6 +440,53 @@ class Policy(_Rules):
         resource = tool.resource_for(params)
         return list(value_violations(self.deny, self.require, step, params, resource, resolved=True))
 
+    def sink(self, tool: Tool, param: str) -> SinkRule | None:
+        """The sink rule that decides for untrusted data in ``tool``'s parameter ``param``; None: nothing guards it."""
+        kept = self.sinks_kept
+        key = (tool, param)
+        if key in kept:
+            return kept[key]
+        found = next(
+            (r for r in self.sinks or () if matches_any(r.tools, tool.name) and matches_any(r.params, param)), None
+        )
+        if found is None and default_sink(tool):
+            found = DEFAULT_SINK
+        if len(kept) < FACTS_KEPT:
+            kept[key] = found
+        return found
+
+    @cached
+    def sinks_kept(self) -> dict[tuple[Tool, str], SinkRule | None]:
+        """The sink rule of each (tool, parameter) already asked about."""
+        return {}
+
+    def sink_hits(self, step: Step, tool: Tool, flow: provenance.StepFlow) -> list[SinkHit]:
+        """Every parameter of ``step`` that takes untrusted data a sink rule guards, with that rule."""
+        hits: list[SinkHit] = []
+        control = flow.untrusted_control
+        names = step.params if control else flow.params
+        for name in names:
+            param = flow.params.get(name)
+            origins = param.untrusted if param is not None else ()
+            rule = self.sink(tool, name) if origins or control else None
+            if rule is None or rule.outcome == "allow":
+                continue
+            if rule.control and control:
+                origins = provenance.union((origins, control))
+            if origins:
+                hits.append(SinkHit(rule, step, name, origins, param.refs if param is not None else ()))
+        return hits
+
+    def sink_violations(self, step: Step, tool: Tool, flow: provenance.StepFlow | None) -> list[Violation]:
+        """The sink rules that deny ``step``'s call for the untrusted data its parameters take (run time too)."""
+        if flow is None:
+            return []
+        return [
+            Violation(rule=f"sink:{hit.rule.name}", message=hit.text(), step=step.id, source="policy")
+            for hit in self.sink_hits(step, tool, flow)
+            if hit.rule.outcome == "deny"
+        ]
+
     def evaluate(
         self,
         plan: Plan,
@@ -406,6 +498,22 @@ class Policy(_Rules):
     ) -> PolicyDecision:
         """Every violation of this policy, and whether a person must approve the plan."""
         return _Evaluation(self, plan, catalogue, graph or PlanGraph.of(plan), user, role).run()
+
+
+class SinkHit(NamedTuple):
+    """Untrusted data reaching a parameter a sink rule guards."""
+
+    rule: SinkRule
+    step: Step
+    param: str
+    origins: tuple[provenance.Origin, ...]
+    refs: tuple[str, ...]
+
+    def text(self) -> str:
+        through = f" through {', '.join(self.refs)}" if self.refs else " through its condition"
+        fed = " and ".join(o.describe() for o in self.origins)
+        what = f"step {self.step.id} ({self.step.tool}) parameter {self.param!r} takes data from {fed}{through}"
+        return f"{what}: {self.rule.message}" if self.rule.message else what
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -585,6 +693,7 @@ class _Evaluation:
         if self.policy.resources.exclusive_writes and self.plan.order == "dataflow":
             self._resource_conflicts(tools)
         self._sequences(facts)
+        self._sinks(tools)
         approval = self._approval(tools, facts)
         return PolicyDecision(
             policy=self.policy.name,
@@ -720,6 +829,25 @@ class _Evaluation:
         else:
             self.named.append((step.id, rule.unless_approved_by))
             self.reasons.append(f"{text}: needs approval by {rule.unless_approved_by!r} (sequence:{rule.name})")
+
+    def _sinks(self, tools: list[Tool | None]) -> None:
+        """Untrusted data into a guarded parameter: refused, or held for a person (a named one with ``approve``)."""
+        if not any(tool is not None and tool.untrusted_output for tool in tools):
+            return  # no untrusted source in the plan: nothing to trace
+        flows = provenance.analyse(self.plan, self.catalogue)
+        for step, tool in zip(self.plan.steps, tools, strict=True):
+            flow = flows.of(step.id)
+            if tool is None or flow is None:
+                continue
+            for hit in self.policy.sink_hits(step, tool, flow):
+                rule, text = hit.rule, hit.text()
+                if rule.outcome == "deny":
+                    self._flag(f"sink:{rule.name}", text, step.id)
+                elif rule.approve is not None:
+                    self.named.append((step.id, rule.approve))
+                    self.reasons.append(f"{text}: needs approval by {rule.approve!r} (sink:{rule.name})")
+                else:
+                    self.reasons.append(f"{text}: a person must approve (sink:{rule.name})")
 
     def _approval(self, tools: list[Tool | None], facts: list[_StepFacts]) -> Approval:
         """Human unless the category is cleared and nothing escalates; every reason is kept.

@@ -22,8 +22,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from plangate import drift, ledger, results
+from plangate import drift, ledger, provenance, results
 from plangate._decide import SKIPPED, Decision, decide
+from plangate._overrides import governed
 from plangate.compensation import undo_params
 from plangate.errors import GovernanceError, NotFoundError, UsageError
 from plangate.graph import run_deps
@@ -150,6 +151,10 @@ def replay(
     )
 
 
+_PROVENANCE = ("provenance", "untrusted", "control")
+"""What a ``step.started`` event says of where the step's values come from."""
+
+
 @dataclass
 class _Replay:
     """The state a replay carries through the log: outputs, optional failures, the run it is in."""
@@ -169,6 +174,7 @@ class _Replay:
     run_policy: Policy | None = None
     deps: dict[int, frozenset[int]] = field(default_factory=dict)
     halt: tuple[int, str] | None = None
+    flows: provenance.Provenance = provenance.EMPTY
 
     def go(self) -> None:
         for index, event in enumerate(self.events):
@@ -198,6 +204,7 @@ class _Replay:
         check = recorded.check if recorded else None
         policy_hash = (check.policy or {}).get("policy_hash") if check else None
         self.run_policy = self.policy or Policy.recorded(self.store, policy_hash)
+        self.flows = provenance.analyse(self.plan, governed(self.catalogue, self.run_policy))  # trust as it ran
         self.deps = run_deps(self.plan, lambda name: self.catalogue[name].effect if name in self.catalogue else None)
         self.halt = None
 
@@ -251,7 +258,8 @@ class _Replay:
         waits = sorted(d for d in self.deps.get(step.id, ()) if d not in self.outputs)
         if waits:
             self._diverge(step.id, "order", f"{action} before steps {waits} finished", f"wait for steps {waits}", "")
-        made = decide(step, self.catalogue[step.tool], self.run_policy, self.outputs, self.nulls)
+        flow = self.flows.of(step.id)
+        made = decide(step, self.catalogue[step.tool], self.run_policy, self.outputs, self.nulls, flow=flow)
         derived = made.params if made.action == "start" else made.reason
         if made.action != action:
             what, detail = _what_differs(made, step.id)
@@ -259,6 +267,10 @@ class _Replay:
         elif derived != recorded:
             what = "params" if action == "start" else f"{action} reason"
             self._diverge(step.id, what, recorded, derived, _first_difference(recorded, derived))
+        elif action == "start" and "provenance" in event.data:  # logs written before provenance have none
+            told = {k: event.data[k] for k in _PROVENANCE if k in event.data}
+            if told != (made.provenance or {}):
+                self._diverge(step.id, "provenance", told, made.provenance, "where its values come from")
 
     def _optional(self, step_id: int) -> None:
         """Only a read may fail quietly (the engine's rule): an optional failure of anything else diverges."""

@@ -11,6 +11,7 @@ import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from plangate import provenance
 from plangate.record import PlanRecord
 from plangate.store import Event, StepRow, Store
 from plangate.tools import Catalogue
@@ -30,6 +31,7 @@ def steps(record: PlanRecord, catalogue: Catalogue | None) -> list[dict[str, Any
     for step_id, role in (record.decision or {}).get("step_approvals", ()):
         named.setdefault(int(step_id), []).append(str(role))
     out = []
+    flows = provenance.analyse(record.plan, catalogue) if record.plan else provenance.EMPTY
     for step in record.plan.steps if record.plan else ():
         tool = catalogue.get(step.tool) if catalogue is not None else None
         out.append(
@@ -45,9 +47,37 @@ def steps(record: PlanRecord, catalogue: Catalogue | None) -> list[dict[str, Any
                 "after": step.after,
                 "optional": step.on_failure == "continue",
                 "approvals": named.get(step.id, []),
+                "sources": sources(flows.of(step.id)),
             }
         )
     return out
+
+
+def sources(flow: provenance.StepFlow | None) -> list[dict[str, Any]]:
+    """Each parameter fed by another step: the steps, whether they are untrusted, and the reference that reads them.
+
+    A condition over other steps is listed as ``(condition)``: whether the step runs depends on them.
+    """
+    if flow is None:
+        return []
+    out = [
+        {
+            "param": name,
+            "refs": list(param.refs),
+            "from": [{"step": o.step, "tool": o.tool, "untrusted": o.untrusted} for o in param.origins],
+            "untrusted": bool(param.untrusted),
+        }
+        for name, param in flow.params.items()
+    ]
+    if flow.control:
+        from_ = [{"step": o.step, "tool": o.tool, "untrusted": o.untrusted} for o in flow.control]
+        out.append({"param": "(condition)", "refs": [], "from": from_, "untrusted": bool(flow.untrusted_control)})
+    return out
+
+
+def badge(source: Mapping[str, Any]) -> str:
+    """One origin of a value as the plan page and ``plangate show`` write it: ``from step 1 (untrusted: read_bill)``."""
+    return f"from step {source['step']} ({'untrusted' if source['untrusted'] else 'trusted'}: {source['tool']})"
 
 
 def progress(record: PlanRecord, rows: Mapping[int, StepRow], events: Iterable[Event]) -> dict[str, dict[str, str]]:

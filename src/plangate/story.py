@@ -54,11 +54,25 @@ def _approval(d: dict[str, Any], _: int | None) -> str:
     return f"{d['decision']}{role} hash {d['hash'][:12]}{comment}{rest}"
 
 
+def _provenance(d: dict[str, Any]) -> str:
+    """Where the step's values came from, when the event says: ``; from step:1: iban (UNTRUSTED)``."""
+    fed = d.get("provenance") or {}
+    untrusted = set(d.get("untrusted") or ())
+    parts = [
+        f"{name} from {', '.join(sources)}" + (" (UNTRUSTED)" if name in untrusted else "")
+        for name, sources in fed.items()
+    ]
+    if d.get("control"):
+        parts.append(f"its condition reads {', '.join(d['control'])}")
+    return f"; {'; '.join(parts)}" if parts else ""
+
+
 def _step(verb: str) -> Teller:
     def tell_step(d: dict[str, Any], step: int | None) -> str:
         if verb == "started":
             via = f" ({d['server_tool']} on MCP server {d.get('server') or d['source']})" if "server_tool" in d else ""
-            return f"step {step} {d['tool']}{via} started (attempt {d['attempt']}) with {_short(d['params'])}"
+            told = f"step {step} {d['tool']}{via} started (attempt {d['attempt']}) with {_short(d['params'])}"
+            return told + _provenance(d)
         if verb == "succeeded":
             return f"step {step} succeeded in {d['ms']:.1f} ms: {_short(d['output'])}"
         if verb == "failed":

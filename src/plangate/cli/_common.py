@@ -15,7 +15,7 @@ from plangate.cli._errors import EXIT_VIOLATIONS
 from plangate.errors import UsageError
 from plangate.plan import Plan
 from plangate.policy import Policy
-from plangate.review import short
+from plangate.review import badge, short
 from plangate.tools import Catalogue
 
 if TYPE_CHECKING:
@@ -277,3 +277,7 @@ def _show_step(step: dict[str, Any]) -> None:
     effect = step["effect"] + (", external" if step["external"] else "")
     approvals = f"  approval: {', '.join(step['approvals'])}" if step["approvals"] else ""
     click.echo(f"     effect: {effect}  rollback: {step['rollback'] or 'none given'}{approvals}")
+    for fed in step.get("sources", ()):
+        mark = "UNTRUSTED " if fed["untrusted"] else ""
+        through = f" via {', '.join(fed['refs'])}" if fed["refs"] else ""
+        click.echo(f"     {mark}{fed['param']}: {'; '.join(badge(each) for each in fed['from'])}{through}")

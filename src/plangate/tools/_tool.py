@@ -59,6 +59,9 @@ class Tool:
     ``server`` and ``version`` (from the server's initialize result) and its ``tool`` name there."""
     overridden: tuple[str, ...] = ()
     """The fields the policy's ``tools`` section set (see :mod:`plangate._overrides`)."""
+    inherits_provenance: bool = False
+    """Its output's sources are the union of its inputs' sources; the tool adds no untrusted source of its own
+    (an extractor that turns untrusted text into a value: see :mod:`plangate.provenance`)."""
     _params: type[BaseModel] = field(repr=False)
     _output: TypeAdapter[Any] = field(repr=False)
     _resource_parts: tuple[tuple[str, str | None], ...] = field(default=(), repr=False)
@@ -200,6 +203,7 @@ class Tool:
             **({"retries": self.retries} if self.retries else {}),
             **({"origin": dict(self.origin)} if self.origin is not None else {}),
             **({"set_by_policy": list(self.overridden)} if self.overridden else {}),
+            **({"inherits_provenance": True} if self.inherits_provenance else {}),
         }
 
 
@@ -328,6 +332,9 @@ def tool(fn: Callable[..., Any] | None = None, /, **meta: Any) -> Tool | Callabl
       filled from the step's parameters.
     - ``compensate``: name of the tool that undoes it.
     - ``untrusted_output``: its output is text from outside and may carry instructions.
+    - ``inherits_provenance``: its output derives from its inputs alone (an extractor, a
+      formatter): a value it returns keeps the sources, and the trust, of the values it was
+      given, so untrusted text passed through it is still untrusted at a sink.
     - ``tags``: free labels a policy can match, e.g. ``["pii"]``.
     - ``timeout``: seconds one call may take (default: the policy's ``limits.tool_timeout``,
       else 300). A call that takes longer is a failure; on a tool that is not idempotent
@@ -355,6 +362,7 @@ def _build(
     tags: Iterable[str] = (),
     timeout: float | None = None,
     retries: int = 0,
+    inherits_provenance: bool = False,
 ) -> Tool:
     if isinstance(fn, Tool):
         raise ToolDefinitionError(f"{fn.name!r} is already a tool")
@@ -390,6 +398,7 @@ def _build(
         tags=tuple(tags),
         timeout=timeout,
         retries=retries,
+        inherits_provenance=bool(inherits_provenance),
         params_schema=params_schema,
         output_schema=output_schema,
         is_async=inspect.iscoroutinefunction(fn),
