@@ -256,7 +256,8 @@ def extractor(world: World) -> Tool:
         scopes=(),
         resource=None,
         compensate=None,
-        untrusted_output=True,
+        untrusted_output=False,
+        inherits_provenance=True,
         tags=("quarantined",),
     )
 

@@ -89,7 +89,6 @@ class Bench:
         self.catalogue = dojo.catalogue(suite, self.world)
         self.policy = bench_policy(suite)
         self.runtime = Runtime(self.catalogue, self.policy, db=db)
-        self.reviewer = "reviewer"
 
     def run(
         self,
@@ -104,7 +103,7 @@ class Bench:
         if gate == "refused" or (gate == "held" and not approve):
             return Run(gate)
         if record.status == "pending_approval":
-            self.runtime.approve(record.id, self.reviewer, record.hash)
+            self.runtime.approve(record.id, REVIEWER, record.hash, role=REVIEW if _POLICY_HAS_SINKS else None)
         self.world.env, self.world.calls, self.world.extract = env, [], extract
         result = self.runtime.execute(record.id)
         last = derived.plan["steps"][-1]["id"]
@@ -124,19 +123,26 @@ def bench_policy(suite: TaskSuite[Any]) -> Policy:
     }
     if _POLICY_HAS_SINKS:
         data["sinks"] = sink_rules(suite.name)
+        data["roles"] = {REVIEW: {}, "planner": {}}
+        data["users"] = {REVIEWER: REVIEW, "planner": "planner"}
     return Policy.from_data(data, source=f"agentdojo-{suite.name}")
 
 
 _POLICY_HAS_SINKS = "sinks" in Policy.model_fields
 
 
+REVIEW, REVIEWER = "sink-review", "reviewer"
+
+
 def sink_rules(suite: str) -> list[dict[str, Any]]:
-    """The suite's sinks as the policy's ``sinks`` section: a named approval for each."""
-    return [
-        {"name": f"{tool}-{param}", "tools": [tool], "params": [param], "approval": "sink-review"}
+    """The suite's sinks as the policy's ``sinks`` section: a named approval for each, and every
+    other parameter free to take untrusted data (an e-mail's body may quote what it answers)."""
+    named = [
+        {"name": f"{tool}.{param}", "tools": [tool], "params": [param], "untrusted": "approve", "approve": REVIEW}
         for tool, params in dojo.SINKS[suite].items()
         for param in params
     ]
+    return [*named, {"name": "other-parameters", "untrusted": "allow"}]
 
 
 def gate_of(bench: Bench, derived: dojo.Derived, record: Any) -> str:
@@ -147,8 +153,10 @@ def gate_of(bench: Bench, derived: dojo.Derived, record: Any) -> str:
     """
     if _POLICY_HAS_SINKS:
         rules = [str(v) for v in record.violations]
-        if record.status == "rejected" or any("sink:" in rule for rule in rules):
+        if any("sink:" in rule for rule in rules):
             return "refused"
+        if record.status == "rejected":
+            raise RuntimeError(f"the bench policy refused a plan: {rules}")
         return "held" if record.status == "pending_approval" else "auto"
     return "held" if tainted_sinks(bench.suite.name, derived.plan) else "auto"
 
