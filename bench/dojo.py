@@ -17,6 +17,7 @@ Read by ``bench/injection.py``. Three things live here:
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -168,6 +169,7 @@ SINKS: dict[str, dict[str, tuple[str, ...]]] = {
 }
 
 EXTRACT = "extract"
+_FIELD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")  # a field name a planner reads in a schema, not a data key
 
 
 def jsonable(value: Any) -> Any:
@@ -324,7 +326,7 @@ class _Builder:
             return value
         for number, output in reversed(self.outputs):
             for path in _paths_to(output, value):
-                if not any(isinstance(part, int) or part.isdigit() for part in path):
+                if all(isinstance(part, str) and _FIELD.fullmatch(part) for part in path):
                     self.sources[key] = "ref"
                     return "${" + ".".join([str(number), *map(str, path)]) + "}"
         for number, output in reversed(self.outputs):

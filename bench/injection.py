@@ -101,7 +101,7 @@ class Bench:
         record = self.runtime.submit(derived.plan, "planner")
         gate = gate_of(self, derived, record)
         if gate == "refused" or (gate == "held" and not approve):
-            return Run(gate)
+            return Run(gate, halted="; ".join(str(v) for v in record.violations) or None)
         if record.status == "pending_approval":
             self.runtime.approve(record.id, REVIEWER, record.hash, role=REVIEW if _POLICY_HAS_SINKS else None)
         self.world.env, self.world.calls, self.world.extract = env, [], extract
@@ -153,10 +153,8 @@ def gate_of(bench: Bench, derived: dojo.Derived, record: Any) -> str:
     """
     if _POLICY_HAS_SINKS:
         rules = [str(v) for v in record.violations]
-        if any("sink:" in rule for rule in rules):
+        if record.status == "rejected" or any("sink:" in rule for rule in rules):
             return "refused"
-        if record.status == "rejected":
-            raise RuntimeError(f"the bench policy refused a plan: {rules}")
         return "held" if record.status == "pending_approval" else "auto"
     return "held" if tainted_sinks(bench.suite.name, derived.plan) else "auto"
 
@@ -307,7 +305,7 @@ def _utility(
 
 def loss_reason(bench: Bench, task: BaseUserTask[Any], derived: dojo.Derived, run: Run, solved: bool) -> str:
     if run.gate == "refused":
-        return "refused by a sink rule"
+        return f"refused by the policy: {run.halted}"
     if run.gate == "held" and solved:
         return "needs approval: untrusted data reaches " + ", ".join(tainted_sinks(bench.suite.name, derived.plan))
     if solved:
