@@ -77,10 +77,20 @@ def test_a_plan_reads_untrusted_text_extracts_a_value_and_uses_it(tmp_path: Path
     assert call.input_tokens > 20 and call.output_tokens > 0 and call.task == "step 2: extract the IBAN to pay"
 
 
-def test_the_extract_tool_is_untrusted_and_inherits_the_provenance_of_its_text() -> None:
+def test_the_extract_tool_inherits_the_provenance_of_its_text() -> None:
+    """Untrusted text in, untrusted value out; text the plan wrote in, a trusted value out."""
+    from plangate import Policy
+
     made = extractor(ScriptedModel([]))
     assert (made.name, made.effect, made.idempotent, made.external) == ("extract", "read", True, False)
-    assert made.untrusted_output and made.inherits_provenance
+    assert not made.untrusted_output and made.inherits_provenance
+    catalogue = Catalogue([read_file, pay, made])
+    policy = Policy.from_yaml(SINK_POLICY)
+    from_bill = check(plan(*STEPS), catalogue, policy).violations
+    assert [v.rule for v in from_bill] == ["sink:iban-from-documents"]
+    written = {"id": 1, "tool": "extract", "params": {"text": "Pay DE89370400440532013000", "schema": IBAN}}
+    trusted = (written, {"id": 2, "tool": "pay", "params": {"iban": "${1.iban}", "amount": 98.7}})
+    assert not check(plan(*trusted), catalogue, policy).violations
     assert made.param_names == ("text", "schema", "instructions")
     assert not read_file.inherits_provenance  # the default: a tool's output has its own source
 
