@@ -225,12 +225,6 @@ class Planner:
             expected_steps=budget.expected_steps,
             budget=budget.tokens,
             effort=budget.effort,
-            input_tokens=0,
-            output_tokens=0,
-            thinking_tokens=0,
-            cost=0.0,
-            seconds=0.0,
-            ok=False,
         )
         try:
             response = (self.traces or tracing.default()).complete(model, request, purpose=purpose)

@@ -166,12 +166,13 @@ class CallRow:
     expected_steps: int | None
     budget: int | None
     effort: str | None
-    input_tokens: int
-    output_tokens: int
-    thinking_tokens: int
-    cost: float | None
-    seconds: float
-    ok: bool
+    input_tokens: int = 0
+    output_tokens: int = 0
+    thinking_tokens: int = 0
+    cost: float | None = 0.0
+    seconds: float = 0.0
+    ok: bool = False
+    """The defaults are a call as it starts: nothing used yet, not done."""
     error: str | None = None
 
 

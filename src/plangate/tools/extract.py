@@ -227,12 +227,6 @@ class _Asker:
             expected_steps=None,
             budget=request.max_tokens,
             effort=None,
-            input_tokens=0,
-            output_tokens=0,
-            thinking_tokens=0,
-            cost=0.0,
-            seconds=0.0,
-            ok=False,
         )
         try:
             traces = self.traces or tracing.default()
