@@ -29,6 +29,9 @@ from pathlib import Path
 
 from plangate.store import open_store
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from torture import database  # the same stores as the torture: SQLite, a throwaway PostgreSQL, a URL
+
 HERE = Path(__file__).resolve().parent
 TOOLS = HERE / "soaktools.py"
 BATCH = 1000
@@ -82,19 +85,6 @@ def rss_mib(pid: int) -> float:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) / 1024
     raise RuntimeError(f"no VmRSS for process {pid}")
-
-
-@contextmanager
-def database(spec: str, folder: Path) -> Iterator[str]:
-    if spec == "sqlite":
-        yield f"sqlite:///{folder}/plangate.db"
-    elif spec == "postgresql":
-        from plangate.testing import postgres_cluster
-
-        with postgres_cluster() as url:
-            yield url
-    else:
-        yield spec
 
 
 @contextmanager
