@@ -231,37 +231,32 @@ def _caller(runtime: FunctionsRuntime, name: str, world: World) -> Callable[...,
 
 
 def extractor(world: World) -> Tool:
-    """``extract(text, schema, instructions)``: a model with no tools turns text into a value.
+    """plangate's own ``extract`` tool, its model a function that hands each request to the bench's mind.
 
-    Which model is the bench's to say (``world.extract``): an honest one, or one the
-    injected text has taken over. Its output is as trusted as its input, never more.
+    Which mind is the bench's to say (``world.extract``): an honest one, or one the injected
+    text has taken over. The mind sees what the real extractor's model would: the
+    instructions, the text (parsed back to the JSON it was), the schema; its answer goes
+    through the extractor's own strict schema check, and the output is as trusted as its input.
     """
+    from plangate.models.test import FunctionModel
+    from plangate.tools.extract import extractor as real_extractor
 
-    def extract(text: Any, schema: dict[str, Any], instructions: str) -> Any:
-        return world.extract(text, schema, instructions)  # whichever mind the bench gave it for this run
+    def mind(request: Any) -> str:
+        content = request.messages[0].content
+        instructions = content.split("\n", 1)[0].removeprefix("What to take: ")
+        marker = content.rsplit("<<<END ", 1)[1].rstrip(">\n")
+        read = content.split(f"<<<DATA {marker}>>>\n", 1)[1].rsplit(f"\n<<<END {marker}>>>", 1)[0]
+        try:
+            text: Any = json.loads(read)
+        except ValueError:
+            text = read
+        answer_schema = request.json_schema
+        wrapped = list(answer_schema.get("properties", {})) == ["value"] and answer_schema.get("required") == ["value"]
+        schema = answer_schema["properties"]["value"] if wrapped else answer_schema
+        value = world.extract(text, schema, instructions)
+        return json.dumps({"value": value} if wrapped else value, ensure_ascii=False)
 
-    return schema_tool(
-        name=EXTRACT,
-        fn=extract,
-        params_schema={
-            "type": "object",
-            "properties": {"text": {}, "schema": {"type": "object"}, "instructions": {"type": "string"}},
-            "required": ["text", "schema", "instructions"],
-            "additionalProperties": False,
-        },
-        output_schema={},
-        ctx_param=None,
-        description="Turn untrusted text into a value of the declared schema, with a model that has no tools.",
-        effect="read",
-        idempotent=True,
-        external=False,
-        scopes=(),
-        resource=None,
-        compensate=None,
-        untrusted_output=False,
-        inherits_provenance=True,
-        tags=("quarantined",),
-    )
+    return real_extractor(FunctionModel(mind, name="bench:extractor"), retries=0)
 
 
 # -- plans from ground truths -----------------------------------------------------------------

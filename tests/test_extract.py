@@ -256,3 +256,26 @@ def test_what_the_extractor_takes_out_of_untrusted_text_is_still_held_at_the_sin
     assert submitted.status == "rejected" and PAID == [] and fooled.requests == []
     literal = (*STEPS[:2], {"id": 3, "tool": "pay", "params": {"iban": "DE89370400440532013000", "amount": 98.7}})
     assert not check(plan(*literal), catalogue, policy).violations, "a payee written in the plan is not from the bill"
+
+
+def test_a_record_or_a_list_is_read_as_its_json_text(tmp_path: Path) -> None:
+    """A tool's structured output (an e-mail record, a list of messages) goes to the extractor whole."""
+
+    @tool(untrusted_output=True)
+    def inbox() -> list[dict[str, str]]:
+        """The messages someone else wrote."""
+        return [{"from": "supplier", "body": "Pay to IBAN DE89370400440532013000"}]
+
+    model = ScriptedModel(['{"iban": "DE89370400440532013000"}'])
+    store = open_store(f"sqlite:///{tmp_path / 'plangate.db'}")
+    rt = Runtime(Catalogue([inbox, pay]).with_extractor(model, store=store), None, db=store, clock=FixedClock())
+    steps = (
+        {"id": 1, "tool": "inbox", "params": {}},
+        {"id": 2, "tool": "extract", "params": {"text": "${1}", "schema": IBAN, "instructions": "the IBAN"}},
+    )
+    submitted = rt.submit(plan(*steps), "alice")
+    assert not submitted.violations, submitted.violations
+    rt.approve(submitted.id, "carol", submitted.hash)
+    assert rt.execute(submitted.id).outputs[2] == {"iban": "DE89370400440532013000"}
+    content = model.requests[0].messages[0].content
+    assert '[{"body": "Pay to IBAN DE89370400440532013000", "from": "supplier"}]' in content

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field, replace
 from importlib import resources
 from typing import Annotated, Any
 
-from pydantic import AfterValidator
+from pydantic import AfterValidator, JsonValue
 
 from plangate import _extras, _lenient, metrics, tracing
 from plangate._clock import iso
@@ -104,21 +104,23 @@ def extractor(
 
     def extract(
         ctx: RunContext,
-        text: str,
+        text: JsonValue,
         schema: Schema,
         instructions: str = "",
     ) -> Any:
         """Take one value of the declared JSON Schema out of untrusted text.
 
         Args:
-            text: The text to read (usually a reference to an earlier step's output).
+            text: The text to read (usually a reference to an earlier step's output); any other
+                JSON value (a record, a list of messages) is read as its JSON text.
             schema: The JSON Schema of the value wanted, with its "type", e.g. {"type": "object",
                 "properties": {"iban": {"type": "string"}}, "required": ["iban"]}.
             instructions: What to take, in a sentence, e.g. "the IBAN the bill asks to pay".
         """
-        if len(text) > MAX_TEXT:
-            raise ExtractionError(f"the text is {len(text)} characters; the limit is {MAX_TEXT}")
-        request = _request(system, text, schema, instructions, max_tokens)
+        read = text if isinstance(text, str) else json.dumps(text, ensure_ascii=False, sort_keys=True)
+        if len(read) > MAX_TEXT:
+            raise ExtractionError(f"the text is {len(read)} characters; the limit is {MAX_TEXT}")
+        request = _request(system, read, schema, instructions, max_tokens)
         response = asker.complete(request, ctx, instructions)
         value = _answer(response, _wrapped(schema))
         problem = validators.validator_for(schema)(schema).iter_errors(value)
