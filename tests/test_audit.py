@@ -123,6 +123,43 @@ def test_an_appended_event_is_hashed_by_the_documented_formula(url: str, key: st
         assert row[9] == expected
 
 
+def test_recorded_events_are_written_in_order_before_anything_in_the_transaction_reads_the_log(
+    url: str, key: str
+) -> None:
+    """record_event waits for the commit, or for the first statement that needs the log: same chain, same order."""
+
+    def event(kind: str, step_id: int | None = None) -> dict[str, object]:
+        return {
+            "plan_id": "plan-1",
+            "version": 1,
+            "step_id": step_id,
+            "kind": kind,
+            "actor": "t",
+            "at": "x",
+            "data": {},
+        }
+
+    with closing(open_store(url)) as store:
+        with store.transaction():
+            store.record_event(**event("a"))  # type: ignore[arg-type]
+            store.record_event(**event("b", 1))  # type: ignore[arg-type]
+            assert [e.kind for e in store.events("plan-1")] == ["a", "b"]  # a read of the log sees them
+            store.record_event(**event("c"))  # type: ignore[arg-type]
+            appended = store.append_event(**event("d"))  # type: ignore[arg-type]
+        with store.transaction():
+            store.record_event(**event("e"))  # type: ignore[arg-type]
+            store.record_event(**event("f"))  # type: ignore[arg-type]
+        with pytest.raises(RuntimeError), store.transaction():
+            store.record_event(**event("never"))  # type: ignore[arg-type]
+            raise RuntimeError("rolled back")
+        events = list(store.events("plan-1"))
+        assert [(e.seq, e.kind) for e in events] == [(1, "a"), (2, "b"), (3, "c"), (4, "d"), (5, "e"), (6, "f")]
+        assert (appended.seq, appended.hash, appended.prev) == (4, events[3].hash, events[2].hash)
+        assert store.audit_head() == (6, events[-1].hash)
+        assert store.verify_audit().ok
+        assert store.plan_events("plan-1") == (events, None)
+
+
 # -- (a) an edit, with the chain and the head recomputed as the unkeyed code did ----------------------------
 
 

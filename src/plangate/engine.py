@@ -644,7 +644,7 @@ class _Run:
         return self.now
 
     def _event(self, kind: str, step_id: int | None, data: dict[str, Any]) -> None:
-        self.store.append_event(
+        self.store.record_event(  # written at the latest at the commit: the log's lock is held only then
             plan_id=self.plan_id,
             version=self.version,
             step_id=step_id,

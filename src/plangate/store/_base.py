@@ -107,6 +107,21 @@ class Store(abc.ABC):
     ) -> Event:
         """Append one event to the hash-chained audit log."""
 
+    def record_event(
+        self,
+        *,
+        plan_id: str | None,
+        version: int | None,
+        step_id: int | None,
+        kind: str,
+        actor: str,
+        at: str,
+        data: dict[str, Any],
+    ) -> None:
+        """Inside a transaction: append an event whose seq and hash the caller does not need, at the latest
+        when the transaction commits (in the order recorded, before any later append or read of the log)."""
+        self.append_event(plan_id=plan_id, version=version, step_id=step_id, kind=kind, actor=actor, at=at, data=data)
+
     @abc.abstractmethod
     def purge_event(self, seq: int, kept: dict[str, Any], at: str) -> None:
         """Inside a transaction: keep only ``kept`` of event ``seq``'s data, marked and sealed as purged on ``at``

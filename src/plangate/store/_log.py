@@ -29,6 +29,9 @@ def _load(text: str | None) -> Any:
         raise StoreError(f"a stored value is not JSON ({exc}): it was changed outside plangate") from None
 
 
+_Pending = tuple[str | None, int | None, int | None, str, str, str, str]
+"""An event recorded but not yet written: plan, version, step, kind, actor, time, its data as JSON text."""
+
 _VERIFIED: dict[tuple[str, str, str], tuple[int, str, tuple[Event, ...]]] = {}
 """Per (store, key, kind): the newest event a process verified, its hash, and the events up to it."""
 
@@ -54,6 +57,8 @@ class AuditLog:
     _plan_heads: dict[str, str]
     _tails: dict[str, tuple[int, str]]
     _fences: dict[str, str]
+    _pending: list[_Pending]  # events recorded in this transaction, written when the log is first needed
+    _DEFER_APPENDS = False  # SQLite's transactions take the write lock as they begin: nothing to shorten
     _chain: audit.Chain | None = None  # this process's key, once the log is known to be written with it
 
     def _exec(self, query: str, params: tuple[Any, ...] = ()) -> Any:
@@ -76,21 +81,9 @@ class AuditLog:
         at: str,
         data: dict[str, Any],
     ) -> Event:
-        self.lock_log()
-        assert self._head is not None
-        seq, prev = self._head[0] + 1, self._head[1]
-        chain_of = plan_id if plan_id is not None else f"~{kind}"  # events of no plan chain by kind
-        plan_prev = self._plan_head(chain_of)
-        text = _dump(data)
-        row = (seq, plan_id, version, step_id, kind, actor, at, text, prev, "", plan_prev, audit.data_digest(text))
-        digest = self._chain_for_append(seq - 1).sign(row)
-        self._exec(
-            f"INSERT INTO events ({audit.COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (*row[:9], digest, *row[10:]),
-        )
-        self._head = (seq, digest)
-        self._plan_heads[chain_of] = digest
-        self._tails[chain_of] = (seq, digest)
+        self.lock_log()  # writes the events recorded before it first: the log keeps the order they came in
+        row = (plan_id, version, step_id, kind, actor, at, _dump(data))
+        ((seq, prev, digest),) = self._write_events([row])
         return Event(
             seq=seq,
             plan_id=plan_id,
@@ -103,6 +96,48 @@ class AuditLog:
             prev=prev,
             hash=digest,
         )
+
+    def record_event(
+        self,
+        *,
+        plan_id: str | None,
+        version: int | None,
+        step_id: int | None,
+        kind: str,
+        actor: str,
+        at: str,
+        data: dict[str, Any],
+    ) -> None:
+        """Append an event at the latest when the transaction commits: the log's lock is then held only
+        from the first statement that needs the log (or the commit) to the commit, not for the whole
+        transaction. Any statement of this transaction that reads the log writes the waiting events first."""
+        self._require_tx()
+        row = (plan_id, version, step_id, kind, actor, at, _dump(data))
+        if self._head is not None or not self._DEFER_APPENDS:  # the lock is held already: nothing to gain
+            self.lock_log()
+            self._write_events([row])
+        else:
+            self._pending.append(row)
+
+    def _write_events(self, rows: list[_Pending]) -> list[tuple[int, str, str]]:
+        """Chain ``rows`` after the locked head, in one statement; each one's seq, prev and hash."""
+        assert self._head is not None
+        values: list[Any] = []
+        written: list[tuple[int, str, str]] = []
+        for plan_id, version, step_id, kind, actor, at, text in rows:
+            seq, prev = self._head[0] + 1, self._head[1]
+            chain_of = plan_id if plan_id is not None else f"~{kind}"  # events of no plan chain by kind
+            plan_prev = self._plan_head(chain_of)
+            row = (seq, plan_id, version, step_id, kind, actor, at, text, prev, "", plan_prev, audit.data_digest(text))
+            digest = self._chain_for_append(seq - 1).sign(row)
+            values += (*row[:9], digest, *row[10:])
+            self._head = (seq, digest)
+            self._plan_heads[chain_of] = digest
+            self._tails[chain_of] = (seq, digest)
+            written.append((seq, prev, digest))
+        places = ", ".join(["(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"] * len(rows))
+        self._exec(f"INSERT INTO events ({audit.COLUMNS}) VALUES {places}", tuple(values))
+        return written
 
     def purge_event(self, seq: int, kept: dict[str, Any], at: str) -> None:
         """Replace event ``seq``'s data with ``kept`` marked purged on ``at``, sealed under the key.
@@ -238,10 +273,13 @@ class AuditLog:
 
     def lock_log(self) -> None:
         self._require_tx()
+        pending, self._pending = self._pending, []  # taken first: the statements below need the log themselves
         if self._head is None:
             self._head = self._head_for_append()
             if self._head != self._committed:  # another writer appended since: what was remembered may be stale
                 self._plan_heads.clear()
+        if pending:
+            self._write_events(pending)
 
     def _chain_for_append(self, last_seq: int) -> audit.Chain:
         """The chain to append with: this process's key, refused if the log was written with another or none.

@@ -10,7 +10,7 @@ from typing import Any
 from plangate import audit
 from plangate.errors import StoreError
 from plangate.store._base import Store
-from plangate.store._log import AuditLog, _dump, _load
+from plangate.store._log import AuditLog, _dump, _load, _Pending
 from plangate.store._records import (
     ApprovalRow,
     CallRow,
@@ -45,6 +45,7 @@ class SQLStore(AuditLog, Store):
         self._committed: tuple[int, str] | None = None
         self._tails: dict[str, tuple[int, str]] = {}  # the plans this transaction appended to: their newest event
         self._fences: dict[str, str] = {}  # plans this transaction may change only while the owner holds them
+        self._pending: list[_Pending] = []  # events recorded, written once the log is needed (record_event)
         self._reading = False  # inside snapshot()
 
     # -- plumbing ------------------------------------------------------------------------
@@ -55,6 +56,8 @@ class SQLStore(AuditLog, Store):
         return query
 
     def _exec(self, query: str, params: tuple[Any, ...] = ()) -> Any:
+        if self._pending and ("events" in query or "audit_head" in query):  # it must see the events recorded
+            self.lock_log()
         return self._conn.execute(self._sql(query), params)
 
     @contextmanager
@@ -75,6 +78,8 @@ class SQLStore(AuditLog, Store):
                 # the plans' newest events already pin the end of the log, and a head that trails
                 # the log is still one it extends.
                 in_run = bool(self._fences) and not self._HEAD_IS_THE_LOCK
+                if self._pending:
+                    self.lock_log()  # the log's lock, from here to the commit, and the events recorded
                 self._seal_tails()
                 if self._head is not None and not in_run:
                     self._exec("UPDATE audit_head SET seq = ?, hash = ? WHERE id = 1", self._head)
@@ -85,6 +90,7 @@ class SQLStore(AuditLog, Store):
                 self._plan_heads.clear()
                 self._tails.clear()
                 self._fences.clear()
+                self._pending.clear()
                 self._conn.execute("ROLLBACK")
                 raise
             self._depth, self._committed, self._head = 0, self._head or self._committed, None

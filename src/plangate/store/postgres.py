@@ -2,7 +2,8 @@
 
 ``open_store("postgresql://user@host:port/db")``. Appends to the audit log lock the
 head row (``SELECT ... FOR UPDATE``), so concurrent writers chain their events one after
-another; migrations run under an advisory lock, so workers starting together migrate
+another (the engine's step events wait for the commit, so a run's transaction holds that
+lock only for its last statements); migrations run under an advisory lock, so workers starting together migrate
 once. Install with ``pip install 'plangate[postgres]'``.
 """
 
@@ -43,6 +44,7 @@ class PostgresStore(SQLStore):
     _SAME = "IS NOT DISTINCT FROM"
     _SNAPSHOT = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
     _HEAD_IS_THE_LOCK = True
+    _DEFER_APPENDS = True  # the head row's lock is taken late: from the first statement that needs the log
 
     def _sql(self, query: str) -> str:
         return query.replace("?", "%s")
