@@ -127,6 +127,31 @@ def test_a_changed_plan_text_does_not_run(db: str) -> None:
     assert not report.ok and "plan_versions.hash is" in str(report), report
 
 
+def test_what_changes_between_the_proof_and_the_claim_is_proved_again_under_the_lock(db: str) -> None:
+    """The right to run is proved before the log's lock is taken; a plan changed meanwhile is proved again."""
+    from plangate.plan import Plan
+
+    forged = plan({"id": 1, "tool": "pay", "params": {"invoice_id": "44", "amount": 980.0}}, category="refunds")
+
+    class ChangedMeanwhile(Runtime):
+        def _proved_before(self, plan_id: str) -> Any:
+            proof = super()._proved_before(plan_id)
+            assert proof is not None  # the plan may run as it stood
+            sql(
+                db,
+                "UPDATE plan_versions SET body = ? WHERE plan_id = ?",
+                (Plan.parse(forged).canonical_json(), plan_id),
+            )
+            return proof
+
+    _, plan_id = approved(db)
+    rt = ChangedMeanwhile(CAT, POLICY, db=db)
+    _OPEN.append(rt)
+    with pytest.raises(GovernanceError, match="the plan text was changed"):
+        rt.start(plan_id, actor="bob")
+    assert rt.get(plan_id).status == "approved" and EFFECTS == []
+
+
 def test_a_pending_plan_set_to_approved_does_not_run(db: str) -> None:
     rt = open_rt(CAT, POLICY, db=db)
     record = rt.submit(REFUND, "alice")

@@ -33,7 +33,7 @@ from plangate._overrides import governed
 from plangate.check import CheckResult, check
 from plangate.compensation import Compensation, CompensationResult
 from plangate.engine import DEFAULT_CONCURRENCY, Engine
-from plangate.errors import GovernanceError, NotFoundError, StateError, UsageError
+from plangate.errors import GovernanceError, NotFoundError, PlangateError, StateError, UsageError
 from plangate.plan import Plan
 from plangate.plandiff import PlanDiff
 from plangate.planner import PlanningResult
@@ -45,6 +45,9 @@ from plangate.rundiff import RunDiff
 from plangate.store import ApprovalRow, CheckRecord, Event, PlanRow, Store, VersionRow, open_store
 from plangate.tools import Catalogue
 from plangate.tracing import Traces, traced_decision
+
+_Proof = tuple[Plan, ledger.PlanLedger, Policy | None, CheckRecord | None]
+"""What the right to run proves: the text, its story, the policy in force, the check against it now (if redone)."""
 
 PlanInput = Plan | Mapping[str, Any] | str | bytes
 T = TypeVar("T")
@@ -414,14 +417,13 @@ class Runtime:
         """
         owner = owner or lifecycle.runner(actor)
         refusal: str | None = None
+        proved = self._proved_before(plan_id)
         with self.store.transaction():
             plan, version = self._locked(plan_id)
-            _not_react(plan)
-            recovery.refuse_closed(self.store, plan.id, plan.status, "run")
-            body, told = ledger.right_to_run(self.store, plan, version)
-            drift.check_tools_module(plan, version, body, self._catalogue(), self.tools)
-            policy = self._policy_now(version)
-            recheck = drift.recheck(plan, version, body, self._catalogue(), policy)
+            if proved is not None and proved[0] == (plan, version, self._newest_event(plan.id)):
+                body, told, policy, recheck = proved[1]  # nothing of the plan changed since: the proof holds
+            else:
+                body, told, policy, recheck = self._right_to_run(plan, version)
             if recheck is not None:
                 recheck = self._held_by_register(body.category, recheck)
                 plan, version, refusal = self._apply_recheck(plan, version, recheck, policy)
@@ -442,6 +444,32 @@ class Runtime:
         if refusal is not None:
             raise GovernanceError(refusal)
         return Claim(plan=plan, body=body, policy=policy, owner=owner, actor=actor)
+
+    def _right_to_run(self, plan: PlanRow, version: VersionRow) -> _Proof:
+        """The plan may run as read (:func:`plangate.ledger.right_to_run`); its text, its story, the policy
+        in force and, where the tools or the policy changed since the check, the check against them now."""
+        _not_react(plan)
+        recovery.refuse_closed(self.store, plan.id, plan.status, "run")
+        body, told = ledger.right_to_run(self.store, plan, version)
+        drift.check_tools_module(plan, version, body, self._catalogue(), self.tools)
+        policy = self._policy_now(version)
+        return body, told, policy, drift.recheck(plan, version, body, self._catalogue(), policy)
+
+    def _proved_before(self, plan_id: str) -> tuple[tuple[PlanRow, VersionRow, str | None], _Proof] | None:
+        """The right to run, proved from one snapshot before the log's lock is taken (so that the lock is not
+        held while the plan's events are read and verified), with what it was proved from: the plan's row,
+        its version and its newest event, whose hash covers the plan's whole chain. The claim uses the
+        proof only if all three are the same under the lock; else, or if this fails, it proves again there."""
+        try:
+            with self.store.snapshot():
+                plan, version = self._current(plan_id)
+                return (plan, version, self._newest_event(plan.id)), self._right_to_run(plan, version)
+        except PlangateError:
+            return None
+
+    def _newest_event(self, plan_id: str) -> str | None:
+        rows = self.store.query("SELECT hash FROM events WHERE plan_id = ? ORDER BY seq DESC LIMIT 1", (plan_id,))
+        return str(rows[0][0]) if rows else None
 
     def drive(self, claim: Claim, progress: Callable[[Progress], None] | None = None) -> RunResult:
         """Run a claimed plan to its end or a halt, renewing the lease as it goes."""
