@@ -474,7 +474,8 @@ class Policy(_Rules):
             if rule.control and control:
                 origins = provenance.union((origins, control))
             if origins:
-                hits.append(SinkHit(rule, step, name, origins, param.refs if param is not None else ()))
+                refs = param.refs if param is not None and param.untrusted else ()
+                hits.append(SinkHit(rule, step, name, origins, refs))
         return hits
 
     def sink_violations(self, step: Step, tool: Tool, flow: provenance.StepFlow | None) -> list[Violation]:
@@ -511,6 +512,8 @@ class SinkHit(NamedTuple):
 
     def text(self) -> str:
         through = f" through {', '.join(self.refs)}" if self.refs else " through its condition"
+        if not self.refs and self.step.condition is None:
+            through = " through whether it runs (it reads a step whose condition does)"
         fed = " and ".join(o.describe() for o in self.origins)
         what = f"step {self.step.id} ({self.step.tool}) parameter {self.param!r} takes data from {fed}{through}"
         return f"{what}: {self.rule.message}" if self.rule.message else what

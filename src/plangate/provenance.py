@@ -10,7 +10,8 @@ so the flow of data is known exactly before anything runs:
 - text around references (``"Pay ${1.iban}"``) gives it ``plan`` and every referenced step's;
 - a step whose tool ``inherits_provenance`` (an extractor) passes its inputs' sources on to
   its output, as well as its own ``step:N``;
-- a condition that reads a step makes the step *control-dependent* on it.
+- a condition that reads a step makes the step *control-dependent* on it, and so is every
+  step that reads a control-dependent one (it is skipped when that one is).
 
 A ``step:N`` source is untrusted when step N's tool has ``untrusted_output`` (MCP tools
 unless the policy's ``tools`` section says otherwise), or inherits provenance and was given
@@ -151,6 +152,9 @@ def analyse(plan: Plan, catalogue: Catalogue | None) -> Provenance:
         control: tuple[Origin, ...] = ()
         if refs.condition is not None:
             control = union(outputs.get(ref.step, ()) for ref in refs.condition.refs)
+        # a step that reads a skipped step is skipped too: whether it runs depends on that step's condition
+        inherited = (flows[d].control for d in refs.depends_on if d in flows)
+        control = union((control, *inherited))
         flows[step.id] = StepFlow(params, control)
         inherits = tool is not None and tool.inherits_provenance
         inputs = union(flow.origins for flow in params.values()) if inherits else ()
