@@ -157,3 +157,15 @@ def test_a_run_under_a_policy_with_a_new_deny_sink_refuses_the_call(tmp_path: Pa
     with pytest.raises(GovernanceError, match=r"the policy changed since v1 was checked.*sink:pay"):
         strict.execute(record.id)
     assert not [e for e in strict.store.events(record.id) if e.kind == "step.started"]
+
+
+def test_the_default_rule_shows_control_dependence_but_holds_only_data_as_documented() -> None:
+    cleared = "approval: {auto: [ops]}\ncategories: {ops: {tools: [read_bill, send_email]}}\n"
+    chosen = {"id": 2, "tool": "send_email", "params": {"to": "a@x", "body": "hi"}, "condition": "${1.payee} == 'a'"}
+    body = plan(READ, chosen)
+    body["category"] = "ops"
+    result = check(body, CAT, policy("", cleared))
+    assert result.ok and result.decision.approval == "auto"  # type: ignore[union-attr]
+    assert result.provenance.to_dict()["2"]["control"] == [{"step": 1, "tool": "read_bill", "untrusted": True}]
+    held = check(body, CAT, policy("  - {name: mail, tools: [send_email], control: true}\n", cleared))
+    assert [v.rule for v in held.violations] == ["sink:mail", "sink:mail"]  # to and body
