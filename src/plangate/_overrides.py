@@ -79,3 +79,10 @@ def origin(tool: Tool) -> dict[str, str]:
     if "tool" in tool.origin:
         found["server_tool"] = tool.origin["tool"]
     return found
+
+
+def told_origin(data: Mapping[str, Any]) -> str | None:
+    """What an event's data (as :func:`origin` wrote it) says of an MCP tool: ``NAME on MCP server SERVER``."""
+    if "server_tool" not in data:
+        return None
+    return f"{data['server_tool']} on MCP server {data.get('server') or data['source']}"

@@ -7,6 +7,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from plangate import _purged
+from plangate._overrides import told_origin
 from plangate.store import Event
 
 Teller = Callable[[dict[str, Any], int | None], str]
@@ -70,7 +71,8 @@ def _provenance(d: dict[str, Any]) -> str:
 def _step(verb: str) -> Teller:
     def tell_step(d: dict[str, Any], step: int | None) -> str:
         if verb == "started":
-            via = f" ({d['server_tool']} on MCP server {d.get('server') or d['source']})" if "server_tool" in d else ""
+            origin = told_origin(d)
+            via = f" ({origin})" if origin else ""
             told = f"step {step} {d['tool']}{via} started (attempt {d['attempt']}) with {_short(d['params'])}"
             return told + _provenance(d)
         if verb == "succeeded":

@@ -92,14 +92,15 @@ def _proven_calls(runtime: Runtime, plan_id: str) -> list[str]:
     events, broken = runtime.store.plan_events(record.id)
     if broken is not None:
         raise GovernanceError(f"plan {record.id}'s own chain of events does not verify: {broken}")
+    from plangate._overrides import told_origin
+
     lines = [f"plan {record.id}: {len(events)} events verified as its own chain; the calls they record:"]
     for event in events:
         if event.kind != "step.started":
             continue
         data = event.data
-        where = ""
-        if "server_tool" in data:
-            where = f" = {data['server_tool']} on MCP server {data.get('server') or data['source']} ({data['source']})"
+        origin = told_origin(data)
+        where = f" = {origin} ({data['source']})" if origin else ""
         lines.append(
             f"  v{event.version} step {event.step_id}: {data.get('tool')}{where}, attempt {data.get('attempt', 1)}, "
             f"key {data.get('idempotency_key')}, at {event.at}"
