@@ -5,16 +5,20 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Iterator
-from contextlib import closing
+from contextlib import closing, contextmanager
+from dataclasses import replace
+from typing import Any
 
 import psycopg
 import pytest
 
-from plangate import Catalogue, Policy
+from plangate import Catalogue, Policy, RunContext, tool
+from plangate.errors import LeaseLostError
 from plangate.runtime import Runtime
 from plangate.store import open_store
 from plangate.testing import fresh_database, postgres_cluster
 from tests.conftest import load_plan
+from tests.helpers import FixedClock, plan
 
 _COUNTER = iter(range(10**6))
 
@@ -63,3 +67,119 @@ def test_concurrent_writers_chain_the_audit_log(db: str, catalogue: Catalogue) -
     with closing(open_store(db)) as store:
         report = store.verify_audit()
     assert report.ok and report.events == 40 * 3
+
+
+# -- a transaction's writes go out together ------------------------------------------------
+
+
+@tool
+def double(n: int) -> int:
+    """Twice n."""
+    return 2 * n
+
+
+def _chain(steps: int) -> dict[str, Any]:
+    return plan(
+        *(
+            {"id": i, "tool": "double", "params": {"n": 1 if i == 1 else f"${{{i - 1}}}"}, "rationale": "r"}
+            for i in range(1, steps + 1)
+        )
+    )
+
+
+@contextmanager
+def _statements() -> Iterator[list[str]]:
+    sent: list[str] = []
+    original = psycopg.Connection.execute
+
+    def execute(self: Any, query: Any, *args: Any, **kwargs: Any) -> Any:
+        sent.append(" ".join(str(query).split()))
+        return original(self, query, *args, **kwargs)
+
+    psycopg.Connection.execute = execute  # type: ignore[method-assign]
+    try:
+        yield sent
+    finally:
+        psycopg.Connection.execute = original  # type: ignore[method-assign]
+
+
+def test_a_steps_transaction_is_four_round_trips(db: str) -> None:
+    """Between two steps of a chain: the log's lock carries the step rows, one statement writes the
+    events, the plan's seal and the head, and the commit; each write still counts its rows."""
+    rt = Runtime(Catalogue([double]), db=db)
+    record = rt.submit(_chain(4), "ann")
+    rt.approve(record.id, "ben", record.hash)
+    with _statements() as sent:
+        result = rt.execute(record.id)
+    assert result.ok and result.outputs[4] == 16
+    assert rt.store.verify_audit().ok
+    rt.close()
+    begins = [i for i, text in enumerate(sent) if text == "BEGIN"]
+    middle = sent[begins[-3] : begins[-2]]  # step 3 finishes and step 4 starts
+    assert len(middle) == 4, middle
+    assert middle[1].startswith("WITH w0 AS (UPDATE steps") and "INSERT INTO steps" in middle[1]
+    assert middle[1].endswith(
+        "FOR UPDATE) SELECT r.*, (SELECT COUNT(*) FROM w0), (SELECT COUNT(*) FROM w1) FROM"
+        " (SELECT 1) AS one LEFT JOIN r ON TRUE"
+    )
+    assert middle[2].startswith("WITH w0 AS (INSERT INTO events") and "UPDATE audit_head" in middle[2]
+    assert middle[3] == "COMMIT"
+
+
+def test_an_outcome_that_comes_back_after_its_step_was_settled_is_not_recorded(db: str) -> None:
+    """The finished step's write waits for the commit: the row it should change has moved on, so the
+    transaction fails there, and nothing of it is written."""
+
+    @tool(effect="irreversible")
+    def pay(amount: int, ctx: RunContext) -> str:
+        """Meanwhile, elsewhere, the step is marked as of unknown outcome (what a timed-out attempt leaves)."""
+        with closing(open_store(db)) as other, other.transaction():
+            row = other.steps(ctx.plan_id)[ctx.step_id]
+            other.put_step(replace(row, status="outcome_unknown", error="decided elsewhere"))
+        return "paid"
+
+    rt = Runtime(Catalogue([pay]), db=db, clock=FixedClock())
+    record = rt.submit(plan({"id": 1, "tool": "pay", "params": {"amount": 5}}), "ann")
+    rt.approve(record.id, "ben", record.hash)
+    with pytest.raises(LeaseLostError, match="step 1's record changed while its call"):
+        rt.execute(record.id, actor="ops")
+    row = rt.store.steps(record.id)[1]
+    assert (row.status, row.output) == ("outcome_unknown", None)
+    assert "step.succeeded" not in [e.kind for e in rt.trace(record.id)]
+    rt.close()
+
+
+def test_writes_to_one_row_in_one_transaction_land_in_order(db: str) -> None:
+    """Two writes to one step's row never share a statement (PostgreSQL would apply only one)."""
+    rt = Runtime(Catalogue([double]), db=db)
+    record = rt.submit(_chain(1), "ann")
+    rt.approve(record.id, "ben", record.hash)
+    rt.execute(record.id)
+    store = rt.store
+    row = store.steps(record.id)[1]
+    with store.transaction():
+        store.put_step(replace(row, status="started", attempt=row.attempt + 1, output=None))
+        store.finish_step(
+            record.id,
+            1,
+            attempt=row.attempt + 1,
+            status="succeeded",
+            output=99,
+            error=None,
+            at=row.started_at,
+            lost="not reached",
+        )
+    assert (store.steps(record.id)[1].status, store.steps(record.id)[1].output) == ("succeeded", 99)
+    with pytest.raises(LeaseLostError, match="the row moved"), store.transaction():
+        store.finish_step(
+            record.id,
+            1,
+            attempt=row.attempt + 1,
+            status="failed",
+            output=None,
+            error="x",
+            at=row.started_at,
+            lost="the row moved",
+        )
+    assert store.steps(record.id)[1].output == 99
+    rt.close()

@@ -160,13 +160,12 @@ class _Run:
 
     async def _go(self, load: bool = True) -> RunResult:
         self.halting = asyncio.Event()  # of this event loop (the run may go on in another after an overrun)
-        if load:
-            with self.store.transaction():
-                self._tick()
-                self._load()
         while True:
             with self.store.transaction():
                 self._tick()
+                if load:  # what earlier runs recorded, read in the transaction that starts the first steps
+                    self._load()
+                    load = False
                 self._sort_calls()
                 self._record_finished()
                 if not self.in_flight and (self.halt is not None or not self.waiting):
@@ -329,13 +328,17 @@ class _Run:
             status: StepStatus = "succeeded" if outcome.ok else "failed_optional" if optional else "failed"
             output = outcome.output if outcome.ok else None
             attempt = self.rows[step.id].attempt
-            if not self.store.finish_step(
-                self.plan_id, step.id, attempt=attempt, status=status, output=output, error=outcome.error, at=now
-            ):
-                raise LeaseLostError(
-                    f"step {step.id}'s record changed while its call (attempt {attempt}) ran: a person settled it, "
-                    "or another attempt took it over; this outcome is not recorded, and the run stops here"
-                )
+            self.store.finish_step(
+                self.plan_id,
+                step.id,
+                attempt=attempt,
+                status=status,
+                output=output,
+                error=outcome.error,
+                at=now,
+                lost=f"step {step.id}'s record changed while its call (attempt {attempt}) ran: a person settled it, "
+                "or another attempt took it over; this outcome is not recorded, and the run stops here",
+            )
             self.rows[step.id] = _finished(self.rows[step.id], status, output, outcome.error, now)
             if outcome.ok:
                 self._done(step.id, outcome.output)

@@ -468,8 +468,7 @@ class Runtime:
             return None
 
     def _newest_event(self, plan_id: str) -> str | None:
-        rows = self.store.query("SELECT hash FROM events WHERE plan_id = ? ORDER BY seq DESC LIMIT 1", (plan_id,))
-        return str(rows[0][0]) if rows else None
+        return self.store.newest_event(plan_id)
 
     def drive(self, claim: Claim, progress: Callable[[Progress], None] | None = None) -> RunResult:
         """Run a claimed plan to its end or a halt, renewing the lease as it goes."""

@@ -190,7 +190,8 @@ class Worker:
             if self._running.get(plan_id) != owner:
                 return  # the drain gave it up already
         try:
-            (runtime.store if runtime is not None else self._claiming()).release(plan_id, owner)
+            if not ran:  # a run that came to its end or a halt gave the lease up in its last transaction
+                (runtime.store if runtime is not None else self._claiming()).release(plan_id, owner)
         except Exception as exc:  # noqa: BLE001 - the lease then expires by itself; the connection is dropped
             _log.warning("plan %s: releasing the lease failed: %s", plan_id, exc)
             runtime = self._dropped(runtime)

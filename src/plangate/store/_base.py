@@ -82,13 +82,28 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     def finish_step(
-        self, plan_id: str, step_id: int, *, attempt: int, status: str, output: Any, error: str | None, at: str
-    ) -> bool:
+        self,
+        plan_id: str,
+        step_id: int,
+        *,
+        attempt: int,
+        status: str,
+        output: Any,
+        error: str | None,
+        at: str,
+        lost: str,
+    ) -> None:
         """Record the outcome of the step's ``attempt`` (its parameters stay as recorded when it started).
 
-        Only a row still ``started`` at that attempt takes it: False when the row moved on while
-        the call ran (a person settled it, another attempt took over), and nothing is written.
+        Only a row still ``started`` at that attempt takes it. When the row moved on while the
+        call ran (a person settled it, another attempt took over), the transaction fails with
+        :class:`~plangate.errors.LeaseLostError` saying ``lost``, at the latest as it commits,
+        and nothing of it is written.
         """
+
+    @abc.abstractmethod
+    def newest_event(self, plan_id: str) -> str | None:
+        """The hash of the plan's newest event (None: it has none), whose hash covers its whole chain."""
 
     @abc.abstractmethod
     def save_policy(self, policy_hash: str, name: str, body: str) -> None: ...

@@ -6,14 +6,15 @@ transaction and the state it keeps per transaction (the head, each plan's newest
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from plangate import audit
 from plangate._auditkey import audit_key, find_audit_key
-from plangate.errors import LeaseLostError, StoreError
+from plangate.errors import StoreError
 from plangate.plan import canonical
 from plangate.store._records import Event
 
@@ -65,6 +66,16 @@ class AuditLog:
         raise NotImplementedError
 
     def _require_tx(self) -> None:
+        raise NotImplementedError
+
+    def _write(
+        self,
+        query: str,
+        params: tuple[Any, ...],
+        *,
+        key: tuple[Any, ...] | None = None,
+        lost: str | Callable[[], str] | None = None,
+    ) -> None:
         raise NotImplementedError
 
     def _head_for_append(self) -> tuple[int, str]:
@@ -136,7 +147,7 @@ class AuditLog:
             self._tails[chain_of] = (seq, digest)
             written.append((seq, prev, digest))
         places = ", ".join(["(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"] * len(rows))
-        self._exec(f"INSERT INTO events ({audit.COLUMNS}) VALUES {places}", tuple(values))
+        self._write(f"INSERT INTO events ({audit.COLUMNS}) VALUES {places}", tuple(values))
         return written
 
     def purge_event(self, seq: int, kept: dict[str, Any], at: str) -> None:
@@ -248,14 +259,21 @@ class AuditLog:
             assert self._chain is not None
             tail = f"{seq}:{digest}:{self._chain.seal_text(audit.tail_text(plan_id, seq, digest))}"
             if plan_id.startswith("~"):  # the newest event of a kind that belongs to no plan
-                self._exec(_SEAL_SETTING, (f"tail:{plan_id[1:]}", tail))
+                self._write(_SEAL_SETTING, (f"tail:{plan_id[1:]}", tail), key=("setting", plan_id))
             elif plan_id not in fences:
-                self._exec("UPDATE plans SET tail = ? WHERE id = ?", (tail, plan_id))
-            elif not self._exec(_FENCED, (tail, plan_id, fences.pop(plan_id))).rowcount:
-                raise LeaseLostError(f"{self._fence_owner(plan_id)}: the lease on plan {plan_id} was lost")
+                self._write("UPDATE plans SET tail = ? WHERE id = ?", (tail, plan_id), key=("plan", plan_id))
+            else:
+                self._fenced(plan_id, tail, fences.pop(plan_id))
         for plan_id, owner in fences.items():
-            if not self._exec(_FENCED, (None, plan_id, owner)).rowcount:
-                raise LeaseLostError(f"{self._fence_owner(plan_id)}: the lease on plan {plan_id} was lost")
+            self._fenced(plan_id, None, owner)
+
+    def _fenced(self, plan_id: str, tail: str | None, owner: str) -> None:
+        """Seal the plan's newest event (``tail``, if any) only while ``owner`` holds the plan."""
+        lost = functools.partial(self._lease_lost, plan_id)
+        self._write(_FENCED, (tail, plan_id, owner), key=("plan", plan_id), lost=lost)
+
+    def _lease_lost(self, plan_id: str) -> str:
+        return f"{self._fence_owner(plan_id)}: the lease on plan {plan_id} was lost"
 
     def _fence_owner(self, plan_id: str) -> str:
         row = self._exec("SELECT lease_owner FROM plans WHERE id = ?", (plan_id,)).fetchone()

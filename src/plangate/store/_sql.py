@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 from plangate import audit
-from plangate.errors import StoreError
+from plangate.errors import LeaseLostError, StoreError
 from plangate.store._base import Store
 from plangate.store._log import AuditLog, _dump, _load, _Pending
 from plangate.store._records import (
@@ -30,6 +31,21 @@ _PLAN_COLUMNS = (
 )
 
 
+_Lost = str | Callable[[], str]
+"""What a failed fence says, or how to find out (asked only when it failed)."""
+
+_MOST_PARAMETERS = 20_000
+"""More parameters than this in the waiting writes: they go out one by one (PostgreSQL takes 65,535 a statement)."""
+
+
+@dataclass(frozen=True)
+class _Write:
+    query: str
+    params: tuple[Any, ...]
+    key: tuple[Any, ...] | None
+    lost: _Lost | None
+
+
 class SQLStore(AuditLog, Store):
     """Shared SQL for the backends; a subclass supplies the connection and its dialect."""
 
@@ -47,6 +63,7 @@ class SQLStore(AuditLog, Store):
         self._fences: dict[str, str] = {}  # plans this transaction may change only while the owner holds them
         self._pending: list[_Pending] = []  # events recorded, written once the log is needed (record_event)
         self._reading = False  # inside snapshot()
+        self._deferred: list[_Write] = []  # writes nobody reads before the commit, sent together (PostgreSQL)
 
     # -- plumbing ------------------------------------------------------------------------
     def _begin(self) -> None:
@@ -58,7 +75,75 @@ class SQLStore(AuditLog, Store):
     def _exec(self, query: str, params: tuple[Any, ...] = ()) -> Any:
         if self._pending and ("events" in query or "audit_head" in query):  # it must see the events recorded
             self.lock_log()
+        if self._deferred:  # every statement sees the writes before it
+            self._flush()
         return self._conn.execute(self._sql(query), params)
+
+    _DEFER_WRITES = False  # PostgreSQL: a transaction's writes that nobody reads go out in one statement
+
+    def _write(
+        self, query: str, params: tuple[Any, ...], *, key: tuple[Any, ...] | None = None, lost: _Lost | None = None
+    ) -> None:
+        """A write whose result nobody reads before the commit: on PostgreSQL it waits, and goes out
+        with the others in one statement (a round trip each saved) when the next statement is sent.
+
+        ``key`` names the row it changes (no two writes of one statement may change one row: the
+        waiting ones go out first); ``lost``: it must change exactly one row, else the transaction
+        fails with :class:`LeaseLostError` saying that.
+        """
+        write = _Write(query, params, key, lost)
+        if not (self._DEFER_WRITES and self._depth):
+            self._check(write, self._rowcount(self._exec(query, params)))
+            return
+        if key is not None and any(w.key == key for w in self._deferred):
+            self._flush()
+        self._deferred.append(write)
+
+    def _flush(self) -> None:
+        """Send the waiting writes: one statement, each write a part of it that counts its rows."""
+        writes, self._deferred = self._deferred, []
+        if len(writes) == 1 or sum(len(w.params) for w in writes) > _MOST_PARAMETERS:
+            for write in writes:
+                self._check(write, self._rowcount(self._conn.execute(self._sql(write.query), write.params)))
+            return
+        parts = ", ".join(f"w{i} AS ({w.query} RETURNING 1)" for i, w in enumerate(writes))
+        counts = ", ".join(f"(SELECT COUNT(*) FROM w{i})" for i in range(len(writes)))
+        params = tuple(p for w in writes for p in w.params)
+        row = self._conn.execute(self._sql(f"WITH {parts} SELECT {counts}"), params).fetchone()
+        for write, count in zip(writes, row, strict=True):
+            self._check(write, int(count))
+
+    def _read_one(self, query: str, params: tuple[Any, ...] = ()) -> tuple[Any, ...] | None:
+        """The one row ``query`` reads (None: none, or every column null), with the waiting writes
+        in the same statement: a round trip, where there are any."""
+        writes = self._deferred
+        if not writes or sum(len(w.params) for w in writes) > _MOST_PARAMETERS:
+            row = self._exec(query, params).fetchone()
+            return None if row is None else tuple(row)
+        self._deferred = []
+        parts = ", ".join(f"w{i} AS ({w.query} RETURNING 1)" for i, w in enumerate(writes))
+        counts = ", ".join(f"(SELECT COUNT(*) FROM w{i})" for i in range(len(writes)))
+        sql = f"WITH {parts}, r AS ({query}) SELECT r.*, {counts} FROM (SELECT 1) AS one LEFT JOIN r ON TRUE"
+        row = self._conn.execute(self._sql(sql), (*(p for w in writes for p in w.params), *params)).fetchone()
+        width = len(row) - len(writes)
+        for write, count in zip(writes, row[width:], strict=True):
+            self._check(write, int(count))
+        return None if all(value is None for value in row[:width]) else tuple(row[:width])
+
+    def newest_event(self, plan_id: str) -> str | None:
+        if self._head is not None:  # under the log's lock: known for the rest of the transaction
+            digest = self._plan_head(plan_id)
+            return None if digest == audit.GENESIS else digest
+        row = self._read_one("SELECT hash FROM events WHERE plan_id = ? ORDER BY seq DESC LIMIT 1", (plan_id,))
+        return None if row is None else str(row[0])
+
+    @staticmethod
+    def _check(write: _Write, count: int) -> None:
+        if write.lost is not None and count != 1:
+            raise LeaseLostError(write.lost if isinstance(write.lost, str) else write.lost())
+
+    def _rowcount(self, cursor: Any) -> int:
+        return int(cursor.rowcount)
 
     @contextmanager
     def transaction(self) -> Iterator[None]:
@@ -82,7 +167,9 @@ class SQLStore(AuditLog, Store):
                     self.lock_log()  # the log's lock, from here to the commit, and the events recorded
                 self._seal_tails()
                 if self._head is not None and not in_run:
-                    self._exec("UPDATE audit_head SET seq = ?, hash = ? WHERE id = 1", self._head)
+                    self._write("UPDATE audit_head SET seq = ?, hash = ? WHERE id = 1", self._head, key=("head",))
+                if self._deferred:
+                    self._flush()
                 self._conn.execute("COMMIT")
             except BaseException:
                 # The key id may have been recorded in this transaction: check it again next time.
@@ -91,6 +178,7 @@ class SQLStore(AuditLog, Store):
                 self._tails.clear()
                 self._fences.clear()
                 self._pending.clear()
+                self._deferred.clear()
                 self._conn.execute("ROLLBACK")
                 raise
             self._depth, self._committed, self._head = 0, self._head or self._committed, None
@@ -208,7 +296,7 @@ class SQLStore(AuditLog, Store):
 
     def put_step(self, row: StepRow) -> None:
         self._require_tx()
-        self._exec(
+        self._write(
             "INSERT INTO steps (plan_id, step_id, version, status, attempt, idempotency_key, params, output, error,"
             " started_at, finished_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
             " ON CONFLICT (plan_id, step_id) DO UPDATE SET version = excluded.version, status = excluded.status,"
@@ -228,18 +316,29 @@ class SQLStore(AuditLog, Store):
                 row.started_at,
                 row.finished_at,
             ),
+            key=("step", row.plan_id, row.step_id),
         )
 
     def finish_step(
-        self, plan_id: str, step_id: int, *, attempt: int, status: str, output: Any, error: str | None, at: str
-    ) -> bool:
+        self,
+        plan_id: str,
+        step_id: int,
+        *,
+        attempt: int,
+        status: str,
+        output: Any,
+        error: str | None,
+        at: str,
+        lost: str,
+    ) -> None:
         self._require_tx()
-        cursor = self._exec(
+        self._write(
             "UPDATE steps SET status = ?, output = ?, error = ?, finished_at = ?"
             " WHERE plan_id = ? AND step_id = ? AND status = 'started' AND attempt = ?",
             (status, _dump(output), error, at, plan_id, step_id, attempt),
+            key=("step", plan_id, step_id),
+            lost=lost,
         )
-        return int(cursor.rowcount) == 1
 
     def save_policy(self, policy_hash: str, name: str, body: str) -> None:
         self._require_tx()

@@ -1,10 +1,13 @@
 """The PostgreSQL store: the same SQL as SQLite's, for many workers on many machines.
 
-``open_store("postgresql://user@host:port/db")``. Appends to the audit log lock the
-head row (``SELECT ... FOR UPDATE``), so concurrent writers chain their events one after
-another (the engine's step events wait for the commit, so a run's transaction holds that
-lock only for its last statements); migrations run under an advisory lock, so workers starting together migrate
-once. Install with ``pip install 'plangate[postgres]'``.
+``open_store("postgresql://user@host:port/db")``. Appends to the audit log take an advisory
+lock and then the head row's (``SELECT ... FOR UPDATE``), so concurrent writers chain their
+events one after another (the engine's step events wait for the commit, so a run's transaction
+holds that lock only for its last statements). A transaction's writes that nobody reads before
+the commit (step records, events, seals, the head) go out together as one statement, with the
+lock or at the commit: a step between two others costs four round trips. Migrations run under
+another advisory lock, so workers starting together migrate once. Install with
+``pip install 'plangate[postgres]'``.
 """
 
 from __future__ import annotations
@@ -22,6 +25,15 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError("the PostgreSQL store needs psycopg: pip install 'plangate[postgres]'") from exc
 
 _MIGRATION_LOCK = 4_201_746
+_LOG_LOCK = 4_201_747
+
+_LOCK_THE_LOG = (
+    f"SELECT seq, hash FROM audit_head WHERE id = (SELECT 1 FROM pg_advisory_xact_lock({_LOG_LOCK})) FOR UPDATE"
+)
+"""The log's lock, then its head. Appenders queue for the advisory lock, which wakes one at a time;
+waiting on the head row's lock wakes them all at every commit, which costs PostgreSQL more CPU than
+the appends themselves once dozens wait. The row is still locked, for any writer that takes only that
+lock; the advisory lock is taken first (the row's id is computed from it), so no two wait on each other."""
 
 
 def _dialect(statement: str) -> str:
@@ -44,13 +56,14 @@ class PostgresStore(SQLStore):
     _SAME = "IS NOT DISTINCT FROM"
     _SNAPSHOT = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
     _HEAD_IS_THE_LOCK = True
+    _DEFER_WRITES = True  # a transaction's writes that nobody reads go out together, in one statement
     _DEFER_APPENDS = True  # the head row's lock is taken late: from the first statement that needs the log
 
     def _sql(self, query: str) -> str:
         return query.replace("?", "%s")
 
     def _head_for_append(self) -> tuple[int, str]:
-        row = self._exec("SELECT seq, hash FROM audit_head WHERE id = 1 FOR UPDATE").fetchone()
+        row = self._read_one(_LOCK_THE_LOG)  # with the waiting writes, in one round trip
         return (row[0], row[1]) if row and row[0] else (0, audit.GENESIS)
 
     def _migrate(self) -> None:
