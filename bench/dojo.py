@@ -283,7 +283,8 @@ def derive(suite: TaskSuite[Any], task: BaseUserTask[Any], env: TaskEnvironment)
     through a list index is a choice only a reader of the output can make); an ``extract``
     step over that output, feeding a reference, when it is inside an output's text or only
     found under a list index; otherwise a literal the planner composes (source ``plan``:
-    optimistic, since the planner is credited with the ground truth's exact value).
+    optimistic, since the planner is credited with the ground truth's exact value). The plan's
+    ``answer`` is the last call's output, referenced: its text is whatever that output says.
     """
     work = task.init_environment(env.model_copy(deep=True))
     runtime = FunctionsRuntime(suite.tools)
@@ -293,7 +294,9 @@ def derive(suite: TaskSuite[Any], task: BaseUserTask[Any], env: TaskEnvironment)
         number = builder.add(call.function, params)
         result, _ = runtime.run_function(work, call.function, dict(call.args), raise_on_error=False)
         builder.outputs.append((number, jsonable(result)))
-    plan = {"task": task.PROMPT, "category": "agentdojo", "steps": builder.steps}
+    # The answer: what the last call returned, as the run reads it out (a planner never sees the text).
+    answer = "${" + str(len(builder.steps)) + "}"
+    plan = {"task": task.PROMPT, "category": "agentdojo", "steps": builder.steps, "answer": answer}
     return Derived(task, plan, builder.answers, builder.feeds, builder.composed, builder.sources)
 
 
