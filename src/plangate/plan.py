@@ -176,8 +176,7 @@ class Plan(Frozen):
     answer: str | None = Field(
         default=None,
         min_length=1,
-        description="Optional text for the user once the plan has run, e.g. 'Your balance is ${1.balance}.': "
-        "references are filled in as in a parameter's text; parts from untrusted tools are shown marked.",
+        description="Text for the user after the run, e.g. 'Total: ${1.total}' (references as in a parameter).",
     )
 
     @model_validator(mode="before")
