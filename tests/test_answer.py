@@ -158,3 +158,22 @@ def test_the_cli_prints_the_answer_with_its_untrusted_part_marked(rt: Runtime) -
     assert "answer: The bill says [untrusted: step 1 (untrusted: read_bill)>>]XX00 ATTACKER[<<]" in out.stdout
     shown = CliRunner().invoke(main, ["show", plan_id, "--db", rt.store.url])
     assert "[untrusted: step 1 (untrusted: read_bill)>>]XX00 ATTACKER[<<]" in shown.stdout
+
+
+def test_the_plan_page_shows_what_the_answer_reads_and_what_it_said_with_the_untrusted_badge(tmp_path: Path) -> None:
+    from tests.serverkit import api, browser, setup
+
+    server = setup(tmp_path, CAT, None)
+    body = {**with_answer("The bill says ${1.iban}; on file: ${2}"), "category": "refunds"}
+    created = api(server, "alice").post("/api/plans", json=body).json()
+    client, _ = browser(server, "dave")
+    page = client.get(f"/plans/{created['id']}").text
+    assert 'id="answer"' in page and "from step 1 (untrusted: read_bill)" in page and 'id="answer-said"' not in page
+    assert api(server, "dave").post(f"/api/plans/{created['id']}/approve", json={"hash": created["hash"]}).is_success
+    assert api(server, "dave").post(f"/api/plans/{created['id']}/execute").is_success
+    page = client.get(f"/plans/{created['id']}").text
+    said = page[page.index('id="answer-said"') :]
+    assert '<mark class="untrusted" title="from step 1 (untrusted: read_bill)">' in said
+    assert "XX00 ATTACKER</mark>; on file: XX00 ONFILE" in said
+    review = api(server, "dave").get(f"/api/plans/{created['id']}/review").json()
+    assert review["answer"]["rendered"] == "The bill says XX00 ATTACKER; on file: XX00 ONFILE"

@@ -151,16 +151,23 @@ def event_data(found: Answer | None) -> dict[str, Any]:
     return {"answer": found.text, "answer_provenance": found.provenance()}
 
 
-def marked_text(text: str, provenance: Mapping[str, Any] | None) -> str:
-    """A recorded answer with its untrusted spans fenced, from what the event recorded."""
+def segments(text: str, provenance: Mapping[str, Any] | None) -> list[tuple[str, str | None]]:
+    """A recorded answer cut at its untrusted spans: each piece, and for an untrusted one, who fed it."""
     untrusted = {int(o["step"]): str(o["tool"]) for o in (provenance or {}).get("untrusted", ())}
     spans: dict[tuple[int, int], list[int]] = {}
     for start, end, step in (provenance or {}).get("spans", ()):
         spans.setdefault((int(start), int(end)), []).append(int(step))
-    out, at = [], 0
+    out: list[tuple[str, str | None]] = []
+    at = 0
     for (start, end), steps in sorted(spans.items()):
         who = ", ".join(f"step {s} (untrusted: {untrusted.get(s, '?')})" for s in steps)
-        out += [text[at:start], f"[untrusted: {who}>>]{text[start:end]}[<<]"]
+        out += [(text[at:start], None), (text[start:end], who)]
         at = end
-    out.append(text[at:])
-    return "".join(out)
+    out.append((text[at:], None))
+    return [(piece, who) for piece, who in out if piece or who]
+
+
+def marked_text(text: str, provenance: Mapping[str, Any] | None) -> str:
+    """A recorded answer with its untrusted spans fenced (``[untrusted: WHO>>]text[<<]``)."""
+    pieces = segments(text, provenance)
+    return "".join(piece if who is None else f"[untrusted: {who}>>]{piece}[<<]" for piece, who in pieces)
