@@ -284,7 +284,7 @@ def derive(suite: TaskSuite[Any], task: BaseUserTask[Any], env: TaskEnvironment)
     step over that output, feeding a reference, when it is inside an output's text or only
     found under a list index; otherwise a literal the planner composes (source ``plan``:
     optimistic, since the planner is credited with the ground truth's exact value). The plan's
-    ``answer`` is the last call's output, referenced: its text is whatever that output says.
+    ``answer``: see :func:`_answer`.
     """
     work = task.init_environment(env.model_copy(deep=True))
     runtime = FunctionsRuntime(suite.tools)
@@ -294,10 +294,20 @@ def derive(suite: TaskSuite[Any], task: BaseUserTask[Any], env: TaskEnvironment)
         number = builder.add(call.function, params)
         result, _ = runtime.run_function(work, call.function, dict(call.args), raise_on_error=False)
         builder.outputs.append((number, jsonable(result)))
-    # The answer: what the last call returned, as the run reads it out (a planner never sees the text).
-    answer = "${" + str(len(builder.steps)) + "}"
-    plan = {"task": task.PROMPT, "category": "agentdojo", "steps": builder.steps, "answer": answer}
+    plan = {"task": task.PROMPT, "category": "agentdojo", "steps": builder.steps, "answer": _answer(task, builder)}
     return Derived(task, plan, builder.answers, builder.feeds, builder.composed, builder.sources)
+
+
+DONE = "Done."
+
+
+def _answer(task: BaseUserTask[Any], builder: _Builder) -> str:
+    """The plan's answer: for a question (the task has a ground-truth output), the last call's output,
+    referenced, since only a reader of the outputs could word it; for an action, a confirmation the
+    planner writes itself, quoting no output."""
+    if not getattr(task, "GROUND_TRUTH_OUTPUT", ""):
+        return DONE
+    return "${" + str(len(builder.steps)) + "}"
 
 
 @dataclass
