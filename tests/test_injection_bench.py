@@ -89,3 +89,17 @@ def test_an_unknown_suite_is_refused(capsys: pytest.CaptureFixture[str]) -> None
         injection.main(["--suites", "banking,nope"])
     assert exc.value.code == 2
     assert "unknown suite(s): nope" in capsys.readouterr().err
+
+
+def test_a_question_answers_with_the_last_output_and_is_held_when_a_third_party_wrote_it(suites: Any) -> None:
+    travel = suites["travel"]
+    clean = travel.load_and_inject_default_environment({})
+    question = dojo.derive(travel, travel.user_tasks["user_task_5"], clean)  # a London hotel, with its address
+    last = question.plan["steps"][-1]
+    assert question.plan["answer"] == "${" + str(last["id"]) + "}" and dojo.TOOLS["travel"][last["tool"]].untrusted
+    assert injection.tainted_sinks("travel", question.plan)[-1] == "the answer"
+    record = injection.Bench(travel, "sqlite:///:memory:").runtime.submit(question.plan, "planner")
+    assert record.status == "pending_approval" and injection.REVIEW in record.needs
+    banking = suites["banking"]
+    action = dojo.derive(banking, banking.user_tasks["user_task_0"], banking.load_and_inject_default_environment({}))
+    assert action.plan["answer"] == dojo.DONE  # an action's answer quotes no output
