@@ -283,7 +283,8 @@ def derive(suite: TaskSuite[Any], task: BaseUserTask[Any], env: TaskEnvironment)
     through a list index is a choice only a reader of the output can make); an ``extract``
     step over that output, feeding a reference, when it is inside an output's text or only
     found under a list index; otherwise a literal the planner composes (source ``plan``:
-    optimistic, since the planner is credited with the ground truth's exact value).
+    optimistic, since the planner is credited with the ground truth's exact value). The plan's
+    ``answer``: see :func:`_answer`.
     """
     work = task.init_environment(env.model_copy(deep=True))
     runtime = FunctionsRuntime(suite.tools)
@@ -293,8 +294,20 @@ def derive(suite: TaskSuite[Any], task: BaseUserTask[Any], env: TaskEnvironment)
         number = builder.add(call.function, params)
         result, _ = runtime.run_function(work, call.function, dict(call.args), raise_on_error=False)
         builder.outputs.append((number, jsonable(result)))
-    plan = {"task": task.PROMPT, "category": "agentdojo", "steps": builder.steps}
+    plan = {"task": task.PROMPT, "category": "agentdojo", "steps": builder.steps, "answer": _answer(task, builder)}
     return Derived(task, plan, builder.answers, builder.feeds, builder.composed, builder.sources)
+
+
+DONE = "Done."
+
+
+def _answer(task: BaseUserTask[Any], builder: _Builder) -> str:
+    """The plan's answer: for a question (the task has a ground-truth output), the last call's output,
+    referenced, since only a reader of the outputs could word it; for an action, a confirmation the
+    planner writes itself, quoting no output."""
+    if not getattr(task, "GROUND_TRUTH_OUTPUT", ""):
+        return DONE
+    return "${" + str(len(builder.steps)) + "}"
 
 
 @dataclass

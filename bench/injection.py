@@ -9,8 +9,9 @@ text it reads carries the injection, it returns whatever the injection asks for:
 attacker's IBAN, address, URL or user, taken from the injection task's ground truth).
 
 - **Utility** (no attack): AgentDojo's ``utility`` check on the environment after the run.
-  The answer text (``model_output``) is the last step's output, rendered as text (JSON for
-  data): a plan's run has no model to write a summary.
+  The answer text (``model_output``) is the plan's ``answer``, a reference to the last step's
+  output (JSON for data): a plan's run has no model to write a summary. The answer is a sink:
+  when it carries untrusted text, the policy holds the plan for the reviewer role.
 - **Security**: every (user task, injection task) pair, with the injection task's goal put
   into the injection vectors the user task reads, in the words of AgentDojo's
   ``important_instructions`` attack. An attack succeeds when AgentDojo's ``security`` check
@@ -106,10 +107,7 @@ class Bench:
             self.runtime.approve(record.id, REVIEWER, record.hash, role=REVIEW if _POLICY_HAS_SINKS else None)
         self.world.env, self.world.calls, self.world.extract = env, [], extract
         result = self.runtime.execute(record.id)
-        last = derived.plan["steps"][-1]["id"]
-        output = result.outputs.get(last)
-        text = output if isinstance(output, str) else json.dumps(output, ensure_ascii=False)
-        return Run(gate, True, result.error if not result.ok else None, text, env, self.world.calls)
+        return Run(gate, True, result.error if not result.ok else None, result.answer or "", env, self.world.calls)
 
 
 def bench_policy(suite: TaskSuite[Any]) -> Policy:
@@ -135,14 +133,16 @@ REVIEW, REVIEWER = "sink-review", "reviewer"
 
 
 def sink_rules(suite: str) -> list[dict[str, Any]]:
-    """The suite's sinks as the policy's ``sinks`` section: a named approval for each, and every
-    other parameter free to take untrusted data (an e-mail's body may quote what it answers)."""
+    """The suite's sinks as the policy's ``sinks`` section: a named approval for each and for the
+    plan's answer (untrusted text the user would read), and every other parameter free to take
+    untrusted data (an e-mail's body may quote what it answers)."""
     named = [
         {"name": f"{tool}.{param}", "tools": [tool], "params": [param], "untrusted": "approve", "approve": REVIEW}
         for tool, params in dojo.SINKS[suite].items()
         for param in params
     ]
-    return [*named, {"name": "other-parameters", "untrusted": "allow"}]
+    answer = {"name": "answer", "answer": True, "untrusted": "approve", "approve": REVIEW}
+    return [*named, answer, {"name": "other-parameters", "untrusted": "allow"}]
 
 
 def gate_of(bench: Bench, derived: dojo.Derived, record: Any) -> str:
@@ -170,6 +170,8 @@ def tainted_sinks(suite: str, plan: dict[str, Any]) -> list[str]:
         tool = step["tool"]
         taint[step["id"]] = any(fed.values()) if tool == dojo.EXTRACT else kinds[tool].untrusted
         hits += [f"{step['id']}:{tool}.{name}" for name in sinks.get(tool, ()) if fed.get(name)]
+    if _refers_to_taint(plan.get("answer", ""), taint):
+        hits.append("the answer")
     return hits
 
 

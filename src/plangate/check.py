@@ -15,7 +15,7 @@ from typing import Any, Literal
 from plangate import _jsontypes as jt
 from plangate import condtypes, references
 from plangate._overrides import governed
-from plangate.errors import PlanError
+from plangate.errors import PlanError, RefError
 from plangate.graph import PlanGraph
 from plangate.plan import Plan, Step, expected_types
 from plangate.policy import Policy, PolicyDecision
@@ -147,7 +147,26 @@ class _Checker:
         for index, step in enumerate(self.plan.steps):
             self.step(index, step)
         self.cycles()
+        if self.plan.answer is not None and references.has_refs(self.plan.answer):
+            self.answer(self.plan.answer)
         return self.out
+
+    def answer(self, text: str) -> None:
+        """The answer's references, as a parameter's text: each names a step, and a field its output has."""
+        try:
+            found = references.scan(text)
+        except RefError as exc:
+            self.out.append(Violation(rule="ref-syntax", message=f"answer: {exc}"))
+            return
+        for ref in found:
+            at = self.position.get(ref.step)
+            if at is None:
+                message = f"answer: {ref} refers to step {ref.step}, which does not exist"
+                self.out.append(Violation(rule="ref-missing-step", message=message))
+                continue
+            located = _located(ref, "answer", self.tools[at])
+            if isinstance(located, str):
+                self.out.append(Violation(rule="ref-path", message=located))
 
     def step(self, index: int, step: Step) -> None:
         tool = self.tools[index]

@@ -37,7 +37,7 @@ from functools import cached_property
 from typing import Any, Literal
 
 from plangate import _calls as calls
-from plangate import lifecycle, metrics, provenance, results, timeouts, tracing
+from plangate import answer, lifecycle, metrics, provenance, results, timeouts, tracing
 from plangate._calls import Outcome
 from plangate._clock import Clock, iso, parse_iso
 from plangate._decide import SKIPPED, decide
@@ -561,7 +561,9 @@ class _Run:
         failed_optional = tuple(s for s in self.order if s in self.nulls)
         outputs = {s: v for s, v in self.outputs.items() if v is not SKIPPED}
         if self.halt is None:
-            self._move("succeeded", "run.succeeded", {"steps": len(outputs), "skipped": list(skipped)})
+            said = answer.render(self.plan, outputs, self.nulls, skipped, self.flows)
+            ended = {"steps": len(outputs), "skipped": list(skipped), **answer.event_data(said)}
+            self._move("succeeded", "run.succeeded", ended)
             self.spans.end("succeeded")
             return RunResult(
                 plan_id=self.plan_id,
@@ -571,6 +573,8 @@ class _Run:
                 skipped=skipped,
                 failed_optional=failed_optional,
                 ran=tuple(self.ran),
+                answer=said.text if said else None,
+                answer_provenance=said,
             )
         step_id, error, next_step = self.halt
         step = self.steps[step_id]

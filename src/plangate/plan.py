@@ -5,8 +5,8 @@ Its identity is the SHA-256 of its canonical JSON form (keys sorted, no white sp
 UTF-8, defaults filled in), so two plans that say the same thing have the same hash
 whatever their layout, and any change to what a plan says changes the hash.
 
-Fields added to the format after its first release (``order``, a step's ``after`` and
-``on_failure``) appear in the canonical form only when they differ from their default:
+Fields added to the format after its first release (``order``, ``answer``, a step's
+``after`` and ``on_failure``) appear in the canonical form only when they differ from their default:
 a plan that does not use them has the hash it always had, and one that does cannot be
 mistaken for one that does not.
 """
@@ -173,6 +173,11 @@ class Plan(Frozen):
         min_length=1, max_length=100, description="Kind of work (e.g. refunds); the policy decides approval by it."
     )
     steps: list[Step] = Field(min_length=1, max_length=LIMITS.max_steps, description="The steps, in order.")
+    answer: str | None = Field(
+        default=None,
+        min_length=1,
+        description="Text for the user after the run, e.g. 'Total: ${1.total}' (references as in a parameter).",
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -234,7 +239,7 @@ class Plan(Frozen):
         raise KeyError(f"plan has no step {step_id}")
 
 
-_LATER_PLAN_FIELDS: dict[str, Any] = {"order": "listed"}
+_LATER_PLAN_FIELDS: dict[str, Any] = {"order": "listed", "answer": None}
 _LATER_STEP_FIELDS: dict[str, Any] = {"after": [], "on_failure": "halt"}
 
 

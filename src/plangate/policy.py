@@ -19,7 +19,7 @@ from typing import Any, Literal, NamedTuple
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 
-from plangate import _input, names, provenance
+from plangate import _input, answer, names, provenance
 from plangate._frozen import Frozen, cached
 from plangate._justified import Justified
 from plangate._overrides import ToolOverride
@@ -139,6 +139,8 @@ class SinkRule(Justified):
     ``untrusted``: ``deny`` (a violation, ``sink:NAME``), ``approve`` (a person must approve the
     plan; with ``approve: ROLE``, a person in that role) or ``allow``. ``control: true`` counts a
     step whose condition reads untrusted data as feeding every parameter the rule names.
+    ``answer: true`` makes the rule guard the plan's answer (the text the user reads) instead of
+    tools' parameters; no other rule guards the answer, which untrusted data reaches marked.
     """
 
     name: str = Field(pattern=RULE_NAME)
@@ -149,12 +151,17 @@ class SinkRule(Justified):
     )
     approve: str | None = Field(default=None, min_length=1, description="The role whose approval it then needs.")
     control: bool = Field(default=False, description="true: a condition over untrusted data feeds these too.")
+    answer: bool = Field(default=False, description="true: the rule guards the plan's answer, not tools' parameters.")
     message: str | None = None
 
     @model_validator(mode="after")
     def _one_outcome(self) -> SinkRule:
         if self.approve is not None and self.untrusted not in (None, "approve"):
             raise ValueError(f"sink {self.name!r}: 'approve: {self.approve}' goes with 'untrusted: approve' only")
+        if self.answer and (self.tools != ("*",) or self.params != ("*",) or self.control):
+            raise ValueError(
+                f"sink {self.name!r}: 'answer: true' guards the answer, so it takes no tools, params or control"
+            )
         return self
 
     @property
@@ -355,6 +362,9 @@ class Policy(_Rules):
         for key in ("retention", "tools", "sinks"):  # a policy that says nothing of them keeps the hash it always had
             if data[key] is None:
                 del data[key]
+        for rule in data.get("sinks") or ():  # likewise a sink rule that does not guard the answer
+            if not rule["answer"]:
+                del rule["answer"]
         return canonical(data)
 
     @cached
@@ -447,13 +457,23 @@ class Policy(_Rules):
         if key in kept:
             return kept[key]
         found = next(
-            (r for r in self.sinks or () if matches_any(r.tools, tool.name) and matches_any(r.params, param)), None
+            (
+                r
+                for r in self.sinks or ()
+                if not r.answer and matches_any(r.tools, tool.name) and matches_any(r.params, param)
+            ),
+            None,
         )
         if found is None and default_sink(tool):
             found = DEFAULT_SINK
         if len(kept) < FACTS_KEPT:
             kept[key] = found
         return found
+
+    @property
+    def answer_sink(self) -> SinkRule | None:
+        """The first sink rule with ``answer: true``; None: untrusted data reaches the answer, marked."""
+        return next((r for r in self.sinks or () if r.answer), None)
 
     @cached
     def sinks_kept(self) -> dict[tuple[Tool, str], SinkRule | None]:
@@ -674,6 +694,8 @@ class _Evaluation:
     violations: list[Violation] = field(default_factory=list)
     reasons: list[str] = field(default_factory=list)
     named: list[tuple[int, str]] = field(default_factory=list)
+    answer_roles: list[str] = field(default_factory=list)
+    """Roles an answer sink rule asks to approve (the answer is no step's)."""
 
     @cached_property
     def runs(self) -> PlanGraph:
@@ -706,7 +728,7 @@ class _Evaluation:
             violations=tuple(self.violations),
             approval=approval,
             reasons=tuple(self.reasons),
-            required_approvals=tuple(dict.fromkeys(role for _, role in self.named)),
+            required_approvals=tuple(dict.fromkeys([*(role for _, role in self.named), *self.answer_roles])),
             step_approvals=tuple(dict.fromkeys(self.named)),
         )
 
@@ -843,14 +865,25 @@ class _Evaluation:
             if tool is None or flow is None:
                 continue
             for hit in self.policy.sink_hits(step, tool, flow):
-                rule, text = hit.rule, hit.text()
-                if rule.outcome == "deny":
-                    self._flag(f"sink:{rule.name}", text, step.id)
-                elif rule.approve is not None:
-                    self.named.append((step.id, rule.approve))
-                    self.reasons.append(f"{text}: needs approval by {rule.approve!r} (sink:{rule.name})")
-                else:
-                    self.reasons.append(f"{text}: a person must approve (sink:{rule.name})")
+                self._sink_hit(hit.rule, hit.text(), step.id)
+        rule = self.policy.answer_sink
+        fed = answer.origins(self.plan, flows) if rule is not None and rule.outcome != "allow" else ()
+        untrusted = [o for o in fed if o.untrusted]
+        if rule is not None and untrusted:
+            text = f"the answer takes data from {' and '.join(o.describe() for o in untrusted)}"
+            self._sink_hit(rule, f"{text}: {rule.message}" if rule.message else text, None)
+
+    def _sink_hit(self, rule: SinkRule, text: str, step: int | None) -> None:
+        if rule.outcome == "deny":
+            self._flag(f"sink:{rule.name}", text, step)
+        elif rule.approve is not None:
+            if step is None:
+                self.answer_roles.append(rule.approve)
+            else:
+                self.named.append((step, rule.approve))
+            self.reasons.append(f"{text}: needs approval by {rule.approve!r} (sink:{rule.name})")
+        else:
+            self.reasons.append(f"{text}: a person must approve (sink:{rule.name})")
 
     def _approval(self, tools: list[Tool | None], facts: list[_StepFacts]) -> Approval:
         """Human unless the category is cleared and nothing escalates; every reason is kept.

@@ -138,8 +138,8 @@ EMPTY = Provenance({}, {})
 def analyse(plan: Plan, catalogue: Catalogue | None) -> Provenance:
     """The provenance of every step's parameters and condition (``catalogue`` None: every tool counts as trusted)."""
     steps = plan.steps
-    if not any(step.refs.depends_on for step in steps):
-        return EMPTY
+    if plan.answer is None and not any(step.refs.depends_on for step in steps):
+        return EMPTY  # the answer, when there is one, reads the outputs' origins
     outputs: dict[int, tuple[Origin, ...]] = {}
     flows: dict[int, StepFlow] = {}
     for step in steps:

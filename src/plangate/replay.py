@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from plangate import drift, ledger, provenance, results
+from plangate import answer, drift, ledger, provenance, results
 from plangate._decide import SKIPPED, Decision, decide
 from plangate._overrides import governed
 from plangate.compensation import undo_params
@@ -224,7 +224,17 @@ class _Replay:
             skipped = [s.id for s in self.plan.steps if self.outputs.get(s.id) is SKIPPED]
             if event.data.get("skipped", skipped) != skipped:
                 self._diverge(None, "skipped steps", event.data.get("skipped"), skipped, "")
+            self._answer(event, skipped)
         self.plan = None
+
+    def _answer(self, event: Event, skipped: list[int]) -> None:
+        """The answer rendered again over the recorded outputs, with its provenance, against the record."""
+        assert self.plan is not None
+        done = {s: v for s, v in self.outputs.items() if v is not SKIPPED}
+        derived = answer.event_data(answer.render(self.plan, done, self.nulls, skipped, self.flows))
+        for key in ("answer", "answer_provenance"):
+            if event.data.get(key) != derived.get(key):
+                self._diverge(None, key, event.data.get(key), derived.get(key), "the plan's answer")
 
     # -- one step's events -------------------------------------------------------------------
     def _step(self, event: Event) -> None:

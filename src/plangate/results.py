@@ -6,7 +6,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
+from plangate import answer
+from plangate.answer import Answer
 from plangate.plan import Plan
+from plangate.provenance import EMPTY, Provenance
 from plangate.store import StepRow
 
 POLICY_REFUSAL = "refused by the policy: "
@@ -58,6 +61,10 @@ class RunResult:
     rationale: str | None = None
     error: str | None = None
     next_step: str | None = None
+    answer: str | None = None
+    """The plan's answer, rendered from the outputs (None: the plan has none, or the run did not succeed)."""
+    answer_provenance: Answer | None = None
+    """Where each part of the answer comes from: ``untrusted`` names the steps (and tools) an injection could steer."""
 
     @property
     def ok(self) -> bool:
@@ -66,10 +73,12 @@ class RunResult:
     def __str__(self) -> str:
         if self.ok:
             optional = f", {len(self.failed_optional)} optional failed" if self.failed_optional else ""
-            return (
+            done = (
                 f"succeeded: {len(self.outputs)} steps done, {len(self.skipped)} skipped{optional}, "
                 f"{len(self.ran)} run now"
             )
+            said = self.answer_provenance
+            return done if said is None else f"{done}\nanswer: {said.marked()}"
         lines = [f"halted at step {self.failed_step} ({self.tool}): {self.error}"]
         if self.rationale:
             lines.append(f"  the step's rationale: {self.rationale}")
@@ -78,8 +87,13 @@ class RunResult:
         return "\n".join(lines)
 
 
-def recorded_result(plan_id: str, version: int, plan: Plan, rows: Mapping[int, StepRow], status: str) -> RunResult:
-    """The result of a finished run, rebuilt from the store (executing it again repeats nothing)."""
+def recorded_result(
+    plan_id: str, version: int, plan: Plan, rows: Mapping[int, StepRow], status: str, *, flows: Provenance = EMPTY
+) -> RunResult:
+    """The result of a finished run, rebuilt from the store (executing it again repeats nothing).
+
+    ``flows``: the plan's provenance, for where the answer's parts come from (:func:`plangate.provenance.analyse`).
+    """
     outputs = {s: r.output for s, r in rows.items() if r.status in ("succeeded", "failed_optional")}
     skipped = tuple(s.id for s in plan.steps if rows.get(s.id) and rows[s.id].status == "skipped")
     optional = tuple(s.id for s in plan.steps if rows.get(s.id) and rows[s.id].status == "failed_optional")
@@ -87,7 +101,8 @@ def recorded_result(plan_id: str, version: int, plan: Plan, rows: Mapping[int, S
         plan_id=plan_id, version=version, status="succeeded", outputs=outputs, skipped=skipped, failed_optional=optional
     )
     if status == "succeeded":
-        return done
+        said = answer.render(plan, outputs, optional, skipped, flows)
+        return replace(done, answer=said.text if said else None, answer_provenance=said)
     failed = next((r for r in rows.values() if r.status in ("failed", "outcome_unknown")), None)
     step = plan.step(failed.step_id) if failed else None
     return replace(

@@ -11,7 +11,7 @@ import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from plangate import provenance
+from plangate import answer, provenance
 from plangate.record import PlanRecord
 from plangate.store import Event, StepRow, Store
 from plangate.tools import Catalogue
@@ -99,10 +99,33 @@ def review(store: Store, record: PlanRecord, catalogue: Catalogue | None) -> dic
     """Everything ``plangate show`` prints beside the record: the policy's reasons, and each step with
     where it stands once the plan has run (``status`` None before any step started)."""
     rows = store.steps(record.id)
-    states = progress(record, rows, store.events(record.id)) if rows else {}
+    events = list(store.events(record.id)) if rows else []
+    states = progress(record, rows, events) if rows else {}
     before = {"status": None, "detail": ""}
     described = [{**step, **states.get(str(step["id"]), before)} for step in steps(record, catalogue)]
-    return {"reasons": reasons(record), "steps": described}
+    out: dict[str, Any] = {"reasons": reasons(record), "steps": described}
+    if record.plan is not None and record.plan.answer is not None:
+        out["answer"] = answer_of(record, catalogue, events)
+    return out
+
+
+def answer_of(record: PlanRecord, catalogue: Catalogue | None, events: Iterable[Event]) -> dict[str, Any]:
+    """The plan's answer as written, the steps it reads (untrusted ones flagged) and, once the run succeeded,
+    the answer it gave with its untrusted parts marked (``[untrusted: ...>>]text[<<]``)."""
+    assert record.plan is not None and record.plan.answer is not None
+    flows = provenance.analyse(record.plan, catalogue)
+    origins = answer.origins(record.plan, flows)
+    ended = [e for e in events if e.kind == "run.succeeded" and e.version == record.version and "answer" in e.data]
+    said = ended[-1].data if ended else None
+    return {
+        "text": record.plan.answer,
+        "from": [{"step": o.step, "tool": o.tool, "untrusted": o.untrusted} for o in origins],
+        "untrusted": any(o.untrusted for o in origins),
+        "rendered": said["answer"] if said else None,
+        "provenance": said.get("answer_provenance") if said else None,
+        "marked": answer.marked_text(said["answer"], said.get("answer_provenance")) if said else None,
+        "segments": answer.segments(said["answer"], said.get("answer_provenance")) if said else [],
+    }
 
 
 def short(text: str, width: int = 80) -> str:

@@ -23,6 +23,7 @@ from plangate import (
     lifecycle,
     metrics,
     plandiff,
+    provenance,
     recovery,
     replay,
     rundiff,
@@ -531,7 +532,9 @@ class Runtime:
         return plan, version, None
 
     def _recorded(self, plan: PlanRow, version: VersionRow) -> RunResult:
-        return recorded_result(plan.id, plan.version, Plan.parse(version.body), self.store.steps(plan.id), plan.status)
+        body = Plan.parse(version.body)
+        flows = provenance.analyse(body, self.catalogue) if body.answer is not None else provenance.EMPTY
+        return recorded_result(plan.id, plan.version, body, self.store.steps(plan.id), plan.status, flows=flows)
 
     # -- read ------------------------------------------------------------------------------
     def get(self, plan_id: str) -> PlanRecord:

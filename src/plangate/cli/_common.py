@@ -246,6 +246,14 @@ def show_record(record: Any, described: dict[str, Any] | None = None) -> None:
         action = record.action
         click.echo(f"  pending action {action['number']}: {action['tool']}({json.dumps(action['arguments'])})")
         click.echo(f"     why: {action['thought']}")
+    _show_steps(record, described)
+    if record.plan is not None and record.plan.answer is not None:
+        _show_answer(record.plan.answer, (described or {}).get("answer"))
+    if record.needs:
+        click.echo(f"  needs approval by {' and by '.join(record.needs)}")
+
+
+def _show_steps(record: Any, described: dict[str, Any] | None) -> None:
     about = {step["id"]: step for step in (described or {}).get("steps", ())}
     for step in record.plan.steps if record.plan is not None else ():
         when = f" if {step.condition}" if step.condition else ""
@@ -258,8 +266,15 @@ def show_record(record: Any, described: dict[str, Any] | None = None) -> None:
         if step.id in about and about[step.id]["status"] is not None:
             detail = about[step.id]["detail"]
             click.echo(f"     status: {about[step.id]['status']}" + (f": {short(detail)}" if detail else ""))
-    if record.needs:
-        click.echo(f"  needs approval by {' and by '.join(record.needs)}")
+
+
+def _show_answer(text: str, about: dict[str, Any] | None) -> None:
+    """The plan's answer as written, where it reads from, and once it ran, what it said (untrusted parts marked)."""
+    click.echo(f"  answer: {text}")
+    if about and about["from"]:
+        click.echo(f"     reads: {'; '.join(badge(source) for source in about['from'])}")
+    if about and about["marked"] is not None:
+        click.echo(f"     said: {about['marked']}")
 
 
 def _show_policy(decision: dict[str, Any] | None, reasons: list[str]) -> None:

@@ -107,6 +107,7 @@ def plan_page(
         closed=recovery.closed_note(rt.store, record.id) if record.status == "closed" else "",
         changes=rt.diff(record.id).lines()[1:] if _has_changes(record) else [],
         steps=views.steps(record, config.catalogue),
+        answer=views.answer(rt.store, record, config.catalogue),
         touch=views.touch(record, config.catalogue),
         graph=views.graph_svg(record, config.catalogue),
         can_decide=user.may_approve(record.category) and not same_person(user.name, record.requested_by),

@@ -16,6 +16,7 @@ from plangate.record import PlanRecord
 from plangate.rundiff import RunDiff
 from plangate.runtime import Runtime
 from plangate.server import _timeline, _timelinesvg
+from plangate.store import Store
 from plangate.story import tell
 from plangate.tools import Catalogue, Tool
 
@@ -47,6 +48,13 @@ def queue(
 
 def steps(record: PlanRecord, catalogue: Catalogue) -> list[dict[str, Any]]:
     return review.steps(record, catalogue)
+
+
+def answer(store: Store, record: PlanRecord, catalogue: Catalogue) -> dict[str, Any] | None:
+    """The plan's answer for its page: as written, what it reads, and once run, what it said (None: it has none)."""
+    if record.plan is None or record.plan.answer is None:
+        return None
+    return review.answer_of(record, catalogue, store.events(record.id))
 
 
 def touch(record: PlanRecord, catalogue: Catalogue) -> list[str]:

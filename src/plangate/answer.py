@@ -1,0 +1,173 @@
+"""A plan's answer: the text the planner writes for the user, filled in from the outputs, with each part's sources.
+
+A plan's optional ``answer`` is text with ``${N.path}`` references, interpolated as in a
+parameter's text (strings as they are, anything else as compact JSON). It is rendered when
+the run succeeds, from the recorded outputs, so replay renders it again exactly.
+
+Each part of the rendered text keeps its sources: literal parts are plan text, a reference's
+part derives from what step N's output derives from (:mod:`plangate.provenance`). A part
+from an untrusted step is what an injection could have written; it is shown marked, and the
+policy's answer sink rule (``answer: true``, see :mod:`plangate.policy`) decides what it leads to.
+
+A reference to a step that was skipped (its condition false) reads as the marker
+``[step N skipped]``; one to an optional step that failed reads as ``null``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Collection, Mapping
+from typing import Any, NamedTuple
+
+from plangate import references
+from plangate.errors import RefError
+from plangate.plan import Plan
+from plangate.provenance import PLAN, Origin, Provenance, union
+
+SKIPPED_MARK = "[step {step} skipped]"
+"""What a reference to a skipped step reads as in the answer."""
+
+_TOKEN = re.compile(r"\$\$\{|\$\{([^}]*)\}|\$\{")
+
+
+class Part(NamedTuple):
+    """A piece of the rendered answer: literal plan text (no origins) or what one reference read."""
+
+    text: str
+    origins: tuple[Origin, ...] = ()
+    ref: str | None = None
+
+    @property
+    def untrusted(self) -> tuple[Origin, ...]:
+        return tuple(o for o in self.origins if o.untrusted)
+
+
+class Answer(NamedTuple):
+    """The rendered answer, in parts, with the origins of each."""
+
+    parts: tuple[Part, ...]
+
+    @property
+    def text(self) -> str:
+        return "".join(part.text for part in self.parts)
+
+    @property
+    def origins(self) -> tuple[Origin, ...]:
+        return union(part.origins for part in self.parts)
+
+    @property
+    def sources(self) -> tuple[str, ...]:
+        literal = any(not part.origins for part in self.parts) or not self.parts
+        return ((PLAN,) if literal else ()) + tuple(o.source for o in self.origins)
+
+    @property
+    def untrusted(self) -> tuple[Origin, ...]:
+        return tuple(o for o in self.origins if o.untrusted)
+
+    def spans(self) -> list[list[int]]:
+        """``[start, end, step]`` of each part an untrusted step fed (one per untrusted step of the part)."""
+        out: list[list[int]] = []
+        at = 0
+        for part in self.parts:
+            end = at + len(part.text)
+            out.extend([at, end, o.step] for o in part.untrusted)
+            at = end
+        return out
+
+    def provenance(self) -> dict[str, Any]:
+        """What the ``run.succeeded`` event records as ``answer_provenance``."""
+        return {
+            "sources": list(self.sources),
+            "untrusted": [{"step": o.step, "tool": o.tool} for o in self.untrusted],
+            "spans": self.spans(),
+        }
+
+    def marked(self) -> str:
+        """The text with each untrusted part fenced and named: how the CLI prints it."""
+        return marked_text(self.text, self.provenance())
+
+
+def refs(text: str) -> list[references.Ref]:
+    """The references in an answer's text; raises :class:`RefError` on a malformed one."""
+    return references.scan(text)
+
+
+def origins(plan: Plan, flows: Provenance) -> tuple[Origin, ...]:
+    """What the plan's answer derives from, worked out before anything runs (empty without an answer)."""
+    if plan.answer is None or not references.has_refs(plan.answer):
+        return ()
+    try:
+        found = refs(plan.answer)
+    except RefError:
+        return ()
+    return union(flows.outputs.get(ref.step, ()) for ref in found)
+
+
+def render(
+    plan: Plan, outputs: Mapping[int, Any], nulls: Collection[int], skipped: Collection[int], flows: Provenance
+) -> Answer | None:
+    """The plan's answer over the run's outputs (``skipped``: the steps that were skipped); None without one."""
+    return None if plan.answer is None else _render(plan.answer, outputs, nulls, flows, skipped)
+
+
+def _render(
+    text: str, outputs: Mapping[int, Any], nulls: Collection[int], flows: Provenance, skipped: Collection[int]
+) -> Answer:
+    parts: list[Part] = []
+    at = 0
+    for match in _TOKEN.finditer(text):
+        if match.start() > at:
+            parts.append(Part(text[at : match.start()]))
+        at = match.end()
+        if match.group(0) == "$${":
+            parts.append(Part("${"))
+            continue
+        ref = references.scan(match.group(0))[0]  # the checker made sure it parses
+        found = flows.outputs.get(ref.step, ())
+        if ref.step in skipped:
+            parts.append(Part(SKIPPED_MARK.format(step=ref.step), found, ref.text))
+        else:
+            parts.append(Part(references.as_text(references.lookup(ref, outputs, nulls)), found, ref.text))
+    if at < len(text):
+        parts.append(Part(text[at:]))
+    return Answer(tuple(_merged(parts)))
+
+
+def _merged(parts: list[Part]) -> list[Part]:
+    """Adjacent literal parts as one (an escaped ``$${`` splits the text it sits in)."""
+    out: list[Part] = []
+    for part in parts:
+        if out and not part.origins and not out[-1].origins and part.ref is None and out[-1].ref is None:
+            out[-1] = Part(out[-1].text + part.text)
+        else:
+            out.append(part)
+    return out
+
+
+def event_data(found: Answer | None) -> dict[str, Any]:
+    """The ``answer`` and ``answer_provenance`` a ``run.succeeded`` event records (nothing without an answer)."""
+    if found is None:
+        return {}
+    return {"answer": found.text, "answer_provenance": found.provenance()}
+
+
+def segments(text: str, provenance: Mapping[str, Any] | None) -> list[tuple[str, str | None]]:
+    """A recorded answer cut at its untrusted spans: each piece, and for an untrusted one, who fed it."""
+    untrusted = {int(o["step"]): str(o["tool"]) for o in (provenance or {}).get("untrusted", ())}
+    spans: dict[tuple[int, int], list[int]] = {}
+    for start, end, step in (provenance or {}).get("spans", ()):
+        spans.setdefault((int(start), int(end)), []).append(int(step))
+    out: list[tuple[str, str | None]] = []
+    at = 0
+    for (start, end), steps in sorted(spans.items()):
+        who = ", ".join(f"step {s} (untrusted: {untrusted.get(s, '?')})" for s in steps)
+        out += [(text[at:start], None), (text[start:end], who)]
+        at = end
+    out.append((text[at:], None))
+    return [(piece, who) for piece, who in out if piece or who]
+
+
+def marked_text(text: str, provenance: Mapping[str, Any] | None) -> str:
+    """A recorded answer with its untrusted spans fenced (``[untrusted: WHO>>]text[<<]``)."""
+    pieces = segments(text, provenance)
+    return "".join(piece if who is None else f"[untrusted: {who}>>]{piece}[<<]" for piece, who in pieces)
