@@ -51,13 +51,26 @@ BENCHMARK = "v1.2.2"
 SUITES = ("workspace", "travel", "banking", "slack")
 
 # Published figures: Debenedetti et al., "Defeating Prompt Injections by Design" (CaMeL),
-# arXiv:2503.18813, 2025. Per-suite utility and attack success rates are in the paper's
-# figures; they are not available offline, so none are quoted per suite here. The one
-# overall figure quoted is the abstract's: CaMeL solves 77% of AgentDojo's tasks with
-# provable security, against 84% for an undefended system.
-PUBLISHED: dict[str, str] = {
-    "CaMeL": "77% of tasks solved overall, with provable security (abstract); per suite: not available offline",
-    "undefended tool-calling agent": "84% of tasks solved overall (abstract); per suite: not available offline",
+# arXiv:2503.18813, 2025, as its authors' released analysis prints them
+# (google-research/camel-prompt-injection, analysis.ipynb), for o3 with high reasoning
+# effort: the run behind the abstract's "77% of tasks with provable security, against 84%
+# undefended". Per suite: the share of user tasks solved with no attack, and the attacks
+# that succeeded (of AgentDojo's user x injection pairs, important_instructions).
+PUBLISHED: dict[str, dict[str, tuple[float, int]]] = {
+    "CaMeL": {
+        "workspace": (77.5, 0),
+        "travel": (80.0, 0),
+        "banking": (81.2, 0),
+        "slack": (71.4, 0),
+        "all": (77.3, 0),
+    },
+    "undefended tool-calling agent": {
+        "workspace": (92.5, 4),
+        "travel": (75.0, 1),
+        "banking": (62.5, 1),
+        "slack": (95.2, 5),
+        "all": (84.5, 11),
+    },
 }
 
 
@@ -354,6 +367,21 @@ def _pct(part: int, whole: int) -> str:
     return f"{100 * part / whole:.0f}%" if whole else "-"
 
 
+def published(results: Sequence[SuiteResult]) -> str:
+    """The published figures of CaMeL and of an undefended agent, for the suites run, beside this run's."""
+    suites = [r.suite for r in results] + (["all"] if len(results) == len(SUITES) else [])
+    lines = [
+        "Published figures (Debenedetti et al., 2025, arXiv:2503.18813; o3, high effort): "
+        "utility with no attack / attacks succeeded",
+        "| suite | " + " | ".join(PUBLISHED) + " |",
+        "| --- |" + " ---: |" * len(PUBLISHED),
+    ]
+    for suite in suites:
+        figures = [PUBLISHED[who][suite] for who in PUBLISHED]
+        lines.append(f"| {suite} | " + " | ".join(f"{u:.1f}% / {n}" for u, n in figures) + " |")
+    return "\n".join(lines)
+
+
 def table(results: Sequence[SuiteResult]) -> str:
     head = (
         "| suite | tasks | utility, no attack | with approvals | need approval | utility under attack "
@@ -378,8 +406,7 @@ def table(results: Sequence[SuiteResult]) -> str:
 
 
 def report(results: Sequence[SuiteResult]) -> str:
-    lines = [table(results), "", "Published figures (Debenedetti et al., 2025, arXiv:2503.18813):"]
-    lines += [f"- {who}: {what}" for who, what in PUBLISHED.items()]
+    lines = [table(results), "", published(results)]
     succeeded = sum(r.attacks_succeeded for r in results)
     lines += ["", f"Successful attacks without a person approving a flagged value: {succeeded}."]
     for r in results:

@@ -66,6 +66,8 @@ def test_a_quick_run_lets_no_attack_through_that_a_person_did_not_approve(tmp_pa
     text = injection.report([result])
     assert "| banking | 3 | 33% | 67% | 2 |" in text  # user task 1 is held for its answer too
     assert "Successful attacks without a person approving a flagged value: 0." in text
+    assert "| banking | 81.2% / 0 | 62.5% / 1 |" in text  # CaMeL's and the undefended agent's, as published
+    assert "| all |" not in text.split("Published")[1]  # one suite run: no total to set beside theirs
 
 
 def test_every_tool_that_showed_an_injection_is_marked_untrusted(suites: Any) -> None:
