@@ -38,13 +38,13 @@ def test_the_scripted_task_set_gives_the_table_by_steps(tmp_path: Path) -> None:
         (g["steps"], g["mode"]): (g["ok"], g["model_calls"], g["input_tokens"], g["output_tokens"])
         for g in report["by_steps"]
     }
-    assert got[(3, "plan")] == ("1/1", 1, 1201, 172) and got[(3, "react")] == ("1/1", 4, 2760, 77)
-    assert got[(10, "plan")] == ("1/1", 1, 1208, 532) and got[(10, "react")] == ("1/1", 11, 9570, 252)
+    assert got[(3, "plan")] == ("1/1", 1, 1229, 172) and got[(3, "react")] == ("1/1", 4, 2760, 77)
+    assert got[(10, "plan")] == ("1/1", 1, 1236, 532) and got[(10, "react")] == ("1/1", 11, 9570, 252)
     assert got[("all", "act")] == ("7/7", 50, 39089, 1127) and got[("all", "cot")] == ("0/7", 7, 369, 308)
     assert report["ratios"] == {
-        "react": {"tokens": 3.8396, "model_calls": 7.1429},
-        "act": {"tokens": 3.6454, "model_calls": 7.1429},
-        "cot": {"tokens": 0.0614, "model_calls": 1.0},
+        "react": {"tokens": 3.7725, "model_calls": 7.1429},
+        "act": {"tokens": 3.5818, "model_calls": 7.1429},
+        "cot": {"tokens": 0.0603, "model_calls": 1.0},
     }
     # ReAct's share grows with the number of steps; plan mode makes one call whatever the length
     react = [g["x_plan"] for g in report["by_steps"] if g["mode"] == "react" and g["steps"] != "all"]
