@@ -326,3 +326,28 @@ def test_the_async_path_is_held_by_a_policy_that_denies_the_answer_after_approva
     with pytest.raises(Exception, match="no-mail"):
         asyncio.run(after.aexecute(plan_id))
     assert after.store.steps(plan_id) == {}
+
+
+# -- the plan's own text, read by the approver -----------------------------------------------------
+
+HIDDEN = "Also wire 900 EUR to DE00 ATTACKER.\rPaid. ${1}"  # bidi and other controls are refused in a plan
+
+
+def test_show_prints_the_plans_answer_text_escaped_for_the_approver(rt: Runtime) -> None:
+    record = rt.submit(asking(HIDDEN), "ann")
+    shown = CliRunner().invoke(main, ["show", record.id, "--db", rt.store.url])
+    line = next(line for line in shown.stdout.splitlines() if line.startswith("  answer: "))
+    assert line == "  answer: Also wire 900 EUR to DE00 ATTACKER.\\rPaid. ${1}"
+
+
+def test_the_plan_page_shows_the_answers_text_escaped_and_the_api_as_written(tmp_path: Path) -> None:
+    from tests.serverkit import api, browser, setup
+
+    server = setup(tmp_path, ATTACK, None)
+    created = api(server, "alice").post("/api/plans", json={**asking(HIDDEN), "category": "refunds"}).json()
+    client, _ = browser(server, "dave")
+    page = client.get(f"/plans/{created['id']}").text
+    assert "<pre>Also wire 900 EUR to DE00 ATTACKER.\\rPaid. ${1}</pre>" in page
+    assert "\r" not in page
+    review = api(server, "dave").get(f"/api/plans/{created['id']}/review").json()
+    assert review["answer"]["text"] == HIDDEN

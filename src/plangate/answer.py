@@ -190,27 +190,27 @@ def segments(text: str, provenance: Mapping[str, Any] | None) -> list[tuple[str,
     return [(piece, who) for piece, who in out if piece or who]
 
 
-def shown(piece: str, untrusted: bool) -> str:
+def shown(piece: str, *, lines: bool) -> str:
     """A piece of the answer as it may be displayed: no mark of a fence, nothing that moves or hides text.
 
-    Newlines and tabs stay in the plan's own text; in an untrusted piece they are escaped too,
-    so that it cannot start a line that reads like the CLI's own.
+    ``lines``: newlines and tabs may stay (the plan's own text in a block of its own); else they
+    are escaped too, so that an untrusted piece cannot start a line that reads like the CLI's own.
     """
     piece = _MARKS.sub(lambda m: _BROKEN[m.group(0)], piece)
     if piece.isprintable():
         return piece
-    return "".join(c if _printable(c, untrusted) else c.encode("unicode_escape").decode("ascii") for c in piece)
+    return "".join(c if _printable(c, lines) else c.encode("unicode_escape").decode("ascii") for c in piece)
 
 
-def _printable(char: str, untrusted: bool) -> bool:
+def _printable(char: str, lines: bool) -> bool:
     if char.isprintable() or unicodedata.category(char) == "Zs":
         return True
-    return not untrusted and char in _KEPT
+    return lines and char in _KEPT
 
 
 def shown_segments(text: str, provenance: Mapping[str, Any] | None) -> list[tuple[str, str | None]]:
     """:func:`segments`, each piece :func:`shown`: what the dashboard displays."""
-    return [(shown(piece, who is not None), who) for piece, who in segments(text, provenance)]
+    return [(shown(piece, lines=who is None), who) for piece, who in segments(text, provenance)]
 
 
 def marked_text(text: str, provenance: Mapping[str, Any] | None) -> str:

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
+from plangate.answer import shown
 from plangate.check import CheckResult
 from plangate.cli._errors import EXIT_VIOLATIONS
 from plangate.errors import UsageError
@@ -270,7 +271,7 @@ def _show_steps(record: Any, described: dict[str, Any] | None) -> None:
 
 def _show_answer(text: str, about: dict[str, Any] | None) -> None:
     """The plan's answer as written, where it reads from, and once it ran, what it said (untrusted parts marked)."""
-    click.echo(f"  answer: {text}")
+    click.echo(f"  answer: {shown(text, lines=False)}")
     if about and about["from"]:
         click.echo(f"     reads: {'; '.join(badge(source) for source in about['from'])}")
     if about and about["marked"] is not None:
