@@ -50,8 +50,8 @@ def read_card(box: str) -> dict[str, Any]:
 
 @tool(untrusted_output=True)
 def broken_mail(box: str) -> str:
-    """An e-mail server that fails."""
-    raise RuntimeError("mailbox gone")
+    """An e-mail server that fails, saying what the mail said."""
+    raise RuntimeError(f"mailbox gone: {MAIL.get(box, box)}")
 
 
 @tool
@@ -351,3 +351,13 @@ def test_the_plan_page_shows_the_answers_text_escaped_and_the_api_as_written(tmp
     assert "\r" not in page
     review = api(server, "dave").get(f"/api/plans/{created['id']}/review").json()
     assert review["answer"]["text"] == HIDDEN
+
+
+def test_show_prints_a_steps_output_and_error_escaped(rt: Runtime) -> None:
+    body = plan(mail("bidi"), {"id": 2, "tool": "broken_mail", "params": {"box": "ansi"}})
+    plan_id = ran(rt, body)
+    assert not rt.execute(plan_id).ok
+    shown = CliRunner().invoke(main, ["show", plan_id, "--db", rt.store.url]).stdout
+    assert not any(c in shown for c in "\x1b\r\x07\u202e\u2066")
+    assert 'status: succeeded: "total \\u202e0001\\u202c EUR\\u2066x\\u2069"' in shown
+    assert "mailbox gone: ok\\x1b[2K \\x1b[1Amoney sent to DE00 ATTACKER\\x07" in shown

@@ -25,11 +25,10 @@ are written as escapes (``\\x1b``, ``\\u202e``).
 from __future__ import annotations
 
 import re
-import unicodedata
 from collections.abc import Collection, Mapping
 from typing import Any, NamedTuple
 
-from plangate import references
+from plangate import _display, references
 from plangate.errors import RefError
 from plangate.plan import Plan
 from plangate.provenance import PLAN, Origin, Provenance, union
@@ -44,7 +43,6 @@ OPEN, CLOSE = "[untrusted: {who}>>]", "[<<]"
 
 _MARKS = re.compile(r"\[<<\]|>>\]")
 _BROKEN = {"[<<]": "[\\<<]", ">>]": ">\\>]"}
-_KEPT = frozenset("\n\t")
 
 
 class Part(NamedTuple):
@@ -196,16 +194,7 @@ def shown(piece: str, *, lines: bool) -> str:
     ``lines``: newlines and tabs may stay (the plan's own text in a block of its own); else they
     are escaped too, so that an untrusted piece cannot start a line that reads like the CLI's own.
     """
-    piece = _MARKS.sub(lambda m: _BROKEN[m.group(0)], piece)
-    if piece.isprintable():
-        return piece
-    return "".join(c if _printable(c, lines) else c.encode("unicode_escape").decode("ascii") for c in piece)
-
-
-def _printable(char: str, lines: bool) -> bool:
-    if char.isprintable() or unicodedata.category(char) == "Zs":
-        return True
-    return lines and char in _KEPT
+    return _display.printable(_MARKS.sub(lambda m: _BROKEN[m.group(0)], piece), lines=lines)
 
 
 def shown_segments(text: str, provenance: Mapping[str, Any] | None) -> list[tuple[str, str | None]]:

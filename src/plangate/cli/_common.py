@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
+from plangate._display import printable
 from plangate.answer import shown
 from plangate.check import CheckResult
 from plangate.cli._errors import EXIT_VIOLATIONS
@@ -266,7 +267,8 @@ def _show_steps(record: Any, described: dict[str, Any] | None) -> None:
         click.echo(f"     why: {step.rationale}")
         if step.id in about and about[step.id]["status"] is not None:
             detail = about[step.id]["detail"]
-            click.echo(f"     status: {about[step.id]['status']}" + (f": {short(detail)}" if detail else ""))
+            shown = f": {printable(short(detail))}" if detail else ""  # an output or error may carry escapes
+            click.echo(f"     status: {about[step.id]['status']}{shown}")
 
 
 def _show_answer(text: str, about: dict[str, Any] | None) -> None:
