@@ -10,7 +10,16 @@ from an untrusted step is what an injection could have written; it is shown mark
 policy's answer sink rule (``answer: true``, see :mod:`plangate.policy`) decides what it leads to.
 
 A reference to a step that was skipped (its condition false) reads as the marker
-``[step N skipped]``; one to an optional step that failed reads as ``null``.
+``[step N skipped]``; one to an optional step that failed reads as ``null``. A reference's
+part derives also from the steps whose condition decides whether step N runs: an e-mail
+that picks which of two trusted records the user reads wrote that part as surely as if it
+were quoted.
+
+The recorded text keeps every character; what is shown (:func:`marked_text`, :func:`shown`)
+is escaped so that the text cannot pass for its own marks: a fence's marks inside a part
+are broken with a backslash, and characters that move the cursor or reorder or hide text
+(controls, bidi overrides, line separators, and in an untrusted part newlines and tabs too)
+are written as escapes (``\\x1b``, ``\\u202e``).
 """
 
 from __future__ import annotations
@@ -19,7 +28,7 @@ import re
 from collections.abc import Collection, Mapping
 from typing import Any, NamedTuple
 
-from plangate import references
+from plangate import _display, references
 from plangate.errors import RefError
 from plangate.plan import Plan
 from plangate.provenance import PLAN, Origin, Provenance, union
@@ -28,6 +37,12 @@ SKIPPED_MARK = "[step {step} skipped]"
 """What a reference to a skipped step reads as in the answer."""
 
 _TOKEN = re.compile(r"\$\$\{|\$\{([^}]*)\}|\$\{")
+
+OPEN, CLOSE = "[untrusted: {who}>>]", "[<<]"
+"""The fence the CLI puts around an untrusted part of the answer."""
+
+_MARKS = re.compile(r"\[<<\]|>>\]")
+_BROKEN = {"[<<]": "[\\<<]", ">>]": ">\\>]"}
 
 
 class Part(NamedTuple):
@@ -100,7 +115,13 @@ def origins(plan: Plan, flows: Provenance) -> tuple[Origin, ...]:
         found = refs(plan.answer)
     except RefError:
         return ()
-    return union(flows.outputs.get(ref.step, ()) for ref in found)
+    return union(_fed(flows, ref.step) for ref in found)
+
+
+def _fed(flows: Provenance, step: int) -> tuple[Origin, ...]:
+    """What a reference to ``step`` derives from: the step's output, and the steps that decide whether it runs."""
+    flow = flows.of(step)
+    return union((flows.outputs.get(step, ()), flow.control if flow is not None else ()))
 
 
 def render(
@@ -123,7 +144,7 @@ def _render(
             parts.append(Part("${"))
             continue
         ref = references.scan(match.group(0))[0]  # the checker made sure it parses
-        found = flows.outputs.get(ref.step, ())
+        found = _fed(flows, ref.step)
         if ref.step in skipped:
             parts.append(Part(SKIPPED_MARK.format(step=ref.step), found, ref.text))
         else:
@@ -167,7 +188,21 @@ def segments(text: str, provenance: Mapping[str, Any] | None) -> list[tuple[str,
     return [(piece, who) for piece, who in out if piece or who]
 
 
+def shown(piece: str, *, lines: bool) -> str:
+    """A piece of the answer as it may be displayed: no mark of a fence, nothing that moves or hides text.
+
+    ``lines``: newlines and tabs may stay (the plan's own text in a block of its own); else they
+    are escaped too, so that an untrusted piece cannot start a line that reads like the CLI's own.
+    """
+    return _display.printable(_MARKS.sub(lambda m: _BROKEN[m.group(0)], piece), lines=lines)
+
+
+def shown_segments(text: str, provenance: Mapping[str, Any] | None) -> list[tuple[str, str | None]]:
+    """:func:`segments`, each piece :func:`shown`: what the dashboard displays."""
+    return [(shown(piece, lines=who is None), who) for piece, who in segments(text, provenance)]
+
+
 def marked_text(text: str, provenance: Mapping[str, Any] | None) -> str:
-    """A recorded answer with its untrusted spans fenced (``[untrusted: WHO>>]text[<<]``)."""
-    pieces = segments(text, provenance)
-    return "".join(piece if who is None else f"[untrusted: {who}>>]{piece}[<<]" for piece, who in pieces)
+    """A recorded answer with its untrusted spans fenced (``[untrusted: WHO>>]text[<<]``), each piece :func:`shown`."""
+    pieces = shown_segments(text, provenance)
+    return "".join(piece if who is None else f"{OPEN.format(who=who)}{piece}{CLOSE}" for piece, who in pieces)

@@ -124,7 +124,7 @@ def answer_of(record: PlanRecord, catalogue: Catalogue | None, events: Iterable[
         "rendered": said["answer"] if said else None,
         "provenance": said.get("answer_provenance") if said else None,
         "marked": answer.marked_text(said["answer"], said.get("answer_provenance")) if said else None,
-        "segments": answer.segments(said["answer"], said.get("answer_provenance")) if said else [],
+        "segments": answer.shown_segments(said["answer"], said.get("answer_provenance")) if said else [],
     }
 
 

@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
+from plangate._display import printable
+from plangate.answer import shown
 from plangate.check import CheckResult
 from plangate.cli._errors import EXIT_VIOLATIONS
 from plangate.errors import UsageError
@@ -265,12 +267,13 @@ def _show_steps(record: Any, described: dict[str, Any] | None) -> None:
         click.echo(f"     why: {step.rationale}")
         if step.id in about and about[step.id]["status"] is not None:
             detail = about[step.id]["detail"]
-            click.echo(f"     status: {about[step.id]['status']}" + (f": {short(detail)}" if detail else ""))
+            shown = f": {printable(short(detail))}" if detail else ""  # an output or error may carry escapes
+            click.echo(f"     status: {about[step.id]['status']}{shown}")
 
 
 def _show_answer(text: str, about: dict[str, Any] | None) -> None:
     """The plan's answer as written, where it reads from, and once it ran, what it said (untrusted parts marked)."""
-    click.echo(f"  answer: {text}")
+    click.echo(f"  answer: {shown(text, lines=False)}")
     if about and about["from"]:
         click.echo(f"     reads: {'; '.join(badge(source) for source in about['from'])}")
     if about and about["marked"] is not None:

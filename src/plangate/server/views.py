@@ -10,6 +10,7 @@ from typing import Any
 
 from plangate import review
 from plangate.accounts import User
+from plangate.answer import shown
 from plangate.graph import PlanGraph, run_deps
 from plangate.plan import Plan
 from plangate.record import PlanRecord
@@ -54,7 +55,8 @@ def answer(store: Store, record: PlanRecord, catalogue: Catalogue) -> dict[str, 
     """The plan's answer for its page: as written, what it reads, and once run, what it said (None: it has none)."""
     if record.plan is None or record.plan.answer is None:
         return None
-    return review.answer_of(record, catalogue, store.events(record.id))
+    found = review.answer_of(record, catalogue, store.events(record.id))
+    return {**found, "text": shown(found["text"], lines=True)}  # the API keeps the text as written
 
 
 def touch(record: PlanRecord, catalogue: Catalogue) -> list[str]:
