@@ -234,7 +234,7 @@ def show_record(record: Any, described: dict[str, Any] | None = None) -> None:
     """
     what = "ReAct run" if record.kind == "react" else "plan"
     click.echo(f"{what} {record.id} v{record.version} ({record.status}), requested by {record.requested_by}")
-    click.echo(f"  task: {record.task} [{record.category}]  hash: {record.hash}")
+    click.echo(f"  task: {printable(record.task)} [{record.category}]  hash: {record.hash}")
     if record.purged:
         click.echo(f"  {purged_line(record.purged)}")
     if record.plan is not None and record.plan.order == "dataflow":
@@ -247,7 +247,7 @@ def show_record(record: Any, described: dict[str, Any] | None = None) -> None:
     if record.action is not None:
         action = record.action
         click.echo(f"  pending action {action['number']}: {action['tool']}({json.dumps(action['arguments'])})")
-        click.echo(f"     why: {action['thought']}")
+        click.echo(f"     why: {printable(action['thought'])}")  # a model wrote it after reading outputs
     _show_steps(record, described)
     if record.plan is not None and record.plan.answer is not None:
         _show_answer(record.plan.answer, (described or {}).get("answer"))
@@ -264,7 +264,7 @@ def _show_steps(record: Any, described: dict[str, Any] | None) -> None:
         click.echo(f"  {step.id}. {step.tool}({json.dumps(step.params, ensure_ascii=False)}){when}")
         if step.id in about:
             _show_step(about[step.id])
-        click.echo(f"     why: {step.rationale}")
+        click.echo(f"     why: {printable(step.rationale)}")
         if step.id in about and about[step.id]["status"] is not None:
             detail = about[step.id]["detail"]
             shown = f": {printable(short(detail))}" if detail else ""  # an output or error may carry escapes
