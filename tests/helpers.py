@@ -1,11 +1,19 @@
-"""Test doubles that ship with the tests: a fixed clock, and a plan builder."""
+"""Test doubles that ship with the tests: a fixed clock, a plan builder, and checks shared by the stores' tests."""
 
 from __future__ import annotations
 
 import itertools
 import uuid
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
+
+import pytest
+
+from plangate import Catalogue, RunContext, tool
+from plangate.errors import LeaseLostError
+from plangate.runtime import Runtime
+from plangate.store import open_store
 
 
 class FixedClock:
@@ -76,3 +84,28 @@ def wait_until_up(url: str, process: Any, log: Any, *, seconds: float) -> None:
                 f"the server did not start in {seconds:.0f} s: {log.read_text()[-2000:]}"
             )
             time.sleep(0.2)
+
+
+def a_late_outcome_is_not_recorded(db: str) -> None:
+    """A call that ran long while a person (or a later attempt) decided its step: its late answer
+    fails the run's transaction, and nothing of it is written (on any store, ``db``)."""
+
+    @tool(effect="irreversible")
+    def pay(amount: int, ctx: RunContext) -> str:
+        """Meanwhile, elsewhere, the step is marked as of unknown outcome (what a timed-out attempt leaves)."""
+        other = open_store(db)
+        with other.transaction():
+            row = other.steps(ctx.plan_id)[ctx.step_id]
+            other.put_step(replace(row, status="outcome_unknown", error="decided elsewhere"))
+        other.close()
+        return "paid"
+
+    rt = Runtime(Catalogue([pay]), db=db, clock=FixedClock())
+    record = rt.submit(plan({"id": 1, "tool": "pay", "params": {"amount": 5}}), "ann")
+    rt.approve(record.id, "ben", record.hash)
+    with pytest.raises(LeaseLostError, match="step 1's record changed while its call"):
+        rt.execute(record.id, actor="ops")
+    row = rt.store.steps(record.id)[1]
+    assert (row.status, row.output) == ("outcome_unknown", None)
+    assert "step.succeeded" not in [e.kind for e in rt.trace(record.id)]
+    rt.close()

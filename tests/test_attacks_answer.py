@@ -210,26 +210,22 @@ def test_an_edit_that_adds_an_answer_after_approval_is_held_again(tmp_path: Path
         rt.execute(plan_id)
 
 
-def test_a_policy_that_denies_the_answer_after_approval_stops_the_run(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("rules", "refusal", "status"), [(DENY, "no-mail", "approved"), (HOLD, "desk", "pending_approval")]
+)
+def test_a_policy_on_the_answer_set_after_approval_stops_the_run(
+    tmp_path: Path, rules: str, refusal: str, status: str
+) -> None:
+    """Denied: nothing runs. Held for a role: nothing runs, and the plan goes back for approval."""
     db = f"sqlite:///{tmp_path}/a.db"
     before = Runtime(ATTACK, None, db=db, clock=FixedClock(), tools=TOOLS)
     plan_id = ran(before, asking("${1}"))
     before.close()
-    after = Runtime(ATTACK, Policy.from_yaml(DENY), db=db, clock=FixedClock(), tools=TOOLS)
-    with pytest.raises(Exception, match="no-mail"):
+    after = Runtime(ATTACK, Policy.from_yaml(rules), db=db, clock=FixedClock(), tools=TOOLS)
+    with pytest.raises(Exception, match=refusal):
         after.execute(plan_id)
     assert after.store.steps(plan_id) == {}
-
-
-def test_a_policy_that_holds_the_answer_after_approval_sends_the_plan_back(tmp_path: Path) -> None:
-    db = f"sqlite:///{tmp_path}/a.db"
-    before = Runtime(ATTACK, None, db=db, clock=FixedClock(), tools=TOOLS)
-    plan_id = ran(before, asking("${1}"))
-    before.close()
-    after = Runtime(ATTACK, Policy.from_yaml(HOLD), db=db, clock=FixedClock(), tools=TOOLS)
-    with pytest.raises(Exception, match="desk"):
-        after.execute(plan_id)
-    assert after.get(plan_id).status == "pending_approval"
+    assert after.get(plan_id).status == status
 
 
 # -- size ------------------------------------------------------------------------------------------

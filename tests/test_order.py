@@ -3,18 +3,17 @@
 from __future__ import annotations
 
 import threading
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from plangate import Catalogue, Policy, RunContext, tool
+from plangate import Catalogue, Policy, tool
 from plangate.graph import run_deps
 from plangate.plan import Plan
 from plangate.runtime import Runtime
 from plangate.story import tell
-from tests.helpers import FixedClock, plan
+from tests.helpers import FixedClock, a_late_outcome_is_not_recorded, plan
 
 LOG: list[str] = []
 TOGETHER = threading.Barrier(10, timeout=10)
@@ -343,27 +342,4 @@ def test_an_optional_failure_given_an_output_outside_plangate_is_named_by_the_au
 
 
 def test_an_outcome_that_comes_back_after_its_step_was_settled_is_not_recorded(tmp_path: Path) -> None:
-    """A call that ran long while a person (or a later attempt) decided its step: the late answer changes nothing."""
-    from plangate.errors import LeaseLostError
-    from plangate.store import open_store
-
-    db = f"sqlite:///{tmp_path}/late.db"
-
-    @tool(effect="irreversible")
-    def pay(amount: int, ctx: RunContext) -> str:
-        """Meanwhile, elsewhere, the step is marked as of unknown outcome (what a timed-out attempt leaves)."""
-        other = open_store(db)
-        with other.transaction():
-            row = other.steps(ctx.plan_id)[ctx.step_id]
-            other.put_step(replace(row, status="outcome_unknown", error="decided elsewhere"))
-        other.close()
-        return "paid"
-
-    rt = Runtime(Catalogue([pay]), db=db, clock=FixedClock())
-    record = rt.submit(plan({"id": 1, "tool": "pay", "params": {"amount": 5}}), "ann")
-    rt.approve(record.id, "ben", record.hash)
-    with pytest.raises(LeaseLostError, match="step 1's record changed while its call"):
-        rt.execute(record.id, actor="ops")
-    row = rt.store.steps(record.id)[1]
-    assert (row.status, row.output) == ("outcome_unknown", None)
-    assert "step.succeeded" not in [e.kind for e in rt.trace(record.id)]
+    a_late_outcome_is_not_recorded(f"sqlite:///{tmp_path}/late.db")

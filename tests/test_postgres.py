@@ -12,13 +12,13 @@ from typing import Any
 import psycopg
 import pytest
 
-from plangate import Catalogue, Policy, RunContext, tool
+from plangate import Catalogue, Policy, tool
 from plangate.errors import LeaseLostError
 from plangate.runtime import Runtime
 from plangate.store import open_store
 from plangate.testing import fresh_database, postgres_cluster
 from tests.conftest import load_plan
-from tests.helpers import FixedClock, plan
+from tests.helpers import a_late_outcome_is_not_recorded, plan
 
 _COUNTER = iter(range(10**6))
 
@@ -129,24 +129,7 @@ def test_a_steps_transaction_is_four_round_trips(db: str) -> None:
 def test_an_outcome_that_comes_back_after_its_step_was_settled_is_not_recorded(db: str) -> None:
     """The finished step's write waits for the commit: the row it should change has moved on, so the
     transaction fails there, and nothing of it is written."""
-
-    @tool(effect="irreversible")
-    def pay(amount: int, ctx: RunContext) -> str:
-        """Meanwhile, elsewhere, the step is marked as of unknown outcome (what a timed-out attempt leaves)."""
-        with closing(open_store(db)) as other, other.transaction():
-            row = other.steps(ctx.plan_id)[ctx.step_id]
-            other.put_step(replace(row, status="outcome_unknown", error="decided elsewhere"))
-        return "paid"
-
-    rt = Runtime(Catalogue([pay]), db=db, clock=FixedClock())
-    record = rt.submit(plan({"id": 1, "tool": "pay", "params": {"amount": 5}}), "ann")
-    rt.approve(record.id, "ben", record.hash)
-    with pytest.raises(LeaseLostError, match="step 1's record changed while its call"):
-        rt.execute(record.id, actor="ops")
-    row = rt.store.steps(record.id)[1]
-    assert (row.status, row.output) == ("outcome_unknown", None)
-    assert "step.succeeded" not in [e.kind for e in rt.trace(record.id)]
-    rt.close()
+    a_late_outcome_is_not_recorded(db)
 
 
 def test_writes_to_one_row_in_one_transaction_land_in_order(db: str) -> None:
