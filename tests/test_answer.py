@@ -140,6 +140,20 @@ def test_the_run_records_the_answer_with_its_provenance_and_replay_renders_it_ag
     assert ended.data["answer_provenance"]["untrusted"] == [{"step": 1, "tool": "read_bill"}]
     assert rt.execute(plan_id).answer == result.answer  # rebuilt from the store: nothing runs again
     assert rt.replay(plan_id).ok
+    checked = check(with_answer("Pay ${1.amount} to ${2}"), CAT).to_dict()["answer_provenance"]
+    assert {k: ended.data["answer_provenance"][k] for k in ("sources", "untrusted")} == checked  # told beforehand
+
+
+def test_check_json_says_what_the_answer_will_read_before_anything_runs(tmp_path: Path) -> None:
+    (tmp_path / "plan.json").write_text(json.dumps(with_answer("${1.iban}")))
+    done = CliRunner().invoke(main, ["check", str(tmp_path / "plan.json"), "--tools", TOOLS, "--json"])
+    assert json.loads(done.stdout)["answer_provenance"] == {
+        "sources": ["step:1"],
+        "untrusted": [{"step": 1, "tool": "read_bill"}],
+    }
+    (tmp_path / "quiet.json").write_text(json.dumps(plan(READ)))
+    quiet = CliRunner().invoke(main, ["check", str(tmp_path / "quiet.json"), "--tools", TOOLS, "--json"])
+    assert "answer_provenance" not in json.loads(quiet.stdout)
 
 
 def test_replay_under_a_policy_that_trusts_the_bill_finds_the_answers_provenance_differs(rt: Runtime) -> None:

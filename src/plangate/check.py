@@ -15,6 +15,7 @@ from typing import Any, Literal
 from plangate import _jsontypes as jt
 from plangate import condtypes, references
 from plangate._overrides import governed
+from plangate.answer import origins as answer_origins
 from plangate.errors import PlanError, RefError
 from plangate.graph import PlanGraph
 from plangate.plan import Plan, Step, expected_types
@@ -78,6 +79,17 @@ class CheckResult:
             "violations": [v.to_dict() for v in self.violations],
             "policy": self.decision.to_dict() if self.decision else None,
             **({"provenance": found.to_dict()} if (found := self.provenance).steps else {}),
+            **({"answer_provenance": self.answer_provenance()} if self.plan and self.plan.answer is not None else {}),
+        }
+
+    def answer_provenance(self) -> dict[str, Any]:
+        """What the plan's answer will derive from, as the run records it: every source, and the untrusted ones."""
+        assert self.plan is not None
+        found = answer_origins(self.plan, self.provenance)
+        literal = references.whole_ref(self.plan.answer) is None  # text of the plan's own around the references
+        return {
+            "sources": [*(["plan"] if literal else []), *(origin.source for origin in found)],
+            "untrusted": [{"step": o.step, "tool": o.tool} for o in found if o.untrusted],
         }
 
 
