@@ -189,5 +189,7 @@ def test_the_plan_page_shows_what_the_answer_reads_and_what_it_said_with_the_unt
     said = page[page.index('id="answer-said"') :]
     assert '<mark class="untrusted" title="from step 1 (untrusted: read_bill)">' in said
     assert "XX00 ATTACKER</mark>; on file: XX00 ONFILE" in said
+    run = client.get(f"/plans/{created['id']}/run").text  # the run's own page says it too, marked the same way
+    assert said.split("</p>")[0] in run
     review = api(server, "dave").get(f"/api/plans/{created['id']}/review").json()
     assert review["answer"]["rendered"] == "The bill says XX00 ATTACKER; on file: XX00 ONFILE"

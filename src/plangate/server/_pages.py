@@ -133,13 +133,14 @@ def edit_page(request: Request, plan_id: str, rt: Rt, caller: Reader) -> HTMLRes
 
 
 @router.get("/plans/{plan_id}/run", response_class=HTMLResponse)
-def run_page(request: Request, plan_id: str, rt: Rt, caller: Reader) -> HTMLResponse:
+def run_page(request: Request, plan_id: str, *, rt: Rt, caller: Reader, config: Config) -> HTMLResponse:
     record = _actions.visible(rt, caller.user, plan_id)
     progress = views.progress(rt, record)
     steps = (
         [{"id": s.id, "tool": s.tool, **progress["steps"][str(s.id)]} for s in record.plan.steps] if record.plan else []
     )
-    return render(request, "run.html", caller, record=record, steps=steps)
+    answer = views.answer(rt.store, record, config.catalogue)  # once the run succeeded: what it said, marked
+    return render(request, "run.html", caller, record=record, steps=steps, answer=answer)
 
 
 @router.get("/plans/{plan_id}/trace", response_class=HTMLResponse)
