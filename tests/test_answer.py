@@ -193,3 +193,16 @@ def test_the_plan_page_shows_what_the_answer_reads_and_what_it_said_with_the_unt
     assert said.split("</p>")[0] in run
     review = api(server, "dave").get(f"/api/plans/{created['id']}/review").json()
     assert review["answer"]["rendered"] == "The bill says XX00 ATTACKER; on file: XX00 ONFILE"
+
+
+def test_an_answer_longer_than_its_limit_is_cut_there_with_a_note_and_its_marks_kept() -> None:
+    from plangate.answer import MAX_ANSWER
+
+    at_limit = rendered("${1.iban}", {1: {**BILL, "iban": "I" * MAX_ANSWER}, 2: "XX00"})
+    assert at_limit.text == "I" * MAX_ANSWER  # the limit itself is kept whole
+    over = rendered("Pay ${1.iban} to ${2}", {1: {**BILL, "iban": "I" * MAX_ANSWER}, 2: "XX00"})
+    assert (
+        over.text == "Pay " + "I" * (MAX_ANSWER - 4) + f" [... {4 + 4 + 4} more characters: the answer is cut at"
+        f" {MAX_ANSWER}; the outputs are in full in the trace]"
+    )
+    assert over.provenance()["spans"] == [[4, MAX_ANSWER, 1]]

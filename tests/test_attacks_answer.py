@@ -15,7 +15,7 @@ import pytest
 from click.testing import CliRunner
 
 from plangate import Catalogue, Plan, Policy, ledger, tool
-from plangate.answer import marked_text, render, shown_segments
+from plangate.answer import MAX_ANSWER, marked_text, render, shown_segments
 from plangate.cli import main
 from plangate.errors import GovernanceError
 from plangate.provenance import analyse
@@ -231,10 +231,14 @@ def test_a_policy_on_the_answer_set_after_approval_stops_the_run(
 # -- size ------------------------------------------------------------------------------------------
 
 
-def test_a_huge_output_in_the_answer_is_recorded_once_and_replays(rt: Runtime) -> None:
+def test_a_huge_output_in_the_answer_is_cut_there_kept_whole_in_its_step_and_replays(rt: Runtime) -> None:
     plan_id = ran(rt, asking("${1}", mail("huge")))
     result = rt.execute(plan_id)
-    assert result.answer is not None and len(result.answer) == 3_000_000
+    assert result.answer is not None and result.answer.startswith("A" * MAX_ANSWER + " [... 2934464 more characters")
+    ended = next(e for e in rt.store.plan_events(plan_id)[0] if e.kind == "run.succeeded")
+    assert len(ended.data["answer"]) < MAX_ANSWER + 200  # not a second copy of the output
+    assert ended.data["answer_provenance"]["spans"] == [[0, MAX_ANSWER, 1]]  # the cut part keeps its mark
+    assert len(rt.store.steps(plan_id)[1].output) == 3_000_000  # the output itself, in full
     assert rt.replay(plan_id).ok
 
 

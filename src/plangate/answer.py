@@ -9,6 +9,9 @@ part derives from what step N's output derives from (:mod:`plangate.provenance`)
 from an untrusted step is what an injection could have written; it is shown marked, and the
 policy's answer sink rule (``answer: true``, see :mod:`plangate.policy`) decides what it leads to.
 
+The rendered answer is cut at :data:`MAX_ANSWER` characters, with a note of how many more
+there were (the outputs themselves are recorded in full with their steps).
+
 A reference to a step that was skipped (its condition false) reads as the marker
 ``[step N skipped]``; one to an optional step that failed reads as ``null``. A reference's
 part derives also from the steps whose condition decides whether step N runs: an e-mail
@@ -35,6 +38,12 @@ from plangate.provenance import PLAN, Origin, Provenance, union
 
 SKIPPED_MARK = "[step {step} skipped]"
 """What a reference to a skipped step reads as in the answer."""
+
+MAX_ANSWER = 65_536
+"""Characters of the rendered answer kept (the longest string a plan may hold): the outputs it quotes are
+recorded in full in their own steps' events; the answer is what the user reads, not a second copy of them."""
+
+CUT_MARK = " [... {more} more characters: the answer is cut at {limit}; the outputs are in full in the trace]"
 
 _TOKEN = re.compile(r"\$\$\{|\$\{([^}]*)\}|\$\{")
 
@@ -151,7 +160,22 @@ def _render(
             parts.append(Part(references.as_text(references.lookup(ref, outputs, nulls)), found, ref.text))
     if at < len(text):
         parts.append(Part(text[at:]))
-    return Answer(tuple(_merged(parts)))
+    return Answer(tuple(_merged(_cut(parts))))
+
+
+def _cut(parts: list[Part], limit: int = MAX_ANSWER) -> list[Part]:
+    """At most ``limit`` characters of the parts, each cut part keeping its sources, and a note of the rest."""
+    total = sum(len(part.text) for part in parts)
+    if total <= limit:
+        return parts
+    kept: list[Part] = []
+    room = limit
+    for part in parts:
+        if room <= 0:
+            break
+        kept.append(part if len(part.text) <= room else part._replace(text=part.text[:room]))
+        room -= len(kept[-1].text)
+    return [*kept, Part(CUT_MARK.format(more=total - limit, limit=limit))]
 
 
 def _merged(parts: list[Part]) -> list[Part]:
