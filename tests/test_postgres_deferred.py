@@ -143,3 +143,24 @@ def test_a_transaction_may_record_more_events_than_one_statement_takes(db: str) 
             rt.store.record_event(**_event("many"))
     assert rt.store.verify_audit().ok
     rt.close()
+
+
+def test_a_lease_lost_during_a_call_fails_the_next_transaction_at_its_commit(db: str) -> None:
+    """The fence goes out with the commit's writes; its failure names the holder, and none of them land."""
+
+    @tool
+    def taken(n: int) -> int:
+        """Meanwhile another worker takes the plan over."""
+        with psycopg.connect(db, autocommit=True) as conn:
+            conn.execute("UPDATE plans SET lease_owner = 'intruder' WHERE kind = 'plan'")
+        return n
+
+    rt = Runtime(Catalogue([taken, echo]), db=db)
+    steps = ({"id": 1, "tool": "taken", "params": {"n": 1}}, {"id": 2, "tool": "echo", "params": {"n": "${1}"}})
+    record = rt.submit(plan(*steps), "ann")
+    rt.approve(record.id, "ben", record.hash)
+    with pytest.raises(LeaseLostError, match="held by intruder: the lease on plan"):
+        rt.execute(record.id)
+    assert {k: r.status for k, r in rt.store.steps(record.id).items()} == {1: "started"}
+    assert [e.kind for e in rt.trace(record.id)][-1] == "step.started" and rt.store.verify_audit().ok
+    rt.close()
