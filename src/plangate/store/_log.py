@@ -37,6 +37,9 @@ _VERIFIED: dict[tuple[str, str, str], tuple[int, str, tuple[Event, ...]]] = {}
 """Per (store, key, kind): the newest event a process verified, its hash, and the events up to it."""
 
 
+_ROWS_A_STATEMENT = 1000
+"""Events written in one INSERT at most (12 parameters each)."""
+
 _COUNT_AFTER = (
     "SELECT COUNT(*), COALESCE(MAX(seq), 0), (SELECT seq FROM audit_head WHERE id = 1) FROM events WHERE seq > ?"
 )
@@ -146,8 +149,12 @@ class AuditLog:
             self._plan_heads[chain_of] = digest
             self._tails[chain_of] = (seq, digest)
             written.append((seq, prev, digest))
-        places = ", ".join(["(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"] * len(rows))
-        self._write(f"INSERT INTO events ({audit.COLUMNS}) VALUES {places}", tuple(values))
+        width = len(values) // len(rows) if rows else 0
+        for first in range(0, len(rows), _ROWS_A_STATEMENT):  # PostgreSQL takes 65,535 parameters a statement
+            some = rows[first : first + _ROWS_A_STATEMENT]
+            places = ", ".join(["(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"] * len(some))
+            part = values[first * width : (first + len(some)) * width]
+            self._write(f"INSERT INTO events ({audit.COLUMNS}) VALUES {places}", tuple(part))
         return written
 
     def purge_event(self, seq: int, kept: dict[str, Any], at: str) -> None:
