@@ -103,8 +103,10 @@ def a_late_outcome_is_not_recorded(db: str) -> None:
     rt = Runtime(Catalogue([pay]), db=db, clock=FixedClock())
     record = rt.submit(plan({"id": 1, "tool": "pay", "params": {"amount": 5}}), "ann")
     rt.approve(record.id, "ben", record.hash)
+    told: list[str] = []
     with pytest.raises(LeaseLostError, match="step 1's record changed while its call"):
-        rt.execute(record.id, actor="ops")
+        rt.execute(record.id, actor="ops", progress=lambda p: told.append(p.kind))
+    assert told == ["started"]  # never "succeeded": progress is told what was recorded, once it was
     row = rt.store.steps(record.id)[1]
     assert (row.status, row.output) == ("outcome_unknown", None)
     assert "step.succeeded" not in [e.kind for e in rt.trace(record.id)]
