@@ -79,6 +79,14 @@ def pg_server() -> Iterator[str]:
 _DATABASES = itertools.count()
 
 
+@pytest.fixture
+def pg_db(pg_server: str) -> str:
+    """A fresh database on the session's PostgreSQL cluster."""
+    from plangate.testing import fresh_database
+
+    return fresh_database(pg_server, f"test_{os.getpid()}_{next(_DATABASES)}")
+
+
 @pytest.fixture(params=["sqlite", "postgresql"])
 def any_db(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     """A fresh store URL, once on SQLite and once on PostgreSQL: for tests where the store matters."""

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Iterator
 from contextlib import closing, contextmanager
@@ -16,22 +15,14 @@ from plangate import Catalogue, Policy, tool
 from plangate.errors import LeaseLostError
 from plangate.runtime import Runtime
 from plangate.store import open_store
-from plangate.testing import fresh_database, postgres_cluster
 from tests.conftest import load_plan
 from tests.helpers import a_late_outcome_is_not_recorded, plan
 
-_COUNTER = iter(range(10**6))
-
-
-@pytest.fixture(scope="module")
-def server() -> Iterator[str]:
-    with postgres_cluster() as url:
-        yield url
-
 
 @pytest.fixture
-def db(server: str) -> str:
-    return fresh_database(server, f"plangate_{os.getpid()}_{next(_COUNTER)}")
+def db(pg_db: str) -> str:
+    """A fresh database on the session's cluster (tests/conftest.py)."""
+    return pg_db
 
 
 def test_the_governed_path_on_postgresql(db: str, catalogue: Catalogue, policy: Policy) -> None:

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import os
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from contextlib import closing
 from dataclasses import replace
 from typing import Any
@@ -18,21 +17,13 @@ from plangate.errors import LeaseLostError
 from plangate.runtime import Runtime
 from plangate.store import open_store
 from plangate.store.postgres import _LOG_LOCK
-from plangate.testing import fresh_database, postgres_cluster
 from tests.helpers import plan
-
-_COUNTER = iter(range(10**6))
-
-
-@pytest.fixture(scope="module")
-def server() -> Iterator[str]:
-    with postgres_cluster() as url:
-        yield url
 
 
 @pytest.fixture
-def db(server: str) -> str:
-    return fresh_database(server, f"plangate_d{os.getpid()}_{next(_COUNTER)}")
+def db(pg_db: str) -> str:
+    """A fresh database on the session's cluster (tests/conftest.py)."""
+    return pg_db
 
 
 @tool
