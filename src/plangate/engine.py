@@ -28,12 +28,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import heapq
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any, Literal
@@ -124,7 +122,6 @@ class _Run:
         self.halting = asyncio.Event()  # set when the run halts: retries waiting out a backoff stop waiting
         self.pool = timeouts.shared("plangate-step")  # started as needed, reused, never waited for
         self.watch: timeouts.Watch | None = None
-        self.telling: list[Callable[[], object]] | None = None  # told once the open transaction commits
         self.spans = tracing.NO_RUN  # the run's spans: opened by ``watched``
         self.deps = run_deps(plan, lambda name: engine.catalogue[name].effect if name in engine.catalogue else None)
         self.tools: dict[int, Tool] = {}  # each step's tool, looked up once
@@ -164,7 +161,7 @@ class _Run:
     async def _go(self, load: bool = True) -> RunResult:
         self.halting = asyncio.Event()  # of this event loop (the run may go on in another after an overrun)
         while True:
-            with self._tx():
+            with self.store.transaction():
                 self._tick()
                 if load:  # what earlier runs recorded, read in the transaction that starts the first steps
                     self._load()
@@ -200,7 +197,7 @@ class _Run:
 
         The run must have been claimed (:meth:`plangate.runtime.Runtime.start`).
         """
-        with self._tx():
+        with self.store.transaction():
             self._tick()
             self._reload()
             row = self.rows.get(step_id)
@@ -217,7 +214,7 @@ class _Run:
             if not self._prepare(step_id):
                 return self.rows[step_id].status
         outcome = self._one_call(step_id)
-        with self._tx():
+        with self.store.transaction():
             self._tick()
             if not outcome.handled:
                 self._record_call(outcome)
@@ -228,13 +225,13 @@ class _Run:
         """The call and its retries, in this thread: an orchestrator's activity may block."""
         outcome = self._call_bounded(step_id)
         while True:
-            with self._tx():
+            with self.store.transaction():
                 self._tick()
                 delay = self._retry_delay(outcome)
             if delay is None:
                 return outcome
             time.sleep(delay)
-            with self._tx():
+            with self.store.transaction():
                 self._tick()
                 if not self._restart(step_id):
                     return replace(outcome, handled=True)
@@ -242,7 +239,7 @@ class _Run:
 
     def finish(self) -> RunResult:
         """Record how the run ended, from what the steps recorded."""
-        with self._tx():
+        with self.store.transaction():
             self._tick()
             self._reload()
             for sid in self.order:
@@ -320,7 +317,7 @@ class _Run:
         self.store.put_step(self.rows[row.step_id])
         self._event("step.outcome_unknown", row.step_id, {"error": error})
         self._report("outcome_unknown", row.step_id, error)
-        self._tell(self.spans.step_ended, row.step_id, tool.name, "outcome_unknown", error)
+        self.store.on_commit(self.spans.step_ended, row.step_id, tool.name, "outcome_unknown", error)
         self.halt = (row.step_id, error, results.SETTLE)
 
     def _record_finished(self) -> None:
@@ -354,7 +351,7 @@ class _Run:
                 self._event("step.failed", step.id, {"error": outcome.error, "ms": round(outcome.ms, 3)})
                 self.halt = self.halt or (step.id, outcome.error or "failed", None)
             self._report(status, step.id, outcome.error or "", outcome.ms)
-            self._tell(self.spans.step_ended, step.id, step.tool, status, outcome.error, outcome.ms)
+            self.store.on_commit(self.spans.step_ended, step.id, step.tool, status, outcome.error, outcome.ms)
             self.ran.append(step.id)
         self.finished.clear()
 
@@ -428,7 +425,7 @@ class _Run:
         self.store.put_step(row)
         self._event("step.skipped", step.id, {"reason": why})
         self._report("skipped", step.id, why)
-        self._tell(self.spans.step_ended, step.id, step.tool, "skipped", why)
+        self.store.on_commit(self.spans.step_ended, step.id, step.tool, "skipped", why)
         return False
 
     def _fail_before_call(self, step: Step, error: str) -> bool:
@@ -447,7 +444,7 @@ class _Run:
         self.store.put_step(row)
         self._event("step.failed", step.id, {"error": error, "before_call": True})
         self._report("failed", step.id, error)
-        self._tell(self.spans.step_ended, step.id, step.tool, "failed", error)
+        self.store.on_commit(self.spans.step_ended, step.id, step.tool, "failed", error)
         self.halt = (step.id, error, None)
         return False
 
@@ -545,7 +542,7 @@ class _Run:
             await asyncio.wait_for(self.halting.wait(), timeout=delay)
         if self.halt is not None or (self.watch is not None and self.watch.stopped):
             return replace(last, retryable=False)
-        with self._tx():
+        with self.store.transaction():
             self._tick()
             if not self._restart(last.step_id):
                 return replace(last, handled=True)
@@ -567,7 +564,7 @@ class _Run:
             said = answer.render(self.plan, outputs, self.nulls, skipped, self.flows)
             ended = {"steps": len(outputs), "skipped": list(skipped), **answer.event_data(said)}
             self._move("succeeded", "run.succeeded", ended)
-            self._tell(self.spans.end, "succeeded")
+            self.store.on_commit(self.spans.end, "succeeded")
             return RunResult(
                 plan_id=self.plan_id,
                 version=self.version,
@@ -585,7 +582,7 @@ class _Run:
         self._move(
             "halted", "run.halted", {"step": step_id, "error": error, "rationale": step.rationale, "tool": step.tool}
         )
-        self._tell(self.spans.end, "halted", error, step_id)
+        self.store.on_commit(self.spans.end, "halted", error, step_id)
         return RunResult(
             plan_id=self.plan_id,
             version=self.version,
@@ -664,33 +661,10 @@ class _Run:
             data=data,
         )
 
-    @contextmanager
-    def _tx(self) -> Iterator[None]:
-        """A transaction of the run's records. What it tells (progress, metrics, the steps' spans) is told
-        once it commits: a step is never said to have succeeded when its record did not (a fence failed)."""
-        if self.telling is not None:  # inside another: that one tells
-            with self.store.transaction():
-                yield
-            return
-        self.telling = []
-        try:
-            with self.store.transaction():
-                yield
-        except BaseException:
-            self.telling = None
-            raise
-        told, self.telling = self.telling, None
-        for tell in told:
-            tell()
-
-    def _tell(self, fn: Callable[..., object], /, *args: Any) -> None:
-        if self.telling is None:
-            fn(*args)
-        else:
-            self.telling.append(functools.partial(fn, *args))
-
     def _report(self, kind: Any, step_id: int, detail: str, ms: float | None = None) -> None:
-        self._tell(self._report_now, kind, step_id, detail, ms)
+        """Tell progress and metrics (and, beside it, the steps' spans) what the open transaction records, once it
+        commits: a step is never said to have succeeded when its record did not (a fence failed at the commit)."""
+        self.store.on_commit(self._report_now, kind, step_id, detail, ms)
 
     def _report_now(self, kind: Any, step_id: int, detail: str, ms: float | None) -> None:
         metrics.step(self.steps[step_id].tool, kind, ms)

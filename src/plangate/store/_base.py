@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import abc
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from typing import Any
 
@@ -100,6 +100,10 @@ class Store(abc.ABC):
         :class:`~plangate.errors.LeaseLostError` saying ``lost``, at the latest as it commits,
         and nothing of it is written.
         """
+
+    @abc.abstractmethod
+    def on_commit(self, fn: Callable[..., object], /, *args: Any) -> None:
+        """Call ``fn(*args)`` once the open transaction commits (never, if it rolls back); at once outside one."""
 
     @abc.abstractmethod
     def newest_event(self, plan_id: str) -> str | None:

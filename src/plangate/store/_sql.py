@@ -5,8 +5,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from plangate import audit
 from plangate.errors import LeaseLostError, StoreError
@@ -38,8 +37,7 @@ _MOST_PARAMETERS = 20_000
 """More parameters than this in the waiting writes: they go out one by one (PostgreSQL takes 65,535 a statement)."""
 
 
-@dataclass(frozen=True)
-class _Write:
+class _Write(NamedTuple):
     query: str
     params: tuple[Any, ...]
     key: tuple[Any, ...] | None
@@ -64,6 +62,7 @@ class SQLStore(AuditLog, Store):
         self._pending: list[_Pending] = []  # events recorded, written once the log is needed (record_event)
         self._reading = False  # inside snapshot()
         self._deferred: list[_Write] = []  # writes nobody reads before the commit, sent together (PostgreSQL)
+        self._after: list[tuple[Callable[..., object], tuple[Any, ...]]] = []  # on_commit's calls
 
     # -- plumbing ------------------------------------------------------------------------
     def _begin(self) -> None:
@@ -91,13 +90,14 @@ class SQLStore(AuditLog, Store):
         waiting ones go out first); ``lost``: it must change exactly one row, else the transaction
         fails with :class:`LeaseLostError` saying that.
         """
-        write = _Write(query, params, key, lost)
-        if not (self._DEFER_WRITES and self._depth):
-            self._check(write, self._rowcount(self._exec(query, params)))
+        if not (self._DEFER_WRITES and self._depth):  # at once (SQLite: a statement costs no round trip)
+            cursor = self._exec(query, params)
+            if lost is not None and self._rowcount(cursor) != 1:
+                raise LeaseLostError(lost if isinstance(lost, str) else lost())
             return
         if key is not None and any(w.key == key for w in self._deferred):
             self._flush()
-        self._deferred.append(write)
+        self._deferred.append(_Write(query, params, key, lost))
 
     def _flush(self) -> None:
         """Send the waiting writes: one statement, each write a part of it that counts its rows."""
@@ -179,9 +179,19 @@ class SQLStore(AuditLog, Store):
                 self._fences.clear()
                 self._pending.clear()
                 self._deferred.clear()
+                self._after.clear()
                 self._conn.execute("ROLLBACK")
                 raise
             self._depth, self._committed, self._head = 0, self._head or self._committed, None
+            after, self._after = self._after, []
+            for fn, args in after:
+                fn(*args)
+
+    def on_commit(self, fn: Callable[..., object], /, *args: Any) -> None:
+        if self._depth:
+            self._after.append((fn, args))
+        else:
+            fn(*args)
 
     _SNAPSHOT = "BEGIN"  # SQLite: a deferred transaction reads one snapshot (WAL)
     _HEAD_IS_THE_LOCK = False  # PostgreSQL appends after the head row it locks: it must always be current
