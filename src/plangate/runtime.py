@@ -464,9 +464,11 @@ class Runtime:
         try:
             with self.store.snapshot():
                 plan, version = self._current(plan_id)
-                return (plan, version, self._newest_event(plan.id)), self._right_to_run(plan, version)
+                proof = self._right_to_run(plan, version)
         except PlangateError:
             return None
+        events = proof[1].events  # the plan's events, verified in this snapshot: the newest is the last
+        return (plan, version, events[-1].hash if events else None), proof
 
     def _newest_event(self, plan_id: str) -> str | None:
         return self.store.newest_event(plan_id)

@@ -387,17 +387,14 @@ class AuditLog:
         chain, whose newer events are just newer). ``plangate audit verify`` checks everything.
         """
         seq, digest = last
-        after = self._exec("SELECT seq, prev FROM events WHERE seq > ? ORDER BY seq LIMIT 1", (seq,)).fetchone()
-        if after is not None and (after[0], after[1]) != (seq + 1, digest):
+        row = self._exec(_FOLLOWS, (seq,) * 4 + (digest, seq) * 3).fetchone()  # one statement: one snapshot
+        after, count, top, head, moved = row[0:2], row[2], row[3], row[4], row[5:8]
+        if after[0] is not None and tuple(after) != (seq + 1, digest):
             return f"the log does not go on from the chain's newest event {seq}: events after it were cut out"
-        count, top, head = self._exec(_COUNT_AFTER, (seq,)).fetchone()  # one statement: one snapshot
         if count != max(top - seq, 0) or (head or 0) > max(top, seq):
             return f"events after event {seq} were deleted: the log numbers them with gaps"
-        moved = self._exec(
-            "SELECT seq, plan_id, kind FROM events WHERE plan_prev = ? AND seq > ? LIMIT 1", (digest, seq)
-        ).fetchone()
         plan_id, kind = chain
-        if moved is not None and (moved[1] != plan_id or (plan_id is None and moved[2] != kind)):
+        if moved[0] is not None and (moved[1] != plan_id or (plan_id is None and moved[2] != kind)):
             return f"event {moved[0]} continues the chain of event {seq} under another kind or plan: it was relabelled"
         return None
 
@@ -405,6 +402,21 @@ class AuditLog:
         row = self._exec("SELECT seq, hash FROM audit_head WHERE id = 1").fetchone()
         return (row[0], row[1]) if row and row[0] else (0, audit.GENESIS)
 
+
+_NEXT = "(SELECT {column} FROM events WHERE seq > ? ORDER BY seq LIMIT 1)"
+_GOES_ON = "(SELECT {column} FROM events WHERE plan_prev = ? AND seq > ? ORDER BY seq LIMIT 1)"
+_FOLLOWS = "SELECT " + ", ".join(
+    [
+        _NEXT.format(column="seq"),
+        _NEXT.format(column="prev"),
+        "(SELECT COUNT(*) FROM events WHERE seq > ?)",
+        "(SELECT COALESCE(MAX(seq), 0) FROM events WHERE seq > ?)",
+        "(SELECT seq FROM audit_head WHERE id = 1)",
+        *(_GOES_ON.format(column=column) for column in ("seq", "plan_id", "kind")),
+    ]
+)
+"""What :meth:`AuditLog._follows` reads after a chain's newest event: the next event, how many follow and the
+newest number, the head, and the first later event that continues the chain; in one statement, one snapshot."""
 
 _SEAL_SETTING = "INSERT INTO settings (key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value"
 _FENCED = (
