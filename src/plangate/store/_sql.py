@@ -44,6 +44,16 @@ class _Write(NamedTuple):
     lost: _Lost | None
 
 
+def _expect_one(lost: _Lost | None, count: int) -> None:
+    """A write that had to change exactly one row and did not: the transaction fails, saying ``lost``."""
+    if lost is not None and count != 1:
+        raise LeaseLostError(lost if isinstance(lost, str) else lost())
+
+
+def _too_many(writes: list[_Write]) -> bool:
+    return sum(len(w.params) for w in writes) > _MOST_PARAMETERS
+
+
 class SQLStore(AuditLog, Store):
     """Shared SQL for the backends; a subclass supplies the connection and its dialect."""
 
@@ -91,9 +101,7 @@ class SQLStore(AuditLog, Store):
         fails with :class:`LeaseLostError` saying that.
         """
         if not (self._DEFER_WRITES and self._depth):  # at once (SQLite: a statement costs no round trip)
-            cursor = self._exec(query, params)
-            if lost is not None and self._rowcount(cursor) != 1:
-                raise LeaseLostError(lost if isinstance(lost, str) else lost())
+            _expect_one(lost, self._exec(query, params).rowcount)
             return
         if key is not None and any(w.key == key for w in self._deferred):
             self._flush()
@@ -102,33 +110,38 @@ class SQLStore(AuditLog, Store):
     def _flush(self) -> None:
         """Send the waiting writes: one statement, each write a part of it that counts its rows."""
         writes, self._deferred = self._deferred, []
-        if len(writes) == 1 or sum(len(w.params) for w in writes) > _MOST_PARAMETERS:
-            for write in writes:
-                self._check(write, self._rowcount(self._conn.execute(self._sql(write.query), write.params)))
+        if len(writes) > 1 and not _too_many(writes):
+            self._together(writes)
             return
-        parts = ", ".join(f"w{i} AS ({w.query} RETURNING 1)" for i, w in enumerate(writes))
-        counts = ", ".join(f"(SELECT COUNT(*) FROM w{i})" for i in range(len(writes)))
-        params = tuple(p for w in writes for p in w.params)
-        row = self._conn.execute(self._sql(f"WITH {parts} SELECT {counts}"), params).fetchone()
-        for write, count in zip(writes, row, strict=True):
-            self._check(write, int(count))
+        for write in writes:
+            _expect_one(write.lost, self._conn.execute(self._sql(write.query), write.params).rowcount)
 
     def _read_one(self, query: str, params: tuple[Any, ...] = ()) -> tuple[Any, ...] | None:
         """The one row ``query`` reads (None: none, or every column null), with the waiting writes
         in the same statement: a round trip, where there are any."""
         writes = self._deferred
-        if not writes or sum(len(w.params) for w in writes) > _MOST_PARAMETERS:
+        if not writes or _too_many(writes):
             row = self._exec(query, params).fetchone()
             return None if row is None else tuple(row)
         self._deferred = []
+        values = self._together(writes, query, params)
+        return None if all(value is None for value in values) else values
+
+    def _together(self, writes: list[_Write], read: str | None = None, params: tuple[Any, ...] = ()) -> tuple[Any, ...]:
+        """``writes`` as the parts of one statement, each counting its rows (checked here), and with ``read``
+        the one row it reads (its columns come back; every one null when it read none)."""
         parts = ", ".join(f"w{i} AS ({w.query} RETURNING 1)" for i, w in enumerate(writes))
         counts = ", ".join(f"(SELECT COUNT(*) FROM w{i})" for i in range(len(writes)))
-        sql = f"WITH {parts}, r AS ({query}) SELECT r.*, {counts} FROM (SELECT 1) AS one LEFT JOIN r ON TRUE"
+        sql = (
+            f"WITH {parts} SELECT {counts}"
+            if read is None
+            else f"WITH {parts}, r AS ({read}) SELECT r.*, {counts} FROM (SELECT 1) AS one LEFT JOIN r ON TRUE"
+        )
         row = self._conn.execute(self._sql(sql), (*(p for w in writes for p in w.params), *params)).fetchone()
         width = len(row) - len(writes)
         for write, count in zip(writes, row[width:], strict=True):
-            self._check(write, int(count))
-        return None if all(value is None for value in row[:width]) else tuple(row[:width])
+            _expect_one(write.lost, int(count))
+        return tuple(row[:width])
 
     def newest_event(self, plan_id: str) -> str | None:
         if self._head is not None:  # under the log's lock: known for the rest of the transaction
@@ -136,14 +149,6 @@ class SQLStore(AuditLog, Store):
             return None if digest == audit.GENESIS else digest
         row = self._read_one("SELECT hash FROM events WHERE plan_id = ? ORDER BY seq DESC LIMIT 1", (plan_id,))
         return None if row is None else str(row[0])
-
-    @staticmethod
-    def _check(write: _Write, count: int) -> None:
-        if write.lost is not None and count != 1:
-            raise LeaseLostError(write.lost if isinstance(write.lost, str) else write.lost())
-
-    def _rowcount(self, cursor: Any) -> int:
-        return int(cursor.rowcount)
 
     @contextmanager
     def transaction(self) -> Iterator[None]:
