@@ -421,7 +421,7 @@ class Runtime:
         proved = self._proved_before(plan_id)
         with self.store.transaction():
             plan, version = self._locked(plan_id)
-            if proved is not None and proved[0] == (plan, version, self._newest_event(plan.id)):
+            if proved is not None and proved[0] == (plan, version, self.store.newest_event(plan.id)):
                 body, told, policy, recheck = proved[1]  # nothing of the plan changed since: the proof holds
             else:
                 body, told, policy, recheck = self._right_to_run(plan, version)
@@ -469,9 +469,6 @@ class Runtime:
             return None
         events = proof[1].events  # the plan's events, verified in this snapshot: the newest is the last
         return (plan, version, events[-1].hash if events else None), proof
-
-    def _newest_event(self, plan_id: str) -> str | None:
-        return self.store.newest_event(plan_id)
 
     def drive(self, claim: Claim, progress: Callable[[Progress], None] | None = None) -> RunResult:
         """Run a claimed plan to its end or a halt, renewing the lease as it goes."""
