@@ -12,6 +12,8 @@ from plangate.store._sql import SQLStore
 
 Synchronous = Literal["normal", "full"]
 
+_CHECKPOINT_PAGES = 4_000
+
 
 class SQLiteStore(SQLStore):
     """A store in one SQLite file.
@@ -31,6 +33,10 @@ class SQLiteStore(SQLStore):
             conn.execute(f"PRAGMA synchronous = {'FULL' if synchronous == 'full' else 'NORMAL'}")
             conn.execute("PRAGMA foreign_keys = ON")
             conn.execute("PRAGMA busy_timeout = 30000")
+            # A checkpoint (the WAL's pages copied into the file, and an fsync) every 4,000 pages
+            # rather than SQLite's 1,000: a step writes about 10, so the engine's thread stops for
+            # one every 400 steps rather than every 100, at the cost of a WAL of up to 16 MiB.
+            conn.execute(f"PRAGMA wal_autocheckpoint = {_CHECKPOINT_PAGES}")
         except sqlite3.Error as exc:
             raise StoreError(f"cannot open the SQLite store at {str(path)!r}: {exc}") from None
         super().__init__(f"sqlite:///{path}", conn)
