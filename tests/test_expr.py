@@ -38,6 +38,11 @@ def test_evaluates(source: str, expected: bool) -> None:
     assert run(source) is expected
 
 
+def test_whitespace_anywhere_is_only_a_separator() -> None:
+    assert run(" \t${1.total}\n>\r\n10  ") is True
+    assert parse("  ${1.total}  >  10  ").tree == parse("${1.total}>10").tree
+
+
 def test_references_are_collected() -> None:
     assert parse("${1.total} > ${2} and ${3.a.b} == 1").refs == (Ref(1, ("total",)), Ref(2, ()), Ref(3, ("a", "b")))
 
@@ -46,6 +51,10 @@ def test_references_are_collected() -> None:
     ("source", "message"),
     [
         ("${1.total} >", "column 13: expected a value"),
+        ("${1.total} >   ", "column 16: expected a value"),  # the end: after the whitespace
+        ("  ${1.total} ># 2", "column 15: unexpected character '#'"),  # columns count the leading whitespace
+        ("\t${1.total}\n>\n\n  open", "column 18: unknown name 'open'"),
+        ("   ", "column 4: expected a value"),
         ("__import__('os')", "unknown name '__import__'"),
         ("${1}.__class__", "unexpected character '.'"),
         ("open('x')", "unknown name 'open'"),

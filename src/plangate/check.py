@@ -120,8 +120,9 @@ def check(
     if policy is not None:
         decision = policy.evaluate(plan, catalogue, user=user, role=role, graph=graph)
         violations.extend(decision.violations)
-    position = {step_id: index for index, step_id in enumerate(graph.order)}
-    violations.sort(key=lambda v: -1 if v.step is None else position.get(v.step, -1))
+    if violations:
+        position = {step_id: index for index, step_id in enumerate(graph.order)}
+        violations.sort(key=lambda v: -1 if v.step is None else position.get(v.step, -1))
     return CheckResult(violations=tuple(violations), plan=plan, decision=decision, catalogue=catalogue)
 
 

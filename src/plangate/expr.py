@@ -35,15 +35,16 @@ MAX_LENGTH = 1000
 MAX_DEPTH = 32
 
 _TOKENS = re.compile(
-    r"""(?P<ws>\s+)
-      | (?P<ref>\$\{[^}]*\})
+    r"""\s*(?:(?P<ref>\$\{[^}]*\})
       | (?P<num>\d+(?:\.\d+)?(?:[eE][+-]?\d+)?)
       | (?P<str>"(?:[^"\\]|\\.)*"|'(?:[^'\\]|\\.)*')
       | (?P<op>==|!=|<=|>=|[<>+\-*/%(),\[\]])
       | (?P<word>[A-Za-z_][A-Za-z0-9_]*)
-      | (?P<bad>.)""",
+      | (?P<bad>.)
+      | \Z)""",
     re.VERBOSE | re.DOTALL,
 )
+_new_tuple = tuple.__new__
 _KEYWORDS = {"and", "or", "not", "in", "true", "false", "null"}
 _ESCAPES = {"n": "\n", "t": "\t", "\\": "\\", '"': '"', "'": "'"}
 
@@ -112,20 +113,21 @@ def parse(source: str) -> Condition:
 
 def _tokenize(source: str) -> list[_Tok]:
     tokens: list[_Tok] = []
-    for match in _TOKENS.finditer(source):
+    for match in _TOKENS.finditer(source):  # each match: the whitespace before a token, then the token
         kind = match.lastgroup
-        if kind == "ws":
+        if kind is None:  # the end, after any whitespace
             continue
-        text = match.group()
+        start, end = match.span(kind)
+        text, column = source[start:end], start + 1
         if kind == "bad":
-            raise ConditionError(f"unexpected character {text!r}", column=match.start() + 1)
+            raise ConditionError(f"unexpected character {text!r}", column=column)
         if kind == "word" and text not in _KEYWORDS:
             raise ConditionError(
                 f"unknown name {text!r}: conditions read step outputs as ${{N.field}}"
                 " and know only and, or, not, in, true, false, null",
-                column=match.start() + 1,
+                column=column,
             )
-        tokens.append(_Tok(kind or "", text, match.start() + 1))
+        tokens.append(_new_tuple(_Tok, (kind, text, column)))  # positionally: cheaper than _Tok(...)
     tokens.append(_Tok("end", "", len(source) + 1))
     return tokens
 
@@ -194,7 +196,7 @@ class _Parser:
                 raise ConditionError(
                     f"comparisons cannot be chained: use 'and' before {op!r}", column=self.tokens[self.pos - 1].col
                 )
-            left = Binary(op, left, right)
+            left = _new_tuple(Binary, (op, left, right))
         return left
 
     def prefix(self, depth: int) -> Node:
@@ -212,16 +214,16 @@ class _Parser:
     def atom(self, tok: _Tok, depth: int) -> Node:
         self.pos += 1
         if tok.kind == "num":
-            return Literal(int(tok.text) if tok.text.isdigit() else float(tok.text))
+            return _new_tuple(Literal, (int(tok.text) if tok.text.isdigit() else float(tok.text),))
         if tok.kind == "str":
-            return Literal(_unquote(tok))
+            return _new_tuple(Literal, (_unquote(tok),))
         if tok.kind == "ref":
             try:
                 ref = _parse_body(tok.text[2:-1])
             except RefError as exc:
                 raise ConditionError(str(exc), column=tok.col) from None
             self.refs.append(ref)
-            return RefNode(ref)
+            return _new_tuple(RefNode, (ref,))
         if tok.kind == "word" and tok.text in _LITERALS:
             return Literal(_LITERALS[tok.text])
         if tok.kind == "op" and tok.text == "(":

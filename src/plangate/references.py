@@ -22,6 +22,7 @@ _BODY = re.compile(r"(\d{1,9})((?:\.[A-Za-z0-9_-]+)*)")
 _WHOLE = re.compile(r"\$\{(\d{1,9})((?:\.[A-Za-z0-9_-]+)*)\}")
 
 Loc = tuple[str | int, ...]
+_new_tuple = tuple.__new__
 
 
 # Hot-path value types are NamedTuples: as immutable as frozen dataclasses, and several
@@ -68,6 +69,10 @@ def scan(text: str) -> list[Ref]:
 
 
 def _parse_body(body: str) -> Ref:
+    return _short_body(body) if len(body) <= _SHORT else _any_body(body)
+
+
+def _any_body(body: str) -> Ref:
     parsed = _BODY.fullmatch(body)
     if parsed is None:
         raise RefError(
@@ -78,8 +83,8 @@ def _parse_body(body: str) -> Ref:
 
 
 def _ref(match: re.Match[str]) -> Ref:
-    path = match.group(2)
-    return Ref(int(match.group(1)), tuple(path[1:].split(".")) if path else ())
+    step, path = match.groups()
+    return _new_tuple(Ref, (int(step), tuple(path[1:].split(".")) if path else ()))
 
 
 def whole_ref(value: object) -> Ref | None:
@@ -97,6 +102,12 @@ _SHORT = 80
 @lru_cache(maxsize=4096)
 def _whole_short(text: str) -> Ref | None:
     return whole_ref(text)
+
+
+@lru_cache(maxsize=4096)
+def _short_body(body: str) -> Ref:
+    """A reference's body (``2.email``), parsed once: plans name the same few. A malformed one raises each time."""
+    return _any_body(body)
 
 
 def has_refs(value: str) -> bool:
@@ -122,7 +133,12 @@ def find(value: Any, loc: Loc = ()) -> list[Found | tuple[Loc, RefError]]:
     if not loc and (type(value) is dict or isinstance(value, Mapping)):  # the usual case: a step's flat parameters
         for key, item in value.items():
             if type(item) is str:
-                if "${" in item:
+                if "${" not in item:
+                    continue
+                ref = _whole_short(item) if len(item) <= _SHORT else None  # the usual value: one whole reference
+                if ref is not None:
+                    out.append(_new_tuple(Found, ((key,), ref, True)))
+                else:
                     _collect(out, (key,), item)
             elif isinstance(item, Mapping | list):
                 out.extend(find(item, (key,)))
@@ -136,10 +152,10 @@ def find(value: Any, loc: Loc = ()) -> list[Found | tuple[Loc, RefError]]:
 def _collect(out: list[Found | tuple[Loc, RefError]], here: Loc, text: str) -> None:
     ref = _whole_short(text) if len(text) <= _SHORT else whole_ref(text)
     if ref is not None:
-        out.append(Found(here, ref, True))
+        out.append(_new_tuple(Found, (here, ref, True)))  # positionally: cheaper than Found(...)
         return
     try:
-        out.extend(Found(here, ref, False) for ref in scan(text))
+        out.extend(_new_tuple(Found, (here, ref, False)) for ref in scan(text))
     except RefError as exc:
         out.append((here, exc))
 
