@@ -176,20 +176,20 @@ class _Parser:
         if self.tokens[self.pos].kind != "end":
             raise self.fail("the end of the condition")
 
-    def binary_op(self) -> str | None:
-        tok = self.tokens[self.pos]
-        if tok.kind not in ("op", "word"):
-            return None
-        if tok.text == "not" and self.tokens[self.pos + 1].text == "in":
-            return "not in"
-        return tok.text if tok.text in _BINARY else None
-
     def expr(self, min_power: int, depth: int) -> Node:
         if depth > MAX_DEPTH:
             raise ConditionError(f"nested deeper than {MAX_DEPTH} levels", column=self.tokens[self.pos].col)
         left = self.prefix(depth)
-        while (op := self.binary_op()) is not None and _BINARY[op] >= min_power:
-            power = _BINARY[op]
+        tokens = self.tokens
+        while True:  # each binary operator, in place: this loop runs once per operator of every condition
+            kind, op, _ = tokens[self.pos]
+            if kind not in ("op", "word"):
+                break
+            if op == "not" and tokens[self.pos + 1].text == "in":
+                op = "not in"
+            power = _BINARY.get(op)
+            if power is None or power < min_power:
+                break
             self.pos += 2 if op == "not in" else 1
             right = self.expr(power + 1, depth + 1)
             if power == _COMPARISON and isinstance(left, Binary) and _BINARY.get(left.op) == _COMPARISON:

@@ -25,10 +25,10 @@ class PlanGraph:
 
     @classmethod
     def of(cls, plan: Plan, *, after: bool = False) -> PlanGraph:
-        seen: set[int] = set()
         order: list[int] = []
         deps: dict[int, frozenset[int]] = {}
         ancestors: dict[int, frozenset[int]] = {}
+        seen: set[int] = set()  # the steps before this one
         for step in plan.steps:
             step_id = step.id
             if step_id in seen:
@@ -36,9 +36,15 @@ class PlanGraph:
             reads = step.refs.depends_on
             if after and step.after:
                 reads = reads | set(step.after)
-            direct = reads & seen if reads else reads
-            deps[step_id] = direct
-            ancestors[step_id] = direct.union(*[ancestors[d] for d in direct]) if direct else direct
+            if reads:
+                deps[step_id] = direct = reads & seen  # a frozenset: the left operand's type
+                if len(direct) == 1:
+                    (only,) = direct
+                    ancestors[step_id] = direct | ancestors[only]
+                else:
+                    ancestors[step_id] = direct.union(*[ancestors[d] for d in direct])
+            else:
+                deps[step_id] = ancestors[step_id] = reads
             seen.add(step_id)
             order.append(step_id)
         return cls(tuple(order), deps, ancestors)
