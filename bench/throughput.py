@@ -112,7 +112,7 @@ def counted_statements() -> Iterator[dict[str, list[float]]]:
     import psycopg
 
     seen: dict[str, list[float]] = {}
-    original = psycopg.Connection.execute
+    original = psycopg.Cursor.execute
 
     def execute(self: Any, query: Any, *args: Any, **kwargs: Any) -> Any:
         start = time.perf_counter()
@@ -123,11 +123,11 @@ def counted_statements() -> Iterator[dict[str, list[float]]]:
             figures[0] += 1
             figures[1] += time.perf_counter() - start
 
-    psycopg.Connection.execute = execute  # type: ignore[method-assign]
+    psycopg.Cursor.execute = execute  # type: ignore[method-assign]
     try:
         yield seen
     finally:
-        psycopg.Connection.execute = original  # type: ignore[method-assign]
+        psycopg.Cursor.execute = original  # type: ignore[method-assign]
 
 
 def postgres_cpu(url: str) -> float:

@@ -81,17 +81,17 @@ def _chain(steps: int) -> dict[str, Any]:
 @contextmanager
 def _statements() -> Iterator[list[str]]:
     sent: list[str] = []
-    original = psycopg.Connection.execute
+    original = psycopg.Cursor.execute
 
     def execute(self: Any, query: Any, *args: Any, **kwargs: Any) -> Any:
         sent.append(" ".join(str(query).split()))
         return original(self, query, *args, **kwargs)
 
-    psycopg.Connection.execute = execute  # type: ignore[method-assign]
+    psycopg.Cursor.execute = execute  # type: ignore[method-assign]
     try:
         yield sent
     finally:
-        psycopg.Connection.execute = original  # type: ignore[method-assign]
+        psycopg.Cursor.execute = original  # type: ignore[method-assign]
 
 
 def test_a_steps_transaction_is_four_round_trips(db: str) -> None:

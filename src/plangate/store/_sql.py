@@ -76,7 +76,12 @@ class SQLStore(AuditLog, Store):
 
     # -- plumbing ------------------------------------------------------------------------
     def _begin(self) -> None:
-        self._conn.execute("BEGIN")
+        self._at_once("BEGIN")
+
+    def _at_once(self, query: str, params: tuple[Any, ...] = ()) -> Any:
+        """A statement sent under the store's lock whose answer is read before the next one is sent
+        (a count, a row, nothing): PostgreSQL's store sends it on one cursor, kept for them all."""
+        return self._conn.execute(query, params)
 
     def _sql(self, query: str) -> str:
         return query
@@ -114,7 +119,7 @@ class SQLStore(AuditLog, Store):
             self._together(writes)
             return
         for write in writes:
-            _expect_one(write.lost, self._conn.execute(self._sql(write.query), write.params).rowcount)
+            _expect_one(write.lost, self._at_once(self._sql(write.query), write.params).rowcount)
 
     def _read_one(self, query: str, params: tuple[Any, ...] = ()) -> tuple[Any, ...] | None:
         """The one row ``query`` reads (None: none, or every column null), with the waiting writes
@@ -137,7 +142,7 @@ class SQLStore(AuditLog, Store):
             if read is None
             else f"WITH {parts}, r AS ({read}) SELECT r.*, {counts} FROM (SELECT 1) AS one LEFT JOIN r ON TRUE"
         )
-        row = self._conn.execute(self._sql(sql), (*(p for w in writes for p in w.params), *params)).fetchone()
+        row = self._at_once(self._sql(sql), (*(p for w in writes for p in w.params), *params)).fetchone()
         width = len(row) - len(writes)
         for write, count in zip(writes, row[width:], strict=True):
             _expect_one(write.lost, int(count))
@@ -175,7 +180,7 @@ class SQLStore(AuditLog, Store):
                     self._write("UPDATE audit_head SET seq = ?, hash = ? WHERE id = 1", self._head, key=("head",))
                 if self._deferred:
                     self._flush()
-                self._conn.execute("COMMIT")
+                self._at_once("COMMIT")
             except BaseException:
                 # The key id may have been recorded in this transaction: check it again next time.
                 self._depth, self._head, self._chain, self._committed = 0, None, None, None
@@ -185,7 +190,7 @@ class SQLStore(AuditLog, Store):
                 self._pending.clear()
                 self._deferred.clear()
                 self._after.clear()
-                self._conn.execute("ROLLBACK")
+                self._at_once("ROLLBACK")
                 raise
             self._depth, self._committed, self._head = 0, self._head or self._committed, None
             after, self._after = self._after, []
@@ -207,13 +212,13 @@ class SQLStore(AuditLog, Store):
             if self._depth or self._reading:  # inside a transaction or a snapshot already: it is the snapshot
                 yield
                 return
-            self._conn.execute(self._SNAPSHOT)
+            self._at_once(self._SNAPSHOT)
             self._reading = True
             try:
                 yield
             finally:
                 self._reading = False
-                self._conn.execute("ROLLBACK")
+                self._at_once("ROLLBACK")
 
     def _head_for_append(self) -> tuple[int, str]:
         """The audit head, read so that no other writer can append until this transaction ends."""

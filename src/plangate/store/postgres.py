@@ -49,6 +49,7 @@ class PostgresStore(SQLStore):
             conn: Any = psycopg.connect(url, autocommit=True)
         except psycopg.Error as exc:
             raise StoreError(f"cannot open the PostgreSQL store at {url!r}: {exc}") from None
+        self._cursor = conn.cursor()
         super().__init__(url, conn)
         self._migrate()
 
@@ -61,6 +62,13 @@ class PostgresStore(SQLStore):
 
     def _sql(self, query: str) -> str:
         return query.replace("?", "%s")
+
+    def _at_once(self, query: str, params: tuple[Any, ...] = ()) -> Any:
+        # psycopg's Connection.execute makes a cursor for each statement, about 15 µs of CPU
+        # of the 40 to 60 a statement costs here. These statements are sent under the store's
+        # lock and their answers read at once, so one cursor serves them all; a reader that
+        # keeps its cursor while it sends others (_exec) still gets a cursor of its own.
+        return self._cursor.execute(query, params)
 
     def _head_for_append(self) -> tuple[int, str]:
         row = self._read_one(_LOCK_THE_LOG)  # with the waiting writes, in one round trip
