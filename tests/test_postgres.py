@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import closing, contextmanager
 from dataclasses import replace
@@ -14,7 +15,7 @@ import pytest
 from plangate import Catalogue, Policy, tool
 from plangate.errors import LeaseLostError
 from plangate.runtime import Runtime
-from plangate.store import open_store
+from plangate.store import open_store, postgres
 from tests.conftest import load_plan
 from tests.helpers import a_late_outcome_is_not_recorded, plan
 
@@ -157,3 +158,85 @@ def test_writes_to_one_row_in_one_transaction_land_in_order(db: str) -> None:
         )
     assert store.steps(record.id)[1].output == 99
     rt.close()
+
+
+# -- one process's appending transactions queue in the process --------------------------------
+
+
+def _waiting_for_the_log(db: str) -> int:
+    """Connections waiting in the database for the audit log's advisory lock."""
+    with psycopg.connect(db, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT COUNT(*) FROM pg_locks WHERE locktype = 'advisory' AND objid = %s AND NOT granted",
+            (postgres._LOG_LOCK,),
+        ).fetchone()
+    return int(row[0]) if row else 0
+
+
+def _append(store: Any, kind: str) -> None:
+    store.append_event(plan_id=None, version=None, step_id=None, kind=kind, actor="t", at="2026-12-01", data={})
+
+
+def _until(condition: Any, seconds: float = 10.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+def _second_appender(db: str) -> tuple[threading.Thread, threading.Event]:
+    """Another connection of this process that appends once, in a thread; the event is set when it has."""
+    done = threading.Event()
+
+    def append() -> None:
+        with closing(open_store(db)) as store, store.transaction():
+            _append(store, "test.second")
+        done.set()
+
+    thread = threading.Thread(target=append)
+    thread.start()
+    return thread, done
+
+
+def test_a_process_sends_one_transaction_at_a_time_to_wait_for_the_log(db: str) -> None:
+    """While one connection of this process holds the log's lock, another that wants it waits in
+    the process (nothing of it waits in the database), and goes on as soon as the first commits."""
+    with closing(open_store(db)) as first:
+        with first.transaction():
+            _append(first, "test.first")
+            thread, done = _second_appender(db)
+            time.sleep(0.3)  # it has had time to reach the log's lock, and waits for it
+            assert not done.is_set() and _waiting_for_the_log(db) == 0
+        assert done.wait(10) and not postgres._QUEUES[db].locked()
+        thread.join()
+        assert first.verify_audit().ok
+
+
+def test_a_transaction_kept_waiting_in_the_process_queues_in_the_database(
+    db: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The process's queue only orders: a transaction that waited QUEUE_WAIT for it waits for the
+    log's lock in the database instead, where any deadlock would be found, not in the process."""
+    monkeypatch.setattr(postgres, "QUEUE_WAIT", 0.2)
+    with closing(open_store(db)) as first:
+        with first.transaction():
+            _append(first, "test.first")
+            thread, done = _second_appender(db)
+            assert _until(lambda: _waiting_for_the_log(db) == 1) and not done.is_set()
+        assert done.wait(10)
+        thread.join()
+        assert not postgres._QUEUES[db].locked() and first.verify_audit().ok
+
+
+def test_a_transaction_that_fails_leaves_the_process_queue_free(db: str) -> None:
+    with closing(open_store(db)) as store:
+        with pytest.raises(RuntimeError), store.transaction():
+            _append(store, "test.failed")
+            assert postgres._QUEUES[db].locked()
+            raise RuntimeError("the caller gave up")
+        assert not postgres._QUEUES[db].locked()
+        with store.transaction():
+            _append(store, "test.after")
+        assert not postgres._QUEUES[db].locked() and store.verify_audit().ok

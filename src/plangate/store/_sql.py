@@ -192,10 +192,15 @@ class SQLStore(AuditLog, Store):
                 self._after.clear()
                 self._at_once("ROLLBACK")
                 raise
+            finally:
+                self._log_released()
             self._depth, self._committed, self._head = 0, self._head or self._committed, None
             after, self._after = self._after, []
             for fn, args in after:
                 fn(*args)
+
+    def _log_released(self) -> None:
+        """The transaction has ended (committed or rolled back): the audit log's lock, if it took it, is free."""
 
     def on_commit(self, fn: Callable[..., object], /, *args: Any) -> None:
         if self._depth:
