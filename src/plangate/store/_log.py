@@ -404,7 +404,9 @@ class AuditLog:
 
 
 _NEXT = "(SELECT {column} FROM events WHERE seq > ? ORDER BY seq LIMIT 1)"
-_GOES_ON = "(SELECT {column} FROM events WHERE plan_prev = ? AND seq > ? ORDER BY seq LIMIT 1)"
+# Ordered by ``seq + 0``, not ``seq``: the events that continue one chain are one or two, found through
+# the index on plan_prev; ordered by seq, a planner may walk every event after S in order instead.
+_GOES_ON = "(SELECT {column} FROM events WHERE plan_prev = ? AND seq > ? ORDER BY seq + 0 LIMIT 1)"
 _FOLLOWS = "SELECT " + ", ".join(
     [
         _NEXT.format(column="seq"),
