@@ -6,6 +6,7 @@ from __future__ import annotations
 import collections
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -15,6 +16,7 @@ from contextlib import closing
 from datetime import timedelta
 from pathlib import Path
 
+import psycopg
 import pytest
 from click.testing import CliRunner
 
@@ -24,6 +26,7 @@ from plangate.cli import main
 from plangate.results import RunResult
 from plangate.runtime import Runtime
 from plangate.store import open_store
+from plangate.store._schema import MIGRATIONS
 from plangate.testing import fresh_database
 from plangate.tools import Tool
 from plangate.worker import Worker
@@ -133,6 +136,38 @@ def test_a_batch_claim_takes_at_most_the_free_capacity(any_db: str) -> None:
         # Leases that ran out are claimable again, in one statement, skipping what is asked to be skipped.
         after = later + timedelta(seconds=1)
         assert store.claim_batch("d", iso(after), iso(after + timedelta(seconds=60)), 9, skip=[ids[0]]) == ids[1:]
+
+
+def test_a_claim_reads_the_oldest_runnable_plans_in_order_however_many_wait(any_db: str) -> None:
+    """Through plans_runnable, in its order: a claim reads the first few plans that may run, not
+    every waiting plan sorted (3.7 ms a claim with a thousand waiting on PostgreSQL, 0.1 ms this way)."""
+    with closing(open_store(any_db)) as store:
+        query = "EXPLAIN " + store._claim_query(2)  # type: ignore[attr-defined]
+        params = ("w", "later", "now", "a", "b", 3)
+        if any_db.startswith("postgresql"):
+            with psycopg.connect(any_db, autocommit=True) as conn:
+                conn.execute("SET enable_sort = off")  # sorting looks dear: only an ordered index avoids it
+                lines = [row[0] for row in conn.execute(query.replace("?", "%s"), params).fetchall()]
+        else:
+            lines = [str(row) for row in store.query(query.replace("EXPLAIN", "EXPLAIN QUERY PLAN"), params)]
+    text = "\n".join(lines)
+    assert "plans_runnable" in text and "Sort" not in text and "TEMP B-TREE" not in text, text
+
+
+def test_a_store_of_the_schema_before_gains_the_claims_index(tmp_path: Path) -> None:
+    path = tmp_path / "old.db"
+    conn = sqlite3.connect(path)
+    for statement in (s for migration in MIGRATIONS[:9] for s in migration):
+        conn.execute(statement)
+    conn.execute("PRAGMA user_version = 9")
+    conn.commit()
+    conn.close()
+    ids = submit(f"sqlite:///{path}", ["meet"], 2)
+    with closing(open_store(f"sqlite:///{path}")) as store:
+        assert store.query("SELECT name FROM sqlite_master WHERE name = 'plans_runnable'") == [("plans_runnable",)]
+        assert store.query("PRAGMA user_version") == [(len(MIGRATIONS),)]
+        clock = SystemClock()
+        assert store.claim_batch("w", iso(clock.now()), iso(clock.now() + timedelta(seconds=9)), 5) == ids
 
 
 def test_two_workers_run_each_step_once_on_postgres(pg_server: str) -> None:

@@ -563,6 +563,7 @@ class SQLStore(AuditLog, Store):
         return None if row is None else str(row[0])
 
     _LOCK_ROWS = ""  # PostgreSQL: FOR UPDATE SKIP LOCKED (SQLite's write lock already serialises)
+    _RUNNABLE = " INDEXED BY plans_runnable"  # SQLite would take plans_status, then sort every waiting plan
 
     def claim(self, worker: str, now: str, until: str, skip: Sequence[str] = ()) -> str | None:
         """Lease the oldest plan a worker should run: approved, or running under an expired lease."""
@@ -573,20 +574,21 @@ class SQLStore(AuditLog, Store):
         """Lease up to ``limit`` of the oldest plans to run, in one statement; oldest first."""
         if limit < 1:
             return []
-        excluded = f" AND id NOT IN ({', '.join('?' for _ in skip)})" if skip else ""
         with self.transaction():
-            rows = self._exec(
-                # Never a plan under a live lease, whatever its status: a plan just claimed is still
-                # "approved" until its engine starts, and must not be claimed twice in between.
-                "UPDATE plans SET lease_owner = ?, lease_until = ? WHERE id IN (SELECT id FROM plans WHERE"
-                " kind = 'plan' AND status IN ('approved', 'running') AND (lease_until IS NULL OR lease_until < ?)"
-                + excluded
-                + " ORDER BY created_at, id LIMIT ?"
-                + self._LOCK_ROWS
-                + ") RETURNING id, created_at",
-                (worker, until, now, *skip, limit),
-            ).fetchall()
+            rows = self._exec(self._claim_query(len(skip)), (worker, until, now, *skip, limit)).fetchall()
         return [str(row[0]) for row in sorted(rows, key=lambda row: (row[1], row[0]))]
+
+    def _claim_query(self, skipped: int) -> str:
+        """The claim: the oldest plans that may run (``skipped`` ids left out), through plans_runnable."""
+        excluded = f" AND id NOT IN ({', '.join('?' for _ in range(skipped))})" if skipped else ""
+        # Never a plan under a live lease, whatever its status: a plan just claimed is still
+        # "approved" until its engine starts, and must not be claimed twice in between.
+        return (
+            f"UPDATE plans SET lease_owner = ?, lease_until = ? WHERE id IN (SELECT id FROM plans{self._RUNNABLE}"
+            " WHERE kind = 'plan' AND status IN ('approved', 'running')"  # as plans_runnable says
+            f" AND (lease_until IS NULL OR lease_until < ?){excluded} ORDER BY created_at, id LIMIT ?"
+            f"{self._LOCK_ROWS}) RETURNING id, created_at"
+        )
 
     def renew(self, plan_id: str, worker: str, until: str) -> bool:
         """Extend a lease this worker holds; False when it lost it."""

@@ -69,6 +69,7 @@ class PostgresStore(SQLStore):
         self._migrate()
 
     _LOCK_ROWS = " FOR UPDATE SKIP LOCKED"
+    _RUNNABLE = ""  # PostgreSQL's planner finds plans_runnable itself
     _SAME = "IS NOT DISTINCT FROM"
     _SNAPSHOT = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
     _HEAD_IS_THE_LOCK = True
