@@ -256,3 +256,32 @@ def test_the_check_after_a_chains_newest_event_reads_by_plan_prev_not_the_whole_
         plan = conn.execute("EXPLAIN " + query, (1,) * 4 + ("0" * 64, 1) * 3).fetchall()
     lines = [row[0] for row in plan]
     assert sum("events_plan_prev" in line for line in lines) == 3, "\n".join(lines)
+
+
+def _record(store: Any, writer: int, number: int) -> None:
+    """A transaction of two events of one chain each: the kind's (events of no plan) and the writer's plan's."""
+    with store.transaction():
+        for plan_id in (None, f"plan-of-{writer}"):
+            store.record_event(
+                plan_id=plan_id, version=None, step_id=None, kind="test.shared", actor=f"w{writer}",
+                at="2026-12-01", data={"n": number},
+            )  # fmt: skip
+
+
+def test_appenders_on_one_chain_at_once_keep_it_whole(db: str) -> None:
+    """Four connections at once, each appending to one shared chain and to a plan's of its own."""
+    stores = [open_store(db) for _ in range(4)]
+
+    def record(store: Any, writer: int) -> None:
+        for number in range(25):
+            _record(store, writer, number)
+
+    threads = [threading.Thread(target=record, args=(store, i)) for i, store in enumerate(stores)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for store in stores:
+        store.close()
+    with closing(open_store(db)) as store:
+        assert store.verify_audit().ok and len(store.verified_events("test.shared")) == 100
