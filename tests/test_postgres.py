@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ctypes
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -240,6 +242,57 @@ def test_a_transaction_that_fails_leaves_the_process_queue_free(db: str) -> None
         with store.transaction():
             _append(store, "test.after")
         assert not postgres._QUEUES[db].locked() and store.verify_audit().ok
+
+
+class _Cancelled(BaseException):
+    """What Temporal's SDK raises in a sync activity's thread to cancel it (plangate.finish takes them)."""
+
+
+def _raise_in(thread: threading.Thread) -> None:
+    """Raise _Cancelled in ``thread`` as Temporal does: at the next bytecode it runs, wherever that is."""
+    assert thread.ident is not None
+    assert ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread.ident), ctypes.py_object(_Cancelled)) == 1
+
+
+def _in_the_process_queue(thread: threading.Thread) -> bool:
+    """Whether ``thread`` is waiting for the process's queue: in _head_for_append, not yet at the database."""
+    names = []
+    frame = sys._current_frames().get(thread.ident or 0)
+    while frame is not None and frame.f_code.co_name != "_head_for_append":
+        names.append(frame.f_code.co_name)
+        frame = frame.f_back
+    return frame is not None and "_read_one" not in names
+
+
+def test_a_transaction_cancelled_while_it_waits_in_the_process_queue_leaves_it_free(
+    db: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An exception raised in a waiting thread from outside (Temporal's cancel of the plan's finish,
+    a local activity) comes when the thread next runs Python: just after it took the queue. The
+    transaction then rolls back, and the queue must be free again, not held for the process's life
+    (each later append would wait QUEUE_WAIT behind nobody)."""
+    monkeypatch.setattr(postgres, "QUEUE_WAIT", 60.0)
+    ended: list[str] = []
+
+    def cancelled_appender() -> None:
+        try:
+            with closing(open_store(db)) as store, store.transaction():
+                _append(store, "test.cancelled")
+        except _Cancelled:
+            ended.append("cancelled")
+
+    with closing(open_store(db)) as first:
+        with first.transaction():
+            _append(first, "test.first")
+            thread = threading.Thread(target=cancelled_appender)
+            thread.start()
+            assert _until(lambda: _in_the_process_queue(thread))
+            _raise_in(thread)
+        thread.join(10)
+        assert ended == ["cancelled"] and not postgres._QUEUES[db].locked()
+        with first.transaction():
+            _append(first, "test.after")
+        assert first.verify_audit().ok and [e.kind for e in first.events()] == ["test.first", "test.after"]
 
 
 def test_the_check_after_a_chains_newest_event_reads_by_plan_prev_not_the_whole_log(db: str) -> None:
