@@ -45,13 +45,8 @@ def _may_be(types: Types, wanted: frozenset[str]) -> bool:
 
 
 def _infer(node: Node, types_of: Callable[[Ref], Types]) -> Types:
-    kind = type(node)  # the nodes are exact types: one test each, the most common first
-    if kind is Binary:
-        return _binary(node, _infer(node.left, types_of), _infer(node.right, types_of))  # type: ignore[arg-type, union-attr]
-    if kind is RefNode:
-        return types_of(node.ref)  # type: ignore[union-attr]
-    if kind is Literal or isinstance(node, Literal):
-        named = value_type(node.value)  # type: ignore[union-attr]
+    if isinstance(node, Literal):
+        named = value_type(node.value)
         return _LITERAL_TYPES.get(named) or frozenset({named})
     if isinstance(node, RefNode):
         return types_of(node.ref)

@@ -133,12 +133,7 @@ def find(value: Any, loc: Loc = ()) -> list[Found | tuple[Loc, RefError]]:
     if not loc and (type(value) is dict or isinstance(value, Mapping)):  # the usual case: a step's flat parameters
         for key, item in value.items():
             if type(item) is str:
-                if "${" not in item:
-                    continue
-                ref = _whole_short(item) if len(item) <= _SHORT else None  # the usual value: one whole reference
-                if ref is not None:
-                    out.append(_new_tuple(Found, ((key,), ref, True)))
-                else:
+                if "${" in item:
                     _collect(out, (key,), item)
             elif isinstance(item, Mapping | list):
                 out.extend(find(item, (key,)))
