@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import itertools
+import time
 import uuid
+from collections.abc import Callable
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -111,3 +113,26 @@ def a_late_outcome_is_not_recorded(db: str) -> None:
     assert (row.status, row.output) == ("outcome_unknown", None)
     assert "step.succeeded" not in [e.kind for e in rt.trace(record.id)]
     rt.close()
+
+
+def until(what: str, condition: Callable[[], bool], limit: float = 60) -> None:
+    """Poll ``condition`` until it holds; fail, saying ``what`` never happened, after ``limit`` seconds."""
+    deadline = time.monotonic() + limit
+    while not condition():
+        assert time.monotonic() < deadline, f"never happened: {what}"
+        time.sleep(0.02)
+
+
+def waiting_for_the_log(db: str) -> int:
+    """Connections of this database (not another of the shared cluster) waiting for the audit log's lock."""
+    import psycopg
+
+    from plangate.store.postgres import _LOG_LOCK
+
+    with psycopg.connect(db, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT COUNT(*) FROM pg_locks WHERE locktype = 'advisory' AND objid = %s AND NOT granted"
+            " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
+            (_LOG_LOCK,),
+        ).fetchone()
+    return int(row[0]) if row else 0

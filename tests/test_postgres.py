@@ -19,7 +19,7 @@ from plangate.errors import LeaseLostError
 from plangate.runtime import Runtime
 from plangate.store import _log, open_store, postgres
 from tests.conftest import load_plan
-from tests.helpers import a_late_outcome_is_not_recorded, plan
+from tests.helpers import a_late_outcome_is_not_recorded, plan, until, waiting_for_the_log
 
 
 @pytest.fixture
@@ -165,27 +165,8 @@ def test_writes_to_one_row_in_one_transaction_land_in_order(db: str) -> None:
 # -- one process's appending transactions queue in the process --------------------------------
 
 
-def _waiting_for_the_log(db: str) -> int:
-    """Connections waiting in the database for the audit log's advisory lock."""
-    with psycopg.connect(db, autocommit=True) as conn:
-        row = conn.execute(
-            "SELECT COUNT(*) FROM pg_locks WHERE locktype = 'advisory' AND objid = %s AND NOT granted",
-            (postgres._LOG_LOCK,),
-        ).fetchone()
-    return int(row[0]) if row else 0
-
-
 def _append(store: Any, kind: str) -> None:
     store.append_event(plan_id=None, version=None, step_id=None, kind=kind, actor="t", at="2026-12-01", data={})
-
-
-def _until(condition: Any, seconds: float = 10.0) -> bool:
-    deadline = time.monotonic() + seconds
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.01)
-    return True
 
 
 def _second_appender(db: str) -> tuple[threading.Thread, threading.Event]:
@@ -210,7 +191,7 @@ def test_a_process_sends_one_transaction_at_a_time_to_wait_for_the_log(db: str) 
             _append(first, "test.first")
             thread, done = _second_appender(db)
             time.sleep(0.3)  # it has had time to reach the log's lock, and waits for it
-            assert not done.is_set() and _waiting_for_the_log(db) == 0
+            assert not done.is_set() and waiting_for_the_log(db) == 0
         assert done.wait(10) and not postgres._QUEUES[db].locked()
         thread.join()
         assert first.verify_audit().ok
@@ -226,7 +207,8 @@ def test_a_transaction_kept_waiting_in_the_process_queues_in_the_database(
         with first.transaction():
             _append(first, "test.first")
             thread, done = _second_appender(db)
-            assert _until(lambda: _waiting_for_the_log(db) == 1) and not done.is_set()
+            until("the second waits in the database", lambda: waiting_for_the_log(db) == 1)
+            assert not done.is_set()
         assert done.wait(10)
         thread.join()
         assert not postgres._QUEUES[db].locked() and first.verify_audit().ok
@@ -286,7 +268,7 @@ def test_a_transaction_cancelled_while_it_waits_in_the_process_queue_leaves_it_f
             _append(first, "test.first")
             thread = threading.Thread(target=cancelled_appender)
             thread.start()
-            assert _until(lambda: _in_the_process_queue(thread))
+            until("the thread waits in the process queue", lambda: _in_the_process_queue(thread))
             _raise_in(thread)
         thread.join(10)
         assert ended == ["cancelled"] and not postgres._QUEUES[db].locked()

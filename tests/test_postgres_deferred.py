@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable
 from contextlib import closing
 from dataclasses import replace
@@ -17,7 +16,7 @@ from plangate.errors import LeaseLostError
 from plangate.runtime import Runtime
 from plangate.store import open_store
 from plangate.store.postgres import _LOG_LOCK
-from tests.helpers import plan
+from tests.helpers import plan, until, waiting_for_the_log
 
 
 @pytest.fixture
@@ -42,13 +41,7 @@ def _ran_one_step(db: str) -> tuple[Runtime, str]:
 
 def _wait_for_the_log(db: str) -> None:
     """Until some transaction of this database waits for the log's advisory lock."""
-    with psycopg.connect(db, autocommit=True) as conn:
-        query = (
-            "SELECT COUNT(*) FROM pg_locks WHERE locktype = 'advisory' AND objid = %s AND NOT granted"
-            " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
-        )
-        while not conn.execute(query, (_LOG_LOCK,)).fetchone()[0]:  # type: ignore[index]
-            time.sleep(0.01)
+    until("a transaction waits for the log's lock", lambda: waiting_for_the_log(db) > 0)
 
 
 def _in_thread(body: Callable[[], Any]) -> tuple[threading.Thread, list[BaseException]]:

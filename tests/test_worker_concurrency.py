@@ -10,8 +10,7 @@ import sqlite3
 import subprocess
 import sys
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import closing
 from datetime import timedelta
 from pathlib import Path
@@ -31,6 +30,7 @@ from plangate.testing import fresh_database
 from plangate.tools import Tool
 from plangate.worker import Worker
 from tests import concurrencytools as tools
+from tests.helpers import until
 
 TOOLS = Path(__file__).parent / "concurrencytools.py"
 ROOT = Path(__file__).resolve().parents[1]
@@ -53,13 +53,6 @@ def submit(db: str, tool_names: list[str], plans: int) -> list[str]:
 
 def worker(db: str, *catalogue: Tool, **options: float) -> Worker:
     return Worker(Catalogue(list(catalogue)), db=db, **options)  # type: ignore[arg-type]
-
-
-def until(what: str, condition: Callable[[], bool], limit: float = 60) -> None:
-    deadline = time.monotonic() + limit
-    while not condition():
-        assert time.monotonic() < deadline, f"never happened: {what}"
-        time.sleep(0.02)
 
 
 @pytest.fixture
