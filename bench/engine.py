@@ -14,7 +14,8 @@ Every figure is measured in this run, on this machine:
 
 - with ``--previous SRC`` (a checkout's ``src`` folder of an earlier plangate): the 100-step
   chain with synchronous=normal run by that tree and by this one in alternating processes,
-  median and best of the rounds, and their ratio.
+  median and best of the rounds, and their ratio; then where each tree's step time goes (the
+  commit and the WAL pages it writes, the other statements, and the rest: Python).
 
 Run: ``make bench`` or ``python bench/engine.py [--repeat N] [--quick] [--previous SRC [--rounds N]]``.
 """
@@ -29,6 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import timeit
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -129,10 +131,75 @@ STATEMENTS: dict[tuple[str, int], float] = {}
 """SQL statements per step (commits included), per (synchronous, steps), as counted by the last run."""
 
 
+class _TimedConnection:
+    """A store's SQLite connection with every statement timed (COMMIT apart), for :func:`split_chain`."""
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self.conn, self.commit, self.other = conn, 0.0, 0.0
+
+    def execute(self, query: str, *params: Any) -> Any:
+        start = time.perf_counter()
+        try:
+            return self.conn.execute(query, *params)
+        finally:
+            spent = time.perf_counter() - start
+            if query == "COMMIT":
+                self.commit += spent
+            else:
+                self.other += spent
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.conn, name)
+
+
+def split_chain(folder: Path, n: int, repeat: int) -> tuple[float, float, float, float]:
+    """Where a step's wall time goes on SQLite, synchronous=normal (ms/step): the commits, the other
+    statements, the rest (Python: the engine, the audit log's hashing, the tool's validation), and the
+    WAL pages a commit writes (SQLite's own checkpoints held off for the run, so the WAL keeps them all)."""
+    rt = Runtime(Catalogue([noop]), db=f"sqlite:///{folder}/split.db?synchronous=normal")
+    ids = []
+    for _ in range(repeat + 1):
+        record = rt.submit(chain(n), "bench")
+        ids.append(rt.approve(record.id, "reviewer", record.hash).id)
+    assert rt.execute(ids.pop()).ok  # warm
+    conn = rt.store._conn  # type: ignore[attr-defined]
+    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    conn.execute("PRAGMA wal_autocheckpoint = 0")
+    timed = _TimedConnection(conn)
+    # The timing's own cost per statement, taken off the rest below.
+    plain = min(timeit.repeat(lambda: conn.execute("SELECT 1"), number=2000, repeat=5)) / 2000
+    wrapped = min(timeit.repeat(lambda: timed.execute("SELECT 1"), number=2000, repeat=5)) / 2000
+    timed.commit = timed.other = 0.0
+    counts = [0, 0]  # commits, statements
+
+    def count(statement: str) -> None:
+        counts[0] += statement == "COMMIT"
+        counts[1] += 1
+
+    conn.set_trace_callback(count)
+    rt.store._conn = timed  # type: ignore[attr-defined]
+    start = time.perf_counter()
+    for plan_id in ids:
+        assert rt.execute(plan_id).ok
+    total = time.perf_counter() - start
+    rt.store._conn = conn  # type: ignore[attr-defined]
+    conn.set_trace_callback(None)
+    page = conn.execute("PRAGMA page_size").fetchone()[0]
+    frames = (Path(f"{folder}/split.db-wal").stat().st_size - 32) / (page + 24)
+    rt.close()
+    steps = repeat * n / 1000
+    rest = total - timed.commit - timed.other - counts[1] * max(wrapped - plain, 0.0)
+    return timed.commit / steps, timed.other / steps, rest / steps, frames / max(counts[0], 1)
+
+
 _ONE_CHAIN = (
     "import pathlib, sys, tempfile, time; sys.path.insert(0, {bench!r}); import engine; "
     "chain = lambda clock: engine.plangate_chain(pathlib.Path(tempfile.mkdtemp()), {n}, {repeat}, 'normal', "
     "clock=clock)[0]; print(chain(time.perf_counter), chain(time.process_time))"
+)
+_SPLIT = (
+    "import pathlib, sys, tempfile; sys.path.insert(0, {bench!r}); import engine; "
+    "print(*engine.split_chain(pathlib.Path(tempfile.mkdtemp()), {n}, {repeat}))"
 )
 
 
@@ -161,6 +228,21 @@ def against_previous(previous: str, rounds: int, repeat: int, n: int = 100) -> N
             f" (best: {best_new / best_old:.2f}x)"
         )
     print("  (CPU time: of the whole process, all its threads; steadier than wall time on a shared machine)")
+    split: dict[str, list[tuple[float, ...]]] = {"previous": [], "this": []}
+    script = _SPLIT.format(bench=str(Path(__file__).resolve().parent), n=n, repeat=repeat)
+    for _ in range(max(rounds // 3, 1)):
+        for label, src in (("previous", previous), ("this", this)):
+            env = {**os.environ, "PYTHONPATH": src}
+            done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True)
+            split[label].append(tuple(float(value) for value in done.stdout.split()[-4:]))
+    print("  where a step's wall time goes: each statement timed, SQLite's checkpoints held off (ms/step, medians):")
+    print("                   commit  (WAL pages)  other statements  the rest (Python)   total")
+    for label, runs in split.items():
+        commit, other, rest, pages = (statistics.median(column) for column in zip(*runs, strict=True))
+        print(
+            f"  {label + ' tree':15} {commit:7.3f}  ({pages:4.1f})     {other:10.3f}       {rest:10.3f}"
+            f"        {commit + other + rest:6.3f}"
+        )
 
 
 def postgres(repeat: int, quick: bool = False) -> None:

@@ -33,3 +33,15 @@ def test_the_comparison_with_a_previous_tree_prints_wall_and_cpu_time_for_both(
         assert re.search(rf"{clock} +previous tree median +\d+\.\d+ best", out)
         assert re.search(rf"{clock} +this tree +median +\d+\.\d+ best", out)
         assert f"the previous one's {clock} per step" in out
+    # Where each tree's step time goes: the commit with its WAL pages, the other statements, the rest.
+    assert "where a step's wall time goes" in out
+    for label in ("previous tree", "this tree"):
+        assert re.search(rf"{label} +\d+\.\d+ +\( *\d+\.\d\) +\d+\.\d+ +-?\d+\.\d+ +\d+\.\d+", out)
+
+
+def test_the_split_of_a_step_s_time_adds_up_and_counts_the_wal_pages_a_commit_writes(tmp_path: Path) -> None:
+    bench = load_bench()
+    commit, other, rest, pages = bench.split_chain(tmp_path, 20, 2)
+    assert commit > 0 and other > 0
+    assert pages >= 3  # a step's commit writes its step row, its events and the plan's seal: pages of each
+    assert rest > 0  # the engine's own Python is never free
