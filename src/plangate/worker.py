@@ -85,6 +85,9 @@ class Worker:
                 with self._cond:
                     seen = self._ended
                 claimed = self._claim_free()
+                if self._stopping.is_set():  # stopped during the claim: what it took is given back, not started
+                    self._give_back(claimed)
+                    break
                 with self._cond:
                     if not claimed and drain and not self._running:
                         break
@@ -143,6 +146,11 @@ class Worker:
         ids = store.claim_batch(owner, iso(self.clock.now()), self._until(), limit, sorted(self._skip))
         return [(plan_id, owner) for plan_id in ids]
 
+    def _give_back(self, claimed: list[tuple[str, str]]) -> None:
+        """Release leases claimed but not started, so that the plans need not wait for them to expire."""
+        for plan_id, owner in claimed:
+            self._claiming().release(plan_id, owner)
+
     def _claiming(self) -> Store:
         if self._claims is None:
             self._claims = open_store(self.db)
@@ -162,10 +170,11 @@ class Worker:
         threading.Thread(target=body, name=f"plangate-worker-{plan_id[:8]}", daemon=True).start()
 
     def _run(self, plan_id: str, owner: str) -> RunResult | None:
-        runtime = self._runtime()
+        runtime: Runtime | None = None
         result: RunResult | None = None
         healthy = True
         try:
+            runtime = self._runtime()  # a new connection may be refused: the claim is then given back below
             # resume's own checks are the claim's (lifecycle.claim): start at once, without reading the plan twice
             result = runtime.drive(runtime.start(plan_id, actor=f"worker:{self.name}", owner=owner))
         except GovernanceError as refused:  # it may not run: sent back for approval, or the log disagrees
@@ -182,6 +191,9 @@ class Worker:
             self.failed.append(f"{plan_id}: {exc}")
             _log.warning("plan %s: %s", plan_id, exc, exc_info=True)
         finally:
+            if runtime is None:  # no runtime to run it on: not claimed again in this pass (no loop of claims)
+                with self._cond:
+                    self._skip.add(plan_id)
             self._finish(plan_id, owner, runtime if healthy else self._dropped(runtime), ran=result is not None)
         return result
 

@@ -1,0 +1,125 @@
+"""Workers under pressure: a runtime that cannot be built, a stop that lands during a claim, a lease
+taken over while a step runs, a person's edit between a claim and its run, and the limit on runs."""
+
+from __future__ import annotations
+
+import collections
+import threading
+from collections.abc import Iterator
+from contextlib import closing
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from plangate import Catalogue
+from plangate import worker as worker_module
+from plangate.errors import StoreError
+from plangate.results import RunResult
+from plangate.runtime import Runtime
+from plangate.store import open_store
+from plangate.worker import Worker
+from tests import concurrencytools as tools
+from tests.helpers import until
+from tests.test_worker_concurrency import submit
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path}/plangate.db"
+
+
+@pytest.fixture
+def calls() -> Iterator[list[tuple[str, int]]]:
+    tools.CALLS.clear()
+    yield tools.CALLS
+    tools.CALLS.clear()
+
+
+def serve_in_thread(w: Worker, results: list[RunResult]) -> threading.Thread:
+    thread = threading.Thread(
+        target=w.serve, kwargs={"drain": True, "poll": 0.05, "on_result": results.append}, daemon=True
+    )
+    thread.start()
+    return thread
+
+
+def test_a_runtime_that_cannot_be_built_gives_the_plan_back_and_keeps_the_slot(
+    db: str, calls: list[tuple[str, int]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The store refuses a new connection once: the claimed plan's lease is released at once, not
+    left to expire, the worker's one slot is free again, and the plan runs on a later pass."""
+    ids = submit(db, ["count"], 2)
+    builds = iter([StoreError("cannot connect: too many clients")])
+
+    def flaky(*args: Any, **kwargs: Any) -> Runtime:
+        for refusal in builds:
+            raise refusal
+        return Runtime(*args, **kwargs)
+
+    monkeypatch.setattr(worker_module, "Runtime", flaky)
+    w = Worker(Catalogue([tools.count]), db=db, concurrency=1, drain_timeout=0.5)
+    results: list[RunResult] = []
+    thread = threading.Thread(target=w.serve, kwargs={"poll": 0.05, "on_result": results.append}, daemon=True)
+    thread.start()
+    try:
+        until("both plans ran", lambda: len(results) == 2, limit=20)
+    finally:
+        w.stop()
+        thread.join(20)
+        w.close()
+    assert not thread.is_alive()
+    assert sorted(r.plan_id for r in results) == sorted(ids) and {r.status for r in results} == {"succeeded"}
+    assert len(w.failed) == 1 and "too many clients" in w.failed[0] and not w.left
+    assert sorted(collections.Counter(calls).values()) == [1, 1]
+    with closing(open_store(db)) as store:
+        assert {row[0] for row in store.query("SELECT lease_owner FROM plans")} == {None}
+        assert store.verify_audit().ok
+
+
+def test_a_runtime_that_cannot_be_built_is_not_claimed_again_at_once_by_run_one(
+    db: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (plan_id,) = submit(db, ["count"], 1)
+
+    def broken(*_: Any, **__: Any) -> Runtime:
+        raise StoreError("cannot connect")
+
+    monkeypatch.setattr(worker_module, "Runtime", broken)
+    w = Worker(Catalogue([tools.count]), db=db)
+    try:
+        assert w.run_one() is None  # not an endless loop of claims, and not an exception out of the worker
+    finally:
+        w.close()
+    assert w.failed == [f"{plan_id}: cannot connect"]
+    with closing(open_store(db)) as store:
+        plan = store.get_plan(plan_id)
+        assert plan is not None and plan.status == "approved" and plan.lease_owner is None
+
+
+def test_plans_claimed_as_the_worker_is_stopped_are_given_back_not_started(
+    db: str, calls: list[tuple[str, int]]
+) -> None:
+    """SIGTERM (stop) lands while a claim is on its way: what it claimed is released, never started."""
+    ids = submit(db, ["count"], 3)
+    w = Worker(Catalogue([tools.count]), db=db, concurrency=2)
+    claims = w._claiming()  # the claim the signal lands in
+    real = claims.claim_batch
+
+    def claim_then_stop(*args: Any, **kwargs: Any) -> list[str]:
+        claimed = real(*args, **kwargs)
+        w.stop()  # what the SIGTERM handler does
+        return claimed
+
+    claims.claim_batch = claim_then_stop  # type: ignore[method-assign]
+    try:
+        assert w.serve(poll=0.05) == 0
+    finally:
+        w.close()
+    assert calls == [] and not w.failed and not w.left
+    with closing(open_store(db)) as store:
+        for plan_id in ids:
+            plan = store.get_plan(plan_id)
+            assert plan is not None and plan.status == "approved"
+            assert plan.lease_owner is None and plan.lease_until is None, "a claim left to expire"
+            assert not [e for e in store.events(plan_id) if e.kind.startswith("run.")]
