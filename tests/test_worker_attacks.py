@@ -123,3 +123,60 @@ def test_plans_claimed_as_the_worker_is_stopped_are_given_back_not_started(
             assert plan is not None and plan.status == "approved"
             assert plan.lease_owner is None and plan.lease_until is None, "a claim left to expire"
             assert not [e for e in store.events(plan_id) if e.kind.startswith("run.")]
+
+
+def test_a_plan_claimed_again_as_its_last_run_ends_stays_counted_and_is_drained(
+    db: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run fails (the store went away) and gives its lease back; the worker claims the plan again
+    before the failed run's bookkeeping is done. The new run must stay counted: else the worker runs
+    more plans than its concurrency, and a stop leaves the new run's lease held instead of releasing it."""
+    tools.HELD.clear()
+    (plan_id,) = submit(db, ["hold"], 1)
+    reclaimed = threading.Event()
+    starts = iter([StoreError("server closed the connection unexpectedly")])
+
+    class Flaky(Runtime):
+        def start(self, *args: Any, **kwargs: Any) -> Any:
+            failure = next(starts, None)
+            if failure is None:
+                return super().start(*args, **kwargs)
+            release = self.store.release
+
+            def release_then_wait(*a: Any, **k: Any) -> None:
+                release(*a, **k)
+                self.store.release = release  # type: ignore[method-assign]
+                assert reclaimed.wait(10), "the plan was not claimed again"
+
+            self.store.release = release_then_wait  # type: ignore[method-assign]
+            raise failure
+
+    monkeypatch.setattr(worker_module, "Runtime", Flaky)
+    w = Worker(Catalogue([tools.hold]), db=db, concurrency=2, drain_timeout=0.2)
+    claims = w._claiming()
+    real = claims.claim_batch
+    seen: list[str] = []
+
+    def claim(*args: Any, **kwargs: Any) -> list[str]:
+        claimed = real(*args, **kwargs)
+        seen.extend(claimed)
+        if seen.count(plan_id) == 2 and plan_id in claimed:
+            reclaimed.set()
+        return claimed
+
+    claims.claim_batch = claim  # type: ignore[method-assign]
+    thread = threading.Thread(target=w.serve, kwargs={"poll": 0.05}, daemon=True)
+    thread.start()
+    store = open_store(db)
+    try:
+        until("the plan's second run started", lambda: any(e.kind == "step.started" for e in store.events(plan_id)))
+        w.stop()
+        thread.join(20)
+        assert not thread.is_alive()
+        assert w.left == [plan_id], "the drain did not know of the second run"
+        plan = store.get_plan(plan_id)
+        assert plan is not None and plan.status == "running" and plan.lease_owner is None
+    finally:
+        tools.HELD.set()
+        w.close()
+        store.close()

@@ -208,7 +208,10 @@ class Worker:
             _log.warning("plan %s: releasing the lease failed: %s", plan_id, exc)
             runtime = self._dropped(runtime)
         with self._cond:
-            self._running.pop(plan_id, None)
+            # Only this run's entry: once the lease was released the plan may have been claimed again,
+            # and that run must stay counted (for the concurrency, and for the drain to release it).
+            if self._running.get(plan_id) == owner:
+                del self._running[plan_id]
             self._ran += ran
             self._ended += 1
             if runtime is not None:
