@@ -180,3 +180,40 @@ def test_a_plan_claimed_again_as_its_last_run_ends_stays_counted_and_is_drained(
         tools.HELD.set()
         w.close()
         store.close()
+
+
+def test_a_run_still_starting_when_the_drain_gives_its_claim_back_does_not_start(
+    db: str, calls: list[tuple[str, int]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The drain ends while a run is still proving its right to run (waiting for the store, say) and
+    releases its claim: that run must not take the plan afterwards, as if it had never been given back."""
+    (plan_id,) = submit(db, ["count"], 1)
+    proving, go_on = threading.Event(), threading.Event()
+
+    class Slow(Runtime):
+        def start(self, *args: Any, **kwargs: Any) -> Any:
+            proving.set()
+            assert go_on.wait(20)
+            return super().start(*args, **kwargs)
+
+    monkeypatch.setattr(worker_module, "Runtime", Slow)
+    w = Worker(Catalogue([tools.count]), db=db, drain_timeout=0.05)
+    serving = threading.Thread(target=w.serve, kwargs={"poll": 0.05}, daemon=True)
+    serving.start()
+    try:
+        assert proving.wait(20)
+        (runner,) = [t for t in threading.enumerate() if t.name == f"plangate-worker-{plan_id[:8]}"]
+        w.stop()
+        serving.join(20)
+        assert w.left == [plan_id]
+        go_on.set()
+        runner.join(20)
+        assert not runner.is_alive()
+    finally:
+        go_on.set()
+        w.close()
+    assert calls == []
+    with closing(open_store(db)) as store:
+        plan = store.get_plan(plan_id)
+        assert plan is not None and plan.status == "approved" and plan.lease_owner is None
+        assert not [e for e in store.events(plan_id) if e.kind.startswith("run.")]

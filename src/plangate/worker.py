@@ -175,8 +175,9 @@ class Worker:
         healthy = True
         try:
             runtime = self._runtime()  # a new connection may be refused: the claim is then given back below
-            # resume's own checks are the claim's (lifecycle.claim): start at once, without reading the plan twice
-            result = runtime.drive(runtime.start(plan_id, actor=f"worker:{self.name}", owner=owner))
+            # resume's own checks are the claim's (lifecycle.claim): start at once, without reading the plan twice;
+            # only under this claim's lease (a drain may have given it back meanwhile, or a person's decision)
+            result = runtime.drive(runtime.start(plan_id, actor=f"worker:{self.name}", owner=owner, leased=True))
         except GovernanceError as refused:  # it may not run: sent back for approval, or the log disagrees
             self.refused.append(f"{plan_id}: {refused}")
             with self._cond:
