@@ -1,5 +1,6 @@
-"""Workers under pressure: a runtime that cannot be built, a stop that lands during a claim, a lease
-taken over while a step runs, a person's edit between a claim and its run, and the limit on runs."""
+"""Workers under pressure: a runtime that cannot be built, a stop that lands during a claim, a plan
+claimed again as its last run ends, a drain that gives back a run still starting, a lease taken over
+while a step runs, a person's edit between a claim and its run, and the limit on runs at once."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from plangate import Catalogue
+from plangate import Catalogue, RunContext, tool
 from plangate import worker as worker_module
 from plangate.errors import StoreError
 from plangate.results import RunResult
@@ -123,6 +124,163 @@ def test_plans_claimed_as_the_worker_is_stopped_are_given_back_not_started(
             assert plan is not None and plan.status == "approved"
             assert plan.lease_owner is None and plan.lease_until is None, "a claim left to expire"
             assert not [e for e in store.events(plan_id) if e.kind.startswith("run.")]
+
+
+FIRST_CALL = threading.Event()
+LET_GO = threading.Event()
+SENT: list[tuple[str, int, int]] = []
+
+
+def _send(ctx: RunContext) -> str:
+    SENT.append((ctx.plan_id, ctx.step_id, ctx.attempt))
+    if len(SENT) == 1:  # the first runner's call: it hangs until the test lets go
+        FIRST_CALL.set()
+        LET_GO.wait(30)
+    return "sent"
+
+
+@tool(effect="write")
+def send(ctx: RunContext) -> str:
+    """Send something (not idempotent)."""
+    return _send(ctx)
+
+
+@tool(effect="write", idempotent=True)
+def put(ctx: RunContext) -> str:
+    """Write something under the step's key (idempotent)."""
+    return _send(ctx)
+
+
+@pytest.mark.parametrize("name", ["send", "put"])
+def test_a_runner_whose_lease_ran_out_mid_call_records_nothing_after_the_takeover(db: str, name: str) -> None:
+    """A's lease runs out while its call hangs (its timer starved); B takes the plan over and settles
+    the step as the resume rules say. A's late outcome is never recorded, and A gives back no lease."""
+    FIRST_CALL.clear()
+    LET_GO.clear()
+    SENT.clear()
+    catalogue = [send, put]
+    rt = Runtime(Catalogue(catalogue), db=db)
+    record = rt.submit(
+        {"task": "t", "category": "c", "steps": [{"id": 1, "tool": name, "params": {}, "rationale": "r"}]}, "ann"
+    )
+    rt.approve(record.id, "ben", record.hash)
+    a = Worker(Catalogue(catalogue), db=db, lease_seconds=600)  # its timer never fires in this test
+    a_results: list[RunResult] = []
+    thread = serve_in_thread(a, a_results)
+    b = Worker(Catalogue(catalogue), db=db, lease_seconds=600)
+    try:
+        assert FIRST_CALL.wait(30)
+        with rt.store.transaction():  # the lease ran out: the timer was starved
+            rt.store.command("UPDATE plans SET lease_until = '2000-01-01T00:00:00Z' WHERE id = ?", (record.id,))
+        taken = b.run_one()
+        assert taken is not None
+        LET_GO.set()
+        thread.join(30)
+        assert not thread.is_alive()
+    finally:
+        LET_GO.set()
+        a.close()
+        b.close()
+    assert a_results == [] and not a.failed and not a.refused
+    plan = rt.store.get_plan(record.id)
+    assert plan is not None and plan.lease_owner is None
+    kinds, sent = [e.kind for e in rt.trace(record.id)], list(SENT)
+    if name == "send":  # not idempotent: never sent twice, the step halts for a person
+        assert sent == [(record.id, 1, 1)]
+        assert taken.status == "halted" and (taken.error or "").startswith("outcome unknown")
+        assert plan.status == "halted" and "step.succeeded" not in kinds
+    else:  # idempotent: B calls again under the same key; A's outcome (attempt 1) is not recorded
+        assert sent == [(record.id, 1, 1), (record.id, 1, 2)]
+        assert taken.status == "succeeded" and plan.status == "succeeded"
+        assert kinds.count("step.succeeded") == 1
+    assert rt.store.verify_audit().ok
+    rt.close()
+
+
+def test_an_edit_between_a_claim_and_its_run_runs_neither_body_unapproved(
+    db: str, calls: list[tuple[str, int]]
+) -> None:
+    """A person edits the plan after a worker's batch claim and before its run starts: the old text
+    does not run, nor the new one until it is approved; approved, it runs once, as approved."""
+    (plan_id,) = submit(db, ["count"], 1)
+    person = Runtime(Catalogue([tools.count]), db=db)
+    w = Worker(Catalogue([tools.count]), db=db, concurrency=1)
+    claims = w._claiming()
+    real = claims.claim_batch
+
+    def claim_then_edit(*args: Any, **kwargs: Any) -> list[str]:
+        claimed = real(*args, **kwargs)
+        if claimed:
+            new = {
+                "task": "t",
+                "category": "test",
+                "steps": [{"id": 1, "tool": "count", "params": {"n": 99}, "rationale": "r"}],
+            }
+            person.edit(plan_id, new, "alice")
+        return claimed
+
+    claims.claim_batch = claim_then_edit  # type: ignore[method-assign]
+    try:
+        assert w.run_one() is None
+        assert calls == []
+        plan = person.store.get_plan(plan_id)
+        assert plan is not None and plan.status == "pending_approval" and plan.lease_owner is None
+        claims.claim_batch = real  # type: ignore[method-assign]
+        assert w.run_one() is None  # still waiting for approval: nothing to claim
+        person.approve(plan_id, "reviewer", person.get(plan_id).hash)
+        w._skip.clear()  # a new pass
+        result = w.run_one()
+    finally:
+        w.close()
+    assert result is not None and result.status == "succeeded" and result.version == 2 and result.outputs == {1: 99}
+    assert calls == [(plan_id, 1)]
+    assert person.store.verify_audit().ok
+    person.close()
+
+
+ACTIVE = {"now": 0, "most": 0}
+ACTIVE_LOCK = threading.Lock()
+PAIRS: dict[str, threading.Barrier] = {}
+
+
+@tool
+def pair(n: int) -> int:
+    """Wait for one other run to be here too, counting how many are here at once."""
+    with ACTIVE_LOCK:
+        ACTIVE["now"] += 1
+        ACTIVE["most"] = max(ACTIVE["most"], ACTIVE["now"])
+    try:
+        PAIRS["barrier"].wait(timeout=30)
+    finally:
+        with ACTIVE_LOCK:
+            ACTIVE["now"] -= 1
+    return n
+
+
+def test_never_more_plans_at_once_than_the_concurrency(db: str) -> None:
+    """Steps meet in pairs; a third run at once would be counted (and would meet a stranger)."""
+    ACTIVE.update(now=0, most=0)
+    PAIRS["barrier"] = threading.Barrier(2)
+    rt = Runtime(Catalogue([pair]), db=db)
+    for n in range(6):
+        record = rt.submit(
+            {
+                "task": f"p{n}",
+                "category": "c",
+                "steps": [{"id": 1, "tool": "pair", "params": {"n": n}, "rationale": "r"}],
+            },
+            "ann",
+        )
+        rt.approve(record.id, "ben", record.hash)
+    rt.close()
+    results: list[RunResult] = []
+    w = Worker(Catalogue([pair]), db=db, concurrency=2)
+    try:
+        assert w.serve(drain=True, poll=0.05, on_result=results.append) == 6
+    finally:
+        w.close()
+    assert {r.status for r in results} == {"succeeded"} and ACTIVE["most"] == 2
+    until("nothing left running", lambda: ACTIVE["now"] == 0)
 
 
 def test_a_plan_claimed_again_as_its_last_run_ends_stays_counted_and_is_drained(
