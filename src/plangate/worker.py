@@ -12,9 +12,10 @@ it. The lease is released at the end.
 
 :meth:`Worker.stop` (``SIGTERM`` for ``plangate worker``) drains: no new claims, running
 plans go on for up to ``drain_timeout`` seconds, and the leases of those still running
-then are released. A killed worker's plans are taken over once their leases expire (at
-once on the same machine, where a lease naming a dead process is dead), and the engine's
-resume rules decide what runs again: never a completed step, an idempotent step with no
+then are released. A killed worker's plans are taken over by workers once their leases
+expire (a worker's claim goes by the lease's expiry alone; ``plangate resume`` on the same
+machine takes over at once a lease naming a dead process), and the engine's resume rules
+decide what runs again: never a completed step, an idempotent step with no
 outcome under the same key, anything else halts for a person.
 """
 
