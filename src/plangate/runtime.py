@@ -34,7 +34,7 @@ from plangate._overrides import governed
 from plangate.check import CheckResult, check
 from plangate.compensation import Compensation, CompensationResult
 from plangate.engine import DEFAULT_CONCURRENCY, Engine
-from plangate.errors import GovernanceError, NotFoundError, PlangateError, StateError, UsageError
+from plangate.errors import GovernanceError, LeaseLostError, NotFoundError, PlangateError, StateError, UsageError
 from plangate.plan import Plan
 from plangate.plandiff import PlanDiff
 from plangate.planner import PlanningResult
@@ -406,8 +406,11 @@ class Runtime:
             raise StateError(f"plan {plan.id} is {plan.status}; only an approved plan can run")
         return self.drive(self.start(plan.id, actor=actor, owner=owner), progress)
 
-    def start(self, plan_id: str, *, actor: str, owner: str | None = None) -> Claim:
+    def start(self, plan_id: str, *, actor: str, owner: str | None = None, leased: bool = False) -> Claim:
         """Claim the plan for a run, after proving that exactly this text was approved.
+
+        ``leased``: ``owner`` leased the plan beforehand (a worker's claim); the run starts only
+        while that lease is still its own, never after it was given back or taken by another.
 
         The plan's events are replayed (:mod:`plangate.ledger`): the stored text must hash
         to the current version's hash, the rows must agree with the audit log, and the
@@ -421,6 +424,8 @@ class Runtime:
         proved = self._proved_before(plan_id)
         with self.store.transaction():
             plan, version = self._locked(plan_id)
+            if leased and plan.lease_owner != owner:
+                raise LeaseLostError(f"{owner} no longer holds its claim on plan {plan_id}: it does not start")
             if proved is not None and proved[0] == (plan, version, self.store.newest_event(plan.id)):
                 body, told, policy, recheck = proved[1]  # nothing of the plan changed since: the proof holds
             else:

@@ -12,9 +12,10 @@ it. The lease is released at the end.
 
 :meth:`Worker.stop` (``SIGTERM`` for ``plangate worker``) drains: no new claims, running
 plans go on for up to ``drain_timeout`` seconds, and the leases of those still running
-then are released. A killed worker's plans are taken over once their leases expire (at
-once on the same machine, where a lease naming a dead process is dead), and the engine's
-resume rules decide what runs again: never a completed step, an idempotent step with no
+then are released. A killed worker's plans are taken over by workers once their leases
+expire (a worker's claim goes by the lease's expiry alone; ``plangate resume`` on the same
+machine takes over at once a lease naming a dead process), and the engine's resume rules
+decide what runs again: never a completed step, an idempotent step with no
 outcome under the same key, anything else halts for a person.
 """
 
@@ -85,6 +86,9 @@ class Worker:
                 with self._cond:
                     seen = self._ended
                 claimed = self._claim_free()
+                if self._stopping.is_set():  # stopped during the claim: what it took is given back, not started
+                    self._give_back(claimed)
+                    break
                 with self._cond:
                     if not claimed and drain and not self._running:
                         break
@@ -143,6 +147,11 @@ class Worker:
         ids = store.claim_batch(owner, iso(self.clock.now()), self._until(), limit, sorted(self._skip))
         return [(plan_id, owner) for plan_id in ids]
 
+    def _give_back(self, claimed: list[tuple[str, str]]) -> None:
+        """Release leases claimed but not started, so that the plans need not wait for them to expire."""
+        for plan_id, owner in claimed:
+            self._claiming().release(plan_id, owner)
+
     def _claiming(self) -> Store:
         if self._claims is None:
             self._claims = open_store(self.db)
@@ -162,12 +171,14 @@ class Worker:
         threading.Thread(target=body, name=f"plangate-worker-{plan_id[:8]}", daemon=True).start()
 
     def _run(self, plan_id: str, owner: str) -> RunResult | None:
-        runtime = self._runtime()
+        runtime: Runtime | None = None
         result: RunResult | None = None
         healthy = True
         try:
-            # resume's own checks are the claim's (lifecycle.claim): start at once, without reading the plan twice
-            result = runtime.drive(runtime.start(plan_id, actor=f"worker:{self.name}", owner=owner))
+            runtime = self._runtime()  # a new connection may be refused: the claim is then given back below
+            # resume's own checks are the claim's (lifecycle.claim): start at once, without reading the plan twice;
+            # only under this claim's lease (a drain may have given it back meanwhile, or a person's decision)
+            result = runtime.drive(runtime.start(plan_id, actor=f"worker:{self.name}", owner=owner, leased=True))
         except GovernanceError as refused:  # it may not run: sent back for approval, or the log disagrees
             self.refused.append(f"{plan_id}: {refused}")
             with self._cond:
@@ -182,6 +193,9 @@ class Worker:
             self.failed.append(f"{plan_id}: {exc}")
             _log.warning("plan %s: %s", plan_id, exc, exc_info=True)
         finally:
+            if runtime is None:  # no runtime to run it on: not claimed again in this pass (no loop of claims)
+                with self._cond:
+                    self._skip.add(plan_id)
             self._finish(plan_id, owner, runtime if healthy else self._dropped(runtime), ran=result is not None)
         return result
 
@@ -196,7 +210,10 @@ class Worker:
             _log.warning("plan %s: releasing the lease failed: %s", plan_id, exc)
             runtime = self._dropped(runtime)
         with self._cond:
-            self._running.pop(plan_id, None)
+            # Only this run's entry: once the lease was released the plan may have been claimed again,
+            # and that run must stay counted (for the concurrency, and for the drain to release it).
+            if self._running.get(plan_id) == owner:
+                del self._running[plan_id]
             self._ran += ran
             self._ended += 1
             if runtime is not None:

@@ -1,0 +1,377 @@
+"""Workers under pressure: a runtime that cannot be built, a stop that lands during a claim, a plan
+claimed again as its last run ends, a drain that gives back a run still starting, a lease taken over
+while a step runs, a person's edit between a claim and its run, and the limit on runs at once."""
+
+from __future__ import annotations
+
+import collections
+import threading
+from collections.abc import Iterator
+from contextlib import closing
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from plangate import Catalogue, RunContext, tool
+from plangate import worker as worker_module
+from plangate.errors import StoreError
+from plangate.results import RunResult
+from plangate.runtime import Runtime
+from plangate.store import open_store
+from plangate.worker import Worker
+from tests import concurrencytools as tools
+from tests.helpers import until
+from tests.test_worker_concurrency import submit
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path}/plangate.db"
+
+
+@pytest.fixture
+def calls() -> Iterator[list[tuple[str, int]]]:
+    tools.CALLS.clear()
+    yield tools.CALLS
+    tools.CALLS.clear()
+
+
+def serve_in_thread(w: Worker, results: list[RunResult]) -> threading.Thread:
+    thread = threading.Thread(
+        target=w.serve, kwargs={"drain": True, "poll": 0.05, "on_result": results.append}, daemon=True
+    )
+    thread.start()
+    return thread
+
+
+def test_a_runtime_that_cannot_be_built_gives_the_plan_back_and_keeps_the_slot(
+    db: str, calls: list[tuple[str, int]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The store refuses a new connection once: the claimed plan's lease is released at once, not
+    left to expire, the worker's one slot is free again, and the plan runs on a later pass."""
+    ids = submit(db, ["count"], 2)
+    builds = iter([StoreError("cannot connect: too many clients")])
+
+    def flaky(*args: Any, **kwargs: Any) -> Runtime:
+        for refusal in builds:
+            raise refusal
+        return Runtime(*args, **kwargs)
+
+    monkeypatch.setattr(worker_module, "Runtime", flaky)
+    w = Worker(Catalogue([tools.count]), db=db, concurrency=1, drain_timeout=0.5)
+    results: list[RunResult] = []
+    thread = threading.Thread(target=w.serve, kwargs={"poll": 0.05, "on_result": results.append}, daemon=True)
+    thread.start()
+    try:
+        until("both plans ran", lambda: len(results) == 2, limit=20)
+    finally:
+        w.stop()
+        thread.join(20)
+        w.close()
+    assert not thread.is_alive()
+    assert sorted(r.plan_id for r in results) == sorted(ids) and {r.status for r in results} == {"succeeded"}
+    assert len(w.failed) == 1 and "too many clients" in w.failed[0] and not w.left
+    assert sorted(collections.Counter(calls).values()) == [1, 1]
+    with closing(open_store(db)) as store:
+        assert {row[0] for row in store.query("SELECT lease_owner FROM plans")} == {None}
+        assert store.verify_audit().ok
+
+
+def test_a_runtime_that_cannot_be_built_is_not_claimed_again_at_once_by_run_one(
+    db: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (plan_id,) = submit(db, ["count"], 1)
+
+    def broken(*_: Any, **__: Any) -> Runtime:
+        raise StoreError("cannot connect")
+
+    monkeypatch.setattr(worker_module, "Runtime", broken)
+    w = Worker(Catalogue([tools.count]), db=db)
+    try:
+        assert w.run_one() is None  # not an endless loop of claims, and not an exception out of the worker
+    finally:
+        w.close()
+    assert w.failed == [f"{plan_id}: cannot connect"]
+    with closing(open_store(db)) as store:
+        plan = store.get_plan(plan_id)
+        assert plan is not None and plan.status == "approved" and plan.lease_owner is None
+
+
+def test_plans_claimed_as_the_worker_is_stopped_are_given_back_not_started(
+    db: str, calls: list[tuple[str, int]]
+) -> None:
+    """SIGTERM (stop) lands while a claim is on its way: what it claimed is released, never started."""
+    ids = submit(db, ["count"], 3)
+    w = Worker(Catalogue([tools.count]), db=db, concurrency=2)
+    claims = w._claiming()  # the claim the signal lands in
+    real = claims.claim_batch
+
+    def claim_then_stop(*args: Any, **kwargs: Any) -> list[str]:
+        claimed = real(*args, **kwargs)
+        w.stop()  # what the SIGTERM handler does
+        return claimed
+
+    claims.claim_batch = claim_then_stop  # type: ignore[method-assign]
+    try:
+        assert w.serve(poll=0.05) == 0
+    finally:
+        w.close()
+    assert calls == [] and not w.failed and not w.left
+    with closing(open_store(db)) as store:
+        for plan_id in ids:
+            plan = store.get_plan(plan_id)
+            assert plan is not None and plan.status == "approved"
+            assert plan.lease_owner is None and plan.lease_until is None, "a claim left to expire"
+            assert not [e for e in store.events(plan_id) if e.kind.startswith("run.")]
+
+
+FIRST_CALL = threading.Event()
+LET_GO = threading.Event()
+SENT: list[tuple[str, int, int]] = []
+
+
+def _send(ctx: RunContext) -> str:
+    SENT.append((ctx.plan_id, ctx.step_id, ctx.attempt))
+    if len(SENT) == 1:  # the first runner's call: it hangs until the test lets go
+        FIRST_CALL.set()
+        LET_GO.wait(30)
+    return "sent"
+
+
+@tool(effect="write")
+def send(ctx: RunContext) -> str:
+    """Send something (not idempotent)."""
+    return _send(ctx)
+
+
+@tool(effect="write", idempotent=True)
+def put(ctx: RunContext) -> str:
+    """Write something under the step's key (idempotent)."""
+    return _send(ctx)
+
+
+@pytest.mark.parametrize("name", ["send", "put"])
+def test_a_runner_whose_lease_ran_out_mid_call_records_nothing_after_the_takeover(db: str, name: str) -> None:
+    """A's lease runs out while its call hangs (its timer starved); B takes the plan over and settles
+    the step as the resume rules say. A's late outcome is never recorded, and A gives back no lease."""
+    FIRST_CALL.clear()
+    LET_GO.clear()
+    SENT.clear()
+    catalogue = [send, put]
+    rt = Runtime(Catalogue(catalogue), db=db)
+    record = rt.submit(
+        {"task": "t", "category": "c", "steps": [{"id": 1, "tool": name, "params": {}, "rationale": "r"}]}, "ann"
+    )
+    rt.approve(record.id, "ben", record.hash)
+    a = Worker(Catalogue(catalogue), db=db, lease_seconds=600)  # its timer never fires in this test
+    a_results: list[RunResult] = []
+    thread = serve_in_thread(a, a_results)
+    b = Worker(Catalogue(catalogue), db=db, lease_seconds=600)
+    try:
+        assert FIRST_CALL.wait(30)
+        with rt.store.transaction():  # the lease ran out: the timer was starved
+            rt.store.command("UPDATE plans SET lease_until = '2000-01-01T00:00:00Z' WHERE id = ?", (record.id,))
+        taken = b.run_one()
+        assert taken is not None
+        LET_GO.set()
+        thread.join(30)
+        assert not thread.is_alive()
+    finally:
+        LET_GO.set()
+        a.close()
+        b.close()
+    assert a_results == [] and not a.failed and not a.refused
+    plan = rt.store.get_plan(record.id)
+    assert plan is not None and plan.lease_owner is None
+    kinds, sent = [e.kind for e in rt.trace(record.id)], list(SENT)
+    if name == "send":  # not idempotent: never sent twice, the step halts for a person
+        assert sent == [(record.id, 1, 1)]
+        assert taken.status == "halted" and (taken.error or "").startswith("outcome unknown")
+        assert plan.status == "halted" and "step.succeeded" not in kinds
+    else:  # idempotent: B calls again under the same key; A's outcome (attempt 1) is not recorded
+        assert sent == [(record.id, 1, 1), (record.id, 1, 2)]
+        assert taken.status == "succeeded" and plan.status == "succeeded"
+        assert kinds.count("step.succeeded") == 1
+    assert rt.store.verify_audit().ok
+    rt.close()
+
+
+def test_an_edit_between_a_claim_and_its_run_runs_neither_body_unapproved(
+    db: str, calls: list[tuple[str, int]]
+) -> None:
+    """A person edits the plan after a worker's batch claim and before its run starts: the old text
+    does not run, nor the new one until it is approved; approved, it runs once, as approved."""
+    (plan_id,) = submit(db, ["count"], 1)
+    person = Runtime(Catalogue([tools.count]), db=db)
+    w = Worker(Catalogue([tools.count]), db=db, concurrency=1)
+    claims = w._claiming()
+    real = claims.claim_batch
+
+    def claim_then_edit(*args: Any, **kwargs: Any) -> list[str]:
+        claimed = real(*args, **kwargs)
+        if claimed:
+            new = {
+                "task": "t",
+                "category": "test",
+                "steps": [{"id": 1, "tool": "count", "params": {"n": 99}, "rationale": "r"}],
+            }
+            person.edit(plan_id, new, "alice")
+        return claimed
+
+    claims.claim_batch = claim_then_edit  # type: ignore[method-assign]
+    try:
+        assert w.run_one() is None
+        assert calls == []
+        plan = person.store.get_plan(plan_id)
+        assert plan is not None and plan.status == "pending_approval" and plan.lease_owner is None
+        claims.claim_batch = real  # type: ignore[method-assign]
+        assert w.run_one() is None  # still waiting for approval: nothing to claim
+        person.approve(plan_id, "reviewer", person.get(plan_id).hash)
+        w._skip.clear()  # a new pass
+        result = w.run_one()
+    finally:
+        w.close()
+    assert result is not None and result.status == "succeeded" and result.version == 2 and result.outputs == {1: 99}
+    assert calls == [(plan_id, 1)]
+    assert person.store.verify_audit().ok
+    person.close()
+
+
+ACTIVE = {"now": 0, "most": 0}
+ACTIVE_LOCK = threading.Lock()
+PAIRS: dict[str, threading.Barrier] = {}
+
+
+@tool
+def pair(n: int) -> int:
+    """Wait for one other run to be here too, counting how many are here at once."""
+    with ACTIVE_LOCK:
+        ACTIVE["now"] += 1
+        ACTIVE["most"] = max(ACTIVE["most"], ACTIVE["now"])
+    try:
+        PAIRS["barrier"].wait(timeout=30)
+    finally:
+        with ACTIVE_LOCK:
+            ACTIVE["now"] -= 1
+    return n
+
+
+def test_never_more_plans_at_once_than_the_concurrency(db: str) -> None:
+    """Steps meet in pairs; a third run at once would be counted (and would meet a stranger)."""
+    ACTIVE.update(now=0, most=0)
+    PAIRS["barrier"] = threading.Barrier(2)
+    rt = Runtime(Catalogue([pair]), db=db)
+    for n in range(6):
+        record = rt.submit(
+            {
+                "task": f"p{n}",
+                "category": "c",
+                "steps": [{"id": 1, "tool": "pair", "params": {"n": n}, "rationale": "r"}],
+            },
+            "ann",
+        )
+        rt.approve(record.id, "ben", record.hash)
+    rt.close()
+    results: list[RunResult] = []
+    w = Worker(Catalogue([pair]), db=db, concurrency=2)
+    try:
+        assert w.serve(drain=True, poll=0.05, on_result=results.append) == 6
+    finally:
+        w.close()
+    assert {r.status for r in results} == {"succeeded"} and ACTIVE["most"] == 2
+    until("nothing left running", lambda: ACTIVE["now"] == 0)
+
+
+def test_a_plan_claimed_again_as_its_last_run_ends_stays_counted_and_is_drained(
+    db: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run fails (the store went away) and gives its lease back; the worker claims the plan again
+    before the failed run's bookkeeping is done. The new run must stay counted: else the worker runs
+    more plans than its concurrency, and a stop leaves the new run's lease held instead of releasing it."""
+    tools.HELD.clear()
+    (plan_id,) = submit(db, ["hold"], 1)
+    reclaimed = threading.Event()
+    starts = iter([StoreError("server closed the connection unexpectedly")])
+
+    class Flaky(Runtime):
+        def start(self, *args: Any, **kwargs: Any) -> Any:
+            failure = next(starts, None)
+            if failure is None:
+                return super().start(*args, **kwargs)
+            release = self.store.release
+
+            def release_then_wait(*a: Any, **k: Any) -> None:
+                release(*a, **k)
+                self.store.release = release  # type: ignore[method-assign]
+                assert reclaimed.wait(10), "the plan was not claimed again"
+
+            self.store.release = release_then_wait  # type: ignore[method-assign]
+            raise failure
+
+    monkeypatch.setattr(worker_module, "Runtime", Flaky)
+    w = Worker(Catalogue([tools.hold]), db=db, concurrency=2, drain_timeout=0.2)
+    claims = w._claiming()
+    real = claims.claim_batch
+    seen: list[str] = []
+
+    def claim(*args: Any, **kwargs: Any) -> list[str]:
+        claimed = real(*args, **kwargs)
+        seen.extend(claimed)
+        if seen.count(plan_id) == 2 and plan_id in claimed:
+            reclaimed.set()
+        return claimed
+
+    claims.claim_batch = claim  # type: ignore[method-assign]
+    thread = threading.Thread(target=w.serve, kwargs={"poll": 0.05}, daemon=True)
+    thread.start()
+    store = open_store(db)
+    try:
+        until("the plan's second run started", lambda: any(e.kind == "step.started" for e in store.events(plan_id)))
+        w.stop()
+        thread.join(20)
+        assert not thread.is_alive()
+        assert w.left == [plan_id], "the drain did not know of the second run"
+        plan = store.get_plan(plan_id)
+        assert plan is not None and plan.status == "running" and plan.lease_owner is None
+    finally:
+        tools.HELD.set()
+        w.close()
+        store.close()
+
+
+def test_a_run_still_starting_when_the_drain_gives_its_claim_back_does_not_start(
+    db: str, calls: list[tuple[str, int]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The drain ends while a run is still proving its right to run (waiting for the store, say) and
+    releases its claim: that run must not take the plan afterwards, as if it had never been given back."""
+    (plan_id,) = submit(db, ["count"], 1)
+    proving, go_on = threading.Event(), threading.Event()
+
+    class Slow(Runtime):
+        def start(self, *args: Any, **kwargs: Any) -> Any:
+            proving.set()
+            assert go_on.wait(20)
+            return super().start(*args, **kwargs)
+
+    monkeypatch.setattr(worker_module, "Runtime", Slow)
+    w = Worker(Catalogue([tools.count]), db=db, drain_timeout=0.05)
+    serving = threading.Thread(target=w.serve, kwargs={"poll": 0.05}, daemon=True)
+    serving.start()
+    try:
+        assert proving.wait(20)
+        (runner,) = [t for t in threading.enumerate() if t.name == f"plangate-worker-{plan_id[:8]}"]
+        w.stop()
+        serving.join(20)
+        assert w.left == [plan_id]
+        go_on.set()
+        runner.join(20)
+        assert not runner.is_alive()
+    finally:
+        go_on.set()
+        w.close()
+    assert calls == []
+    with closing(open_store(db)) as store:
+        plan = store.get_plan(plan_id)
+        assert plan is not None and plan.status == "approved" and plan.lease_owner is None
+        assert not [e for e in store.events(plan_id) if e.kind.startswith("run.")]
