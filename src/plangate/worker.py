@@ -8,7 +8,8 @@ database's write lock serialises claims. Each plan runs on a runner thread of it
 ``resume`` semantics, over a store connection taken from the worker's pool (a runtime per
 connection, made once and reused), under its own lease, which a timer renews while the
 plan runs (:class:`plangate.lifecycle.LeaseKeeper`), so a step longer than the lease keeps
-it. The lease is released at the end.
+it. The lease is released at the end. On PostgreSQL a worker whose clock is too far from the
+database server's claims nothing until they agree (:attr:`Worker.clock_problem` says why).
 
 :meth:`Worker.stop` (``SIGTERM`` for ``plangate worker``) drains: no new claims, running
 plans go on for up to ``drain_timeout`` seconds, and the leases of those still running
@@ -41,6 +42,8 @@ from plangate.tools import Catalogue
 
 DEFAULT_CONCURRENCY = 8
 """Plans a worker runs at once unless told otherwise."""
+CLOCK_CHECK_SECONDS = 60.0
+"""How often a worker compares its clock with the database server's (at most: at its claims)."""
 
 _log = logging.getLogger("plangate.worker")
 
@@ -63,6 +66,8 @@ class Worker:
     """Plans whose run ended in an error other than a halt (the store went away, the plan changed meanwhile)."""
     left: list[str] = field(default_factory=list)
     """Plans still running when the drain ended: their leases were released for the next worker."""
+    clock_problem: str | None = None
+    """Why this worker claims nothing for now: its clock too far from the database server's (None: it claims)."""
 
     def __post_init__(self) -> None:
         if self.concurrency < 1:
@@ -73,6 +78,7 @@ class Worker:
         self._running: dict[str, str] = {}  # plan id -> the lease owner running it
         self._skip: set[str] = set()  # refused in this pass; claimed again on the next
         self._stopping = threading.Event()
+        self._clock_due = 0.0  # when to compare the clocks again (time.monotonic)
         self._ran = 0  # runs that came to an end or a halt
         self._ended = 0  # runs that ended in any way: capacity freed
 
@@ -141,11 +147,49 @@ class Worker:
         return self._claim(free) if free > 0 else []
 
     def _claim(self, limit: int) -> list[tuple[str, str]]:
+        if self._clock_off():
+            return []
         """Up to ``limit`` plans leased in one statement, each with the owner that will run it."""
         owner = lifecycle.runner(self.name.partition("#")[0])  # a new owner per batch: one plan, one runner
         store = self._claiming()
         ids = store.claim_batch(owner, iso(self.clock.now()), self._until(), limit, sorted(self._skip))
         return [(plan_id, owner) for plan_id in ids]
+
+    def _clock_off(self) -> bool:
+        """Whether this machine's clock is too far from the database server's to claim (see clock_problem).
+
+        A lease is a time written by the runner's clock and read by the others': a worker whose
+        clock runs ahead sees live leases as expired and takes over plans whose runners are alive
+        (nothing runs twice, but a call cut off halts for a person); one whose clock lags writes
+        leases that others see expire early. Within a quarter of the lease the renewals (every
+        third of it) keep every lease live on every clock; past that, this worker claims nothing,
+        and says why, until the clocks agree again.
+        """
+        if time.monotonic() < self._clock_due:
+            return self.clock_problem is not None
+        self._clock_due = time.monotonic() + CLOCK_CHECK_SECONDS
+        before = self.clock.now()
+        theirs = self._claiming().database_time()
+        after = self.clock.now()
+        if theirs is None:  # no server: one machine, one clock
+            return False
+        ahead = ((before + (after - before) / 2) - theirs).total_seconds()
+        bound = self.lease_seconds / 4
+        problem = None
+        if abs(ahead) > bound:
+            problem = (
+                f"this machine's clock is {abs(ahead):.1f} s {'ahead of' if ahead > 0 else 'behind'} the database "
+                f"server's; with {self.lease_seconds:g}-second leases a worker may be at most {bound:g} s off, or it "
+                "could take over plans whose runners are alive: claiming nothing until the clocks agree "
+                "(set the time right, e.g. with NTP)"
+            )
+        if problem != self.clock_problem:
+            if problem is not None:
+                _log.error("worker %s: %s", self.name, problem)
+            else:
+                _log.warning("worker %s: its clock agrees with the database server's again: claiming", self.name)
+        self.clock_problem = problem
+        return problem is not None
 
     def _give_back(self, claimed: list[tuple[str, str]]) -> None:
         """Release leases claimed but not started, so that the plans need not wait for them to expire."""

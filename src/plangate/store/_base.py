@@ -5,6 +5,7 @@ from __future__ import annotations
 import abc
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
+from datetime import datetime
 from typing import Any
 
 from plangate.audit import AuditReport
@@ -238,6 +239,12 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     def renew(self, plan_id: str, worker: str, until: str) -> bool: ...
+
+    def database_time(self) -> datetime | None:
+        """The database server's clock, for workers on other machines to compare theirs with
+        (leases are times written by one machine's clock and read by another's); None when the
+        store has no server (SQLite: every process that opens the file shares one machine's clock)."""
+        return None
 
     @abc.abstractmethod
     def release(self, plan_id: str, worker: str) -> None: ...

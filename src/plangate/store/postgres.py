@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import threading
+from datetime import datetime
 from typing import Any
 
 from plangate import audit
@@ -103,6 +104,12 @@ class PostgresStore(SQLStore):
     _HEAD_IS_THE_LOCK = True
     _DEFER_WRITES = True  # a transaction's writes that nobody reads go out together, in one statement
     _DEFER_APPENDS = True  # the head row's lock is taken late: from the first statement that needs the log
+
+    def database_time(self) -> datetime:
+        with self._lock:  # clock_timestamp(): the time now, not the transaction's start (now())
+            moment = self._conn.execute("SELECT clock_timestamp()").fetchone()[0]
+        assert isinstance(moment, datetime)
+        return moment
 
     def _sql(self, query: str) -> str:
         return query.replace("?", "%s")

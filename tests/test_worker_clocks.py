@@ -1,0 +1,119 @@
+"""Workers on machines whose clocks disagree with the database server's: a lease is a time written
+by one machine's clock and read by another's, so a worker too far off claims nothing, and says why."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import closing
+from datetime import datetime, timedelta
+
+import pytest
+
+from plangate import Catalogue
+from plangate import worker as worker_module
+from plangate._clock import SystemClock, iso
+from plangate.store import open_store
+from plangate.worker import Worker
+from tests import concurrencytools as tools
+from tests.test_worker_concurrency import submit
+
+
+class Skewed(SystemClock):
+    """The system's clock, ``seconds`` ahead (behind when negative)."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+    def now(self) -> datetime:
+        return super().now() + timedelta(seconds=self.seconds)
+
+
+@pytest.fixture
+def calls() -> Iterator[list[tuple[str, int]]]:
+    tools.CALLS.clear()
+    yield tools.CALLS
+    tools.CALLS.clear()
+
+
+def worker(db: str, clock: SystemClock, lease: float = 30.0) -> Worker:
+    return Worker(Catalogue([tools.count]), db=db, clock=clock, lease_seconds=lease, concurrency=1)
+
+
+def lease_live(db: str, plan_id: str, owner: str, seconds: float) -> None:
+    """``owner`` (a runner elsewhere, alive) holds the plan for ``seconds`` more, by the true clock."""
+    now = datetime.now().astimezone()
+    with closing(open_store(db)) as store:
+        assert store.claim_batch(owner, iso(now), iso(now + timedelta(seconds=seconds)), 1) == [plan_id]
+
+
+def test_a_worker_whose_clock_runs_ahead_does_not_take_over_a_live_lease(
+    pg_db: str, calls: list[tuple[str, int]]
+) -> None:
+    (plan_id,) = submit(pg_db, ["count"], 1)
+    lease_live(pg_db, plan_id, "runner-elsewhere#1", 30)
+    ahead = worker(pg_db, Skewed(60))  # by its clock, the live lease ran out 30 s ago
+    try:
+        assert ahead.run_one() is None
+    finally:
+        ahead.close()
+    assert calls == []  # the plan was not taken from its live runner
+    with closing(open_store(pg_db)) as store:
+        assert store.get_plan(plan_id).lease_owner == "runner-elsewhere#1"  # type: ignore[union-attr]
+    assert ahead.clock_problem is not None
+    assert "60." in ahead.clock_problem and "ahead of the database server's" in ahead.clock_problem
+    assert "at most 7.5 s off" in ahead.clock_problem
+
+
+def test_a_worker_whose_clock_lags_claims_nothing_either(pg_db: str, calls: list[tuple[str, int]]) -> None:
+    submit(pg_db, ["count"], 1)
+    behind = worker(pg_db, Skewed(-20))  # its leases would run out 20 s early on everyone else's clock
+    try:
+        assert behind.run_one() is None
+    finally:
+        behind.close()
+    assert calls == []
+    assert behind.clock_problem is not None and "20." in behind.clock_problem and "behind" in behind.clock_problem
+
+
+def test_a_worker_within_a_quarter_of_the_lease_claims_and_runs(pg_db: str, calls: list[tuple[str, int]]) -> None:
+    (plan_id,) = submit(pg_db, ["count"], 1)
+    close_enough = worker(pg_db, Skewed(5))  # under 7.5 s: every lease renewed in time stays live for all
+    try:
+        result = close_enough.run_one()
+    finally:
+        close_enough.close()
+    assert result is not None and result.plan_id == plan_id and result.ok
+    assert close_enough.clock_problem is None
+    assert len(calls) == 1
+
+
+def test_a_worker_claims_again_once_its_clock_is_set_right(
+    pg_db: str, calls: list[tuple[str, int]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(worker_module, "CLOCK_CHECK_SECONDS", 0.0)  # compared at every claim
+    (plan_id,) = submit(pg_db, ["count"], 1)
+    clock = Skewed(3600)
+    w = worker(pg_db, clock)
+    try:
+        assert w.run_one() is None and w.clock_problem is not None
+        clock.seconds = 0  # NTP set it right
+        result = w.run_one()
+    finally:
+        w.close()
+    assert result is not None and result.plan_id == plan_id and result.ok
+    assert w.clock_problem is None
+
+
+def test_sqlite_has_no_server_clock_to_compare_with(tmp_path: object) -> None:
+    with closing(open_store(f"sqlite:///{tmp_path}/plangate.db")) as store:
+        assert store.database_time() is None  # every process opening the file shares one machine's clock
+
+
+def test_the_database_server_s_clock_is_read_as_it_is_now(pg_db: str) -> None:
+    with closing(open_store(pg_db)) as store:
+        first = store.database_time()
+        with store.transaction():  # clock_timestamp(), not the transaction's start
+            inside = [store.database_time(), store.database_time()]
+    assert first is not None and inside[0] is not None and inside[1] is not None
+    assert first <= inside[0] < inside[1]
+    assert abs((datetime.now().astimezone() - inside[1]).total_seconds()) < 5  # one machine here: one clock
