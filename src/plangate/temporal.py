@@ -331,7 +331,7 @@ def _claim(db: str, catalogue: Catalogue, name: str, refused: list[str]) -> Clai
                 return None
             try:
                 return Runtime(catalogue, db=store, lease_seconds=_LEASE_SECONDS).start(
-                    plan_id, actor="temporal", owner=name
+                    plan_id, actor="temporal", owner=name, leased=True
                 )
             except GovernanceError:
                 refused.append(plan_id)
