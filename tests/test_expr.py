@@ -1,10 +1,11 @@
 from __future__ import annotations
 
+import random
 from typing import Any
 
 import pytest
 
-from plangate import ConditionError
+from plangate import ConditionError, expr
 from plangate.expr import MAX_LENGTH, parse
 from plangate.references import Ref, lookup
 
@@ -90,3 +91,86 @@ def test_refuses_what_does_not_parse(source: str, message: str) -> None:
 def test_evaluation_errors_are_condition_errors(source: str, message: str) -> None:
     with pytest.raises(ConditionError, match=message):
         run(source)
+
+
+# -- conditions that differ only in literals share one parsed shape ------------------------------------
+
+
+def _outcome(parse_one: Any, source: str) -> tuple[Any, ...]:
+    try:
+        condition = parse_one(source)
+    except ConditionError as exc:
+        return ("refused", str(exc), exc.column)
+    return ("parsed", condition.source, condition.tree, condition.refs)
+
+
+_PIECES = [
+    *("${1}", "${1.total}", "${2.a.b}", "${x}", "${", "}", "$", "$${"),
+    *("1", "0", "007", "1.5", "2e3", "1e+5", "1e-5", "1.", ".5", "1.2.3", "٣", "１", "²", "e-", "E+", "e", "x1"),
+    *('"a"', "'b'", '"a\\"b"', '"\\n"', '"\\q"', '""', "'", '"', "é", "@", ".", "_a", "x"),
+    *("and", "or", "not", "in", "true", "false", "null", "==", "!=", "<", "<=", ">", ">=", "+", "-", "*", "/", "%"),
+    *("(", ")", "[", "]", ",", " ", "  ", "\t", "\n", "\u00a0"),
+]
+
+
+def _soup(rng: random.Random) -> str:
+    return "".join(rng.choice(_PIECES) + rng.choice(("", " ")) for _ in range(rng.randint(1, 9)))
+
+
+def _condition(rng: random.Random, depth: int = 0) -> str:
+    def atom(depth: int) -> str:
+        roll = rng.random()
+        if depth > 3 or roll < 0.5:
+            literals = [
+                *("${1}", "${1.total}", "${2.a.b}", "true", "false", "null", "'q\\n'", '"a\\\\b"'),
+                str(rng.randint(0, 10**6)),
+                repr(rng.random() * 1000),
+                f"{rng.randint(1, 9)}e{rng.randint(-5, 5)}",
+                f'"s{rng.randint(0, 99)}"',
+            ]
+            return rng.choice(literals)
+        if roll < 0.65:
+            return f"({_condition(rng, depth + 1)})"
+        if roll < 0.75:
+            return "[" + ", ".join(_condition(rng, depth + 1) for _ in range(rng.randint(0, 3))) + "]"
+        if roll < 0.85:
+            return rng.choice(("-", "not ")) + atom(depth + 1)
+        return atom(depth + 1)
+
+    text = atom(depth)
+    for _ in range(rng.randint(0, 2)):
+        ops = ("==", "!=", "<", "<=", ">", ">=", "in", "not in", "+", "-", "*", "/", "%", "and", "or")
+        text += rng.choice((" ", "")) + f" {rng.choice(ops)} " + atom(depth)
+    return text
+
+
+def test_a_condition_parsed_through_its_shape_is_exactly_what_its_own_parse_gives() -> None:
+    """Differential: the parse through the shared shape against the condition's own parse, token by
+    token, for token soups (numbers cut short, exponents, stray quotes, Unicode digits) and for
+    well-formed conditions: the same tree and references, or the same refusal at the same column."""
+    rng = random.Random(16)
+    crafted = [
+        *("1e+51.5", "1e+52e3 > 1", "1e-5 > 2", "true-5 > 3", "x1 > 2", "1.2.3 > 0", "1..2 > 3", "2 > 1."),
+        "'a' > 1e5x",
+        *('"a"5 == 1', "'a''b' == 1", '" "a" == 1', '${1.s} == "a\\q"', '${1} in [1, "x", 2.5e-3]', "٣ > ١"),
+        *("-5 < ${1.a}", "${1}-5 > 0", '${1} == "${2}"', "[${1}, 2]", "not not 0", "(((1)))", "1 < 2 < 3"),
+    ]
+    sources = crafted + [_soup(rng) for _ in range(20_000)] + [_condition(rng) for _ in range(10_000)]
+    shaped = 0
+    for source in sources:
+        assert _outcome(expr._parse, source) == _outcome(expr.parse.__wrapped__, source), source
+        shaped += expr._shaped(source) is not None
+    assert shaped > 5_000  # the shapes were really used, not only the condition's own parse
+
+
+def test_conditions_that_differ_only_in_literals_share_one_shape() -> None:
+    first = parse("${1.total} > 120 and ${1.status} == 'paid'")
+    second = parse("${1.total} > 7.5 and ${1.status} == 'x'")
+    assert first.tree != second.tree and first.refs == second.refs
+    assert second.tree.left.right.value == 7.5 and second.tree.right.right.value == "x"  # type: ignore[union-attr]
+    assert expr._shape.cache_info().hits >= 1
+    # Not through a shape: a number cut short (1.2.3), an exponent's digits, a bad escape: the parse says why.
+    for bad, column in (("${1.total} > 1.2.3", 17), ("${1.n} == 1e+5x", 15), ("${1.s} == '\\q'", 11)):
+        with pytest.raises(ConditionError) as refused:
+            parse(bad)
+        assert refused.value.column == column, bad

@@ -23,7 +23,7 @@ It is parsed by precedence climbing over a table of binding powers.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, NamedTuple
@@ -101,14 +101,104 @@ class Condition:
 def parse(source: str) -> Condition:
     """Parse a condition; raises :class:`ConditionError` naming the column at fault.
 
-    Parsed conditions are immutable, so the same text is parsed once and shared.
+    Parsed conditions are immutable, so the same text is parsed once and shared; and conditions
+    that differ only in their numbers and strings (``${1.total} > 100``, ``> 250``) share one
+    parsed shape, whose literals are filled in (:func:`_shaped`).
     """
     if len(source) > MAX_LENGTH:
         raise ConditionError(f"the condition is {len(source)} characters; the limit is {MAX_LENGTH}")
+    return _shaped(source) or _parse(source)
+
+
+def _parse(source: str) -> Condition:
     parser = _Parser(_tokenize(source))
     tree = parser.expr(0, 0)
     parser.expect_end()
     return Condition(source, tree, tuple(parser.refs))
+
+
+# A condition's literals, found without tokenizing it: references first (their step numbers are not
+# literals), then strings, then numbers that no letter, digit, underscore or dot touches, nor an
+# exponent's sign (the 5 of 1e-5 is not a token).
+_LITERALS_IN = re.compile(
+    r"""(\$\{[^}]*\})|("(?:[^"\\]|\\.)*"|'(?:[^'\\]|\\.)*')|(?<![\w.])(?<![eE][+-])(\d+(?:\.\d+)?(?:[eE][+-]?\d+)?)(?![\w.])""",
+    re.DOTALL,
+)
+_NOT_PLAIN = re.compile(r"[\d\"']")
+"""A digit or a quote between the literals found: a number or string not found whole (1.2.3, 1e+5x,
+an unclosed quote), so the condition goes through its own parse."""
+
+
+def _shaped(source: str) -> Condition | None:
+    """The condition through the parsed shape it shares with others that differ only in literals; None
+    when it has no literal, or when its shape is not sure to be its own (its own parse then decides).
+
+    Each literal found is a whole token of the tokenizer's, and so is what takes its place in the
+    shape (``""`` or ``0``): nothing next to it could join it into a longer token, and between the
+    literals there is no digit or quote, so every number and string of the shape is a placeholder
+    and the shape's tokens are the condition's own but for the literals' text.
+    """
+    parts = _LITERALS_IN.split(source)  # text, then (ref, string, number) with one of them set, text, ...
+    if len(parts) == 1 or _NOT_PLAIN.search("".join(parts[::4])):
+        return None
+    shape: list[str] = []
+    values: list[Any] = []
+    try:
+        for at in range(0, len(parts) - 1, 4):
+            text, ref, string, number = parts[at : at + 4]
+            shape.append(text)
+            if ref is not None:
+                shape.append(ref)
+            elif string is not None:
+                shape.append('""')
+                values.append(_unquote(_Tok("str", string, 0)))
+            else:
+                shape.append("0")
+                values.append(int(number) if number.isdigit() else float(number))
+    except ConditionError:  # a bad escape: said, with its column, by the condition's own parse
+        return None
+    if not values:
+        return None
+    shape.append(parts[-1])
+    parsed = _shape("".join(shape))
+    if parsed is None:
+        return None
+    filling = iter(values)
+    try:
+        tree = _fill(parsed.tree, filling)
+    except StopIteration:  # fewer literals than placeholders: never, by the rules above; the parse decides
+        return None
+    return Condition(source, tree, parsed.refs) if next(filling, _NOTHING) is _NOTHING else None
+
+
+_NOTHING = object()
+
+
+@lru_cache(maxsize=2048)
+def _shape(text: str) -> Condition | None:
+    try:
+        return _parse(text)
+    except ConditionError:
+        return None
+
+
+def _fill(node: Node, values: Iterator[Any]) -> Node:
+    """``node`` with each literal of the shape (every number and string in it) replaced, in the order
+    written, by the condition's own: the tree's children are in the order of the text."""
+    kind = type(node)
+    if kind is Binary:
+        op, left, right = node  # type: ignore[misc]
+        return _new_tuple(Binary, (op, _fill(left, values), _fill(right, values)))
+    if kind is Literal:
+        value = node.value  # type: ignore[union-attr]
+        if type(value) is int or type(value) is str:  # a placeholder: true, false and null are not
+            return _new_tuple(Literal, (next(values),))
+        return node
+    if kind is Unary:
+        return _new_tuple(Unary, (node.op, _fill(node.operand, values)))  # type: ignore[union-attr]
+    if kind is ListNode:
+        return _new_tuple(ListNode, (tuple([_fill(item, values) for item in node.items]),))  # type: ignore[union-attr]
+    return node  # a reference
 
 
 def _tokenize(source: str) -> list[_Tok]:
