@@ -375,3 +375,37 @@ def test_a_run_still_starting_when_the_drain_gives_its_claim_back_does_not_start
         plan = store.get_plan(plan_id)
         assert plan is not None and plan.status == "approved" and plan.lease_owner is None
         assert not [e for e in store.events(plan_id) if e.kind.startswith("run.")]
+
+
+def test_a_runner_thread_that_cannot_be_started_gives_the_plan_back_and_frees_the_slot(
+    db: str, calls: list[tuple[str, int]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The process is out of threads once: the plan is released at once, not left under a lease with
+    a slot taken by a run that never began, and both plans run on later passes."""
+    ids = submit(db, ["count"], 2)
+    refusals = iter([RuntimeError("can't start new thread")])
+    real_start = threading.Thread.start
+
+    def start(self: threading.Thread) -> None:
+        if self.name.startswith("plangate-worker-"):
+            for refusal in refusals:
+                raise refusal
+        real_start(self)
+
+    monkeypatch.setattr(threading.Thread, "start", start)
+    w = Worker(Catalogue([tools.count]), db=db, concurrency=1, drain_timeout=0.5)
+    results: list[RunResult] = []
+    thread = threading.Thread(target=w.serve, kwargs={"poll": 0.05, "on_result": results.append}, daemon=True)
+    thread.start()
+    try:
+        until("both plans ran", lambda: len(results) == 2, limit=20)
+    finally:
+        w.stop()
+        thread.join(20)
+        w.close()
+    assert not thread.is_alive()
+    assert sorted(r.plan_id for r in results) == sorted(ids) and {r.status for r in results} == {"succeeded"}
+    assert len(w.failed) == 1 and "no runner thread" in w.failed[0] and not w.left
+    assert sorted(collections.Counter(calls).values()) == [1, 1]
+    with closing(open_store(db)) as store:
+        assert {row[0] for row in store.query("SELECT lease_owner FROM plans")} == {None}

@@ -212,7 +212,14 @@ class Worker:
                 on_result(result)
 
         # A daemon: a run that overran the drain is left to the next worker, not waited for at exit.
-        threading.Thread(target=body, name=f"plangate-worker-{plan_id[:8]}", daemon=True).start()
+        try:
+            threading.Thread(target=body, name=f"plangate-worker-{plan_id[:8]}", daemon=True).start()
+        except RuntimeError as exc:  # no thread to be had (the process is out of them): the plan is given back
+            del self._running[plan_id]
+            self._skip.add(plan_id)
+            self.failed.append(f"{plan_id}: no runner thread could be started ({exc})")
+            _log.error("plan %s: no runner thread could be started: %s", plan_id, exc)
+            self._give_back([(plan_id, owner)])
 
     def _run(self, plan_id: str, owner: str) -> RunResult | None:
         runtime: Runtime | None = None
