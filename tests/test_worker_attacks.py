@@ -59,6 +59,12 @@ def test_a_runtime_that_cannot_be_built_gives_the_plan_back_and_keeps_the_slot(
         return Runtime(*args, **kwargs)
 
     monkeypatch.setattr(worker_module, "Runtime", flaky)
+    both_run_once_after_one_failure(db, ids, calls, "too many clients")
+
+
+def both_run_once_after_one_failure(db: str, ids: list[str], calls: list[tuple[str, int]], failure: str) -> None:
+    """A worker with one slot serves until both plans ran: each once, one failure recorded on the way
+    (saying ``failure``), every lease released, the audit log intact."""
     w = Worker(Catalogue([tools.count]), db=db, concurrency=1, drain_timeout=0.5)
     results: list[RunResult] = []
     thread = threading.Thread(target=w.serve, kwargs={"poll": 0.05, "on_result": results.append}, daemon=True)
@@ -71,7 +77,7 @@ def test_a_runtime_that_cannot_be_built_gives_the_plan_back_and_keeps_the_slot(
         w.close()
     assert not thread.is_alive()
     assert sorted(r.plan_id for r in results) == sorted(ids) and {r.status for r in results} == {"succeeded"}
-    assert len(w.failed) == 1 and "too many clients" in w.failed[0] and not w.left
+    assert len(w.failed) == 1 and failure in w.failed[0] and not w.left
     assert sorted(collections.Counter(calls).values()) == [1, 1]
     with closing(open_store(db)) as store:
         assert {row[0] for row in store.query("SELECT lease_owner FROM plans")} == {None}
@@ -393,19 +399,4 @@ def test_a_runner_thread_that_cannot_be_started_gives_the_plan_back_and_frees_th
         real_start(self)
 
     monkeypatch.setattr(threading.Thread, "start", start)
-    w = Worker(Catalogue([tools.count]), db=db, concurrency=1, drain_timeout=0.5)
-    results: list[RunResult] = []
-    thread = threading.Thread(target=w.serve, kwargs={"poll": 0.05, "on_result": results.append}, daemon=True)
-    thread.start()
-    try:
-        until("both plans ran", lambda: len(results) == 2, limit=20)
-    finally:
-        w.stop()
-        thread.join(20)
-        w.close()
-    assert not thread.is_alive()
-    assert sorted(r.plan_id for r in results) == sorted(ids) and {r.status for r in results} == {"succeeded"}
-    assert len(w.failed) == 1 and "no runner thread" in w.failed[0] and not w.left
-    assert sorted(collections.Counter(calls).values()) == [1, 1]
-    with closing(open_store(db)) as store:
-        assert {row[0] for row in store.query("SELECT lease_owner FROM plans")} == {None}
+    both_run_once_after_one_failure(db, ids, calls, "no runner thread")
