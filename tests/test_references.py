@@ -54,8 +54,6 @@ def test_lookup_errors_say_what_is_missing(ref: Ref, message: str) -> None:
 
 
 def test_find_reports_locations_and_errors() -> None:
-    found = list(find({"a": ["x ${1.b}", "${2}"], "b": "${oops}"}))
-    assert Found(("a", 0), Ref(1, ("b",)), whole=False) in found
-    assert Found(("a", 1), Ref(2, ()), whole=True) in found
-    errors = [f for f in found if not isinstance(f, Found)]
-    assert len(errors) == 1 and errors[0][0] == ("b",)
+    found, errors = find({"a": ["x ${1.b}", "${2}"], "b": "${oops}"})
+    assert found == [Found(("a", 0), Ref(1, ("b",)), whole=False), Found(("a", 1), Ref(2, ()), whole=True)]
+    assert len(errors) == 1 and errors[0][0] == ("b",) and "malformed reference '${oops}'" in str(errors[0][1])

@@ -68,14 +68,10 @@ _new_tuple = tuple.__new__
 
 
 def _analyse(step: Step) -> StepRefs:
-    found = references.find(step.params)
+    params, bad = references.find(step.params)
     condition_text, rollback_text = step.condition, step.rollback
-    if not found and condition_text is None and rollback_text is None:
+    if not params and not bad and condition_text is None and rollback_text is None:
         return _NO_REFS  # most steps: nothing to work out
-    params = [each for each in found if type(each) is references.Found]
-    bad: tuple[tuple[references.Loc, RefError], ...] = ()
-    if len(params) < len(found):
-        bad = tuple(each for each in found if not isinstance(each, references.Found))
     reads = {each.ref.step for each in params}
     condition, condition_error = None, None
     if condition_text is not None:
@@ -92,7 +88,7 @@ def _analyse(step: Step) -> StepRefs:
         except RefError as exc:
             rollback_error = exc
     # Positionally, in the fields' order: a NamedTuple made by keyword costs several times more.
-    fields = (tuple(params), bad, condition, condition_error, rollback, rollback_error, frozenset(reads))
+    fields = (tuple(params), tuple(bad), condition, condition_error, rollback, rollback_error, frozenset(reads))
     return _new_tuple(StepRefs, fields)
 
 

@@ -127,32 +127,35 @@ def walk(value: Any, loc: Loc = ()) -> Iterator[tuple[Loc, str]]:
             stack.extend(((*here, i), v) for i, v in reversed(list(enumerate(item))))
 
 
-def find(value: Any, loc: Loc = ()) -> list[Found | tuple[Loc, RefError]]:
-    """Every reference inside a JSON value, or the error for a malformed one."""
-    out: list[Found | tuple[Loc, RefError]] = []
+def find(value: Any, loc: Loc = ()) -> tuple[list[Found], list[tuple[Loc, RefError]]]:
+    """Every reference inside a JSON value, and the error of each malformed one, with its location."""
+    found: list[Found] = []
+    bad: list[tuple[Loc, RefError]] = []
     if not loc and (type(value) is dict or isinstance(value, Mapping)):  # the usual case: a step's flat parameters
         for key, item in value.items():
             if type(item) is str:
                 if "${" in item:
-                    _collect(out, (key,), item)
+                    _collect(found, bad, (key,), item)
             elif isinstance(item, Mapping | list):
-                out.extend(find(item, (key,)))
-        return out
+                deeper, wrong = find(item, (key,))
+                found += deeper
+                bad += wrong
+        return found, bad
     for here, text in walk(value, loc):
         if "${" in text:
-            _collect(out, here, text)
-    return out
+            _collect(found, bad, here, text)
+    return found, bad
 
 
-def _collect(out: list[Found | tuple[Loc, RefError]], here: Loc, text: str) -> None:
+def _collect(found: list[Found], bad: list[tuple[Loc, RefError]], here: Loc, text: str) -> None:
     ref = _whole_short(text) if len(text) <= _SHORT else whole_ref(text)
     if ref is not None:
-        out.append(_new_tuple(Found, (here, ref, True)))  # positionally: cheaper than Found(...)
+        found.append(_new_tuple(Found, (here, ref, True)))  # positionally: cheaper than Found(...)
         return
     try:
-        out.extend(_new_tuple(Found, (here, ref, False)) for ref in scan(text))
+        found.extend(_new_tuple(Found, (here, ref, False)) for ref in scan(text))
     except RefError as exc:
-        out.append((here, exc))
+        bad.append((here, exc))
 
 
 def lookup(ref: Ref, outputs: Mapping[int, Any], nulls: Collection[int] = ()) -> Any:
