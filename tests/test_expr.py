@@ -1,6 +1,8 @@
 from __future__ import annotations
 
+import inspect
 import random
+import sys
 from typing import Any
 
 import pytest
@@ -154,13 +156,30 @@ def test_a_condition_parsed_through_its_shape_is_exactly_what_its_own_parse_give
         "'a' > 1e5x",
         *('"a"5 == 1', "'a''b' == 1", '" "a" == 1', '${1.s} == "a\\q"', '${1} in [1, "x", 2.5e-3]', "٣ > ١"),
         *("-5 < ${1.a}", "${1}-5 > 0", '${1} == "${2}"', "[${1}, 2]", "not not 0", "(((1)))", "1 < 2 < 3"),
+        *('${"} == 1', "${'} == 'a'", "${a}b} == 1", "$${1} == 1", "'${1}' == 1", "'a\\\\' == 1", "'a\\' == 1"),
+        *("1\u00a0==\u20282", "1 not 'in' [2]", "١e٥ == 1", "1e400 == -0", "0.0 == 0 == true", "[1, 1.0, true]"),
     ]
     sources = crafted + [_soup(rng) for _ in range(20_000)] + [_condition(rng) for _ in range(10_000)]
     shaped = 0
     for source in sources:
-        assert _outcome(expr._parse, source) == _outcome(expr.parse.__wrapped__, source), source
+        # by repr: the types too (a Literal(1) is equal to a Literal(1.0) and a Literal(True), but not the same)
+        assert repr(_outcome(expr._parse, source)) == repr(_outcome(expr.parse.__wrapped__, source)), source
         shaped += expr._shaped(source) is not None
     assert shaped > 5_000  # the shapes were really used, not only the condition's own parse
+
+
+def test_a_long_chain_of_operators_parses_through_its_shape_with_little_stack_left() -> None:
+    """Filling a shape in recurses once per operator of a chain (0+0+...+0: 499 deep), where the
+    condition's own parse loops over the chain: with less stack left than the chain is long, the
+    condition's own parse decides, rather than a RecursionError that its own parse never raises."""
+    source = "0" + "+0" * 499
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(len(inspect.stack(0)) + 200)
+    try:
+        shaped = _outcome(expr.parse.__wrapped__, source)
+    finally:
+        sys.setrecursionlimit(limit)
+    assert shaped == _outcome(expr._parse, source)
 
 
 def test_conditions_that_differ_only_in_literals_share_one_shape() -> None:

@@ -107,7 +107,11 @@ def parse(source: str) -> Condition:
     """
     if len(source) > MAX_LENGTH:
         raise ConditionError(f"the condition is {len(source)} characters; the limit is {MAX_LENGTH}")
-    return _shaped(source) or _parse(source)
+    try:
+        shaped = _shaped(source)
+    except RecursionError:  # filling a shape in recurses once per operator of a chain (0+0+...+0), where the
+        shaped = None  # condition's own parse loops: with less stack left than that, its own parse decides
+    return shaped or _parse(source)
 
 
 def _parse(source: str) -> Condition:
