@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import collections
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import closing
 from pathlib import Path
@@ -234,7 +235,7 @@ def test_an_edit_between_a_claim_and_its_run_runs_neither_body_unapproved(
         claims.claim_batch = real  # type: ignore[method-assign]
         assert w.run_one() is None  # still waiting for approval: nothing to claim
         person.approve(plan_id, "reviewer", person.get(plan_id).hash)
-        w._skip.clear()  # a new pass
+        w._aside.clear()  # its wait is over
         result = w.run_one()
     finally:
         w.close()
@@ -400,3 +401,77 @@ def test_a_runner_thread_that_cannot_be_started_gives_the_plan_back_and_frees_th
 
     monkeypatch.setattr(threading.Thread, "start", start)
     both_run_once_after_one_failure(db, ids, calls, "no runner thread")
+
+
+def _tries_of(plan_id: str, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Each time a worker tries to start ``plan_id``, an entry (Runtime.start counted)."""
+    tries: list[str] = []
+    real = Runtime.start
+
+    def start(self: Runtime, claimed: str, **kwargs: Any) -> Any:
+        if claimed == plan_id:
+            tries.append(claimed)
+        return real(self, claimed, **kwargs)
+
+    monkeypatch.setattr(Runtime, "start", start)
+    return tries
+
+
+@pytest.mark.parametrize(
+    ("damage", "told"),
+    [
+        ("UPDATE plan_versions SET check_result = '{' WHERE plan_id = ?", "failed"),  # a record that cannot be read
+        ("UPDATE plan_versions SET body = replace(body, 'rationale', 'rationalf') WHERE plan_id = ?", "refused"),
+    ],
+)
+def test_a_plan_that_cannot_run_is_left_aside_not_retried_in_a_loop(
+    db: str, calls: list[tuple[str, int]], monkeypatch: pytest.MonkeyPatch, damage: str, told: str
+) -> None:
+    """A plan changed outside plangate can never start: it was claimed again at once, failed again at
+    once, thousands of times a second, each time logged. It is now tried again after 1 s, 2 s, 4 s...
+    (here 0.1, 0.2, 0.4 s), said once, and the plans behind it run."""
+    monkeypatch.setattr(worker_module, "ASIDE_SECONDS", (0.1, 0.4))
+    broken, healthy = submit(db, ["count"], 2)
+    with closing(open_store(db)) as store, store.transaction():
+        store.command(damage, (broken,))
+    tries = _tries_of(broken, monkeypatch)
+    w = Worker(Catalogue([tools.count]), db=db, concurrency=2)
+    results: list[RunResult] = []
+    thread = threading.Thread(target=w.serve, kwargs={"poll": 0.02, "on_result": results.append}, daemon=True)
+    thread.start()
+    try:
+        until("the healthy plan ran", lambda: [r.plan_id for r in results] == [healthy], limit=20)
+        until("the broken plan was tried three times", lambda: len(tries) >= 3, limit=20)
+    finally:
+        w.stop()
+        thread.join(20)
+        w.close()
+    # 0.1 + 0.2 + 0.4 s (then every 0.4 s) between tries: a handful while the test waited, never thousands
+    assert 3 <= len(tries) <= 12
+    said = w.failed if told == "failed" else w.refused
+    assert len(said) == 1 and said[0].startswith(f"{broken}: ")  # said once, however often it was tried
+    assert (w.refused if told == "failed" else w.failed) == []
+    assert [plan for plan, _ in calls] == [healthy]  # only the healthy plan's step ran
+    with closing(open_store(db)) as store:
+        plan = store.get_plan(broken)
+        assert plan is not None and plan.status == "approved" and plan.lease_owner is None  # left for a person
+
+
+def test_the_wait_before_a_plan_is_tried_again_doubles_up_to_its_limit(
+    db: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(worker_module, "ASIDE_SECONDS", (100.0, 350.0))
+    w = Worker(Catalogue([tools.count]), db=db)
+    try:
+        waits = []
+        for _ in range(4):
+            before = time.monotonic()
+            w._set_aside("p", "it cannot run", w.failed)
+            waits.append(round(w._aside["p"].until - before, -1))
+        assert waits == [100.0, 200.0, 350.0, 350.0]
+        assert w.failed == ["p: it cannot run"]  # said once
+        w._set_aside("p", "now for another reason", w.failed)
+        assert w.failed == ["p: it cannot run", "p: now for another reason"]
+        assert w._left_aside() == ["p"]
+    finally:
+        w.close()

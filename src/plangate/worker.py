@@ -44,6 +44,16 @@ DEFAULT_CONCURRENCY = 8
 """Plans a worker runs at once unless told otherwise."""
 CLOCK_CHECK_SECONDS = 60.0
 """How often a worker compares its clock with the database server's (at most: at its claims)."""
+ASIDE_SECONDS = (1.0, 60.0)
+"""How long a plan that could not run (refused, or failed before its run could begin or end) is left
+before it is claimed again: the first wait, doubled each time it fails again, up to the second."""
+
+
+@dataclass
+class _Aside:
+    until: float  # time.monotonic() until which the plan is not claimed
+    times: int  # how many times in a row it could not run
+    said: str  # what was last said of it (said once, not at every try)
 
 _log = logging.getLogger("plangate.worker")
 
@@ -76,7 +86,7 @@ class Worker:
         self._claims: Store | None = None  # the claiming connection
         self._cond = threading.Condition()
         self._running: dict[str, str] = {}  # plan id -> the lease owner running it
-        self._skip: set[str] = set()  # refused in this pass; claimed again on the next
+        self._aside: dict[str, _Aside] = {}  # plans that could not run, left alone for a while
         self._stopping = threading.Event()
         self._clock_due = 0.0  # when to compare the clocks again (time.monotonic)
         self._ran = 0  # runs that came to an end or a halt
@@ -101,8 +111,7 @@ class Worker:
                     for plan_id, owner in claimed:
                         self._start(plan_id, owner, on_result)
                     # Wake when a run ends (capacity is free again), when stopped, or to poll for new plans.
-                    if not self._cond.wait_for(functools.partial(self._woken, seen), timeout=poll):
-                        self._skip.clear()  # a new pass: refused plans may have been approved again since
+                    self._cond.wait_for(functools.partial(self._woken, seen), timeout=poll)
         finally:
             self._drain()
         return self._ran
@@ -147,13 +156,37 @@ class Worker:
         return self._claim(free) if free > 0 else []
 
     def _claim(self, limit: int) -> list[tuple[str, str]]:
+        """Up to ``limit`` plans leased in one statement, each with the owner that will run it."""
         if self._clock_off():
             return []
-        """Up to ``limit`` plans leased in one statement, each with the owner that will run it."""
         owner = lifecycle.runner(self.name.partition("#")[0])  # a new owner per batch: one plan, one runner
         store = self._claiming()
-        ids = store.claim_batch(owner, iso(self.clock.now()), self._until(), limit, sorted(self._skip))
+        ids = store.claim_batch(owner, iso(self.clock.now()), self._until(), limit, self._left_aside())
         return [(plan_id, owner) for plan_id in ids]
+
+    def _left_aside(self) -> list[str]:
+        """The plans not to claim now; those whose wait ended long ago are forgotten."""
+        now = time.monotonic()
+        with self._cond:
+            for plan_id in [p for p, aside in self._aside.items() if aside.until + 10 * ASIDE_SECONDS[1] < now]:
+                del self._aside[plan_id]
+            return sorted(plan_id for plan_id, aside in self._aside.items() if aside.until > now)
+
+    def _set_aside(self, plan_id: str, why: str, told: list[str], level: int = logging.WARNING) -> None:
+        """Leave a plan that could not run for a while (longer each time in a row), and say why once.
+
+        Without it, a plan that cannot run (its text changed outside plangate, a record that cannot
+        be read, a store refusing connections) was claimed again at once, failed again at once, and
+        held a worker in a loop that logged the same lines thousands of times a second.
+        """
+        with self._cond:
+            last = self._aside.get(plan_id)
+            times = last.times + 1 if last is not None else 1
+            wait = min(ASIDE_SECONDS[0] * 2 ** (times - 1), ASIDE_SECONDS[1])
+            self._aside[plan_id] = _Aside(time.monotonic() + wait, times, why)
+        if last is None or last.said != why:
+            told.append(f"{plan_id}: {why}")
+            _log.log(level, "plan %s: %s (not claimed again for %g s, longer if it fails again)", plan_id, why, wait)
 
     def _clock_off(self) -> bool:
         """Whether this machine's clock is too far from the database server's to claim (see clock_problem).
@@ -216,9 +249,7 @@ class Worker:
             threading.Thread(target=body, name=f"plangate-worker-{plan_id[:8]}", daemon=True).start()
         except RuntimeError as exc:  # no thread to be had (the process is out of them): the plan is given back
             del self._running[plan_id]
-            self._skip.add(plan_id)
-            self.failed.append(f"{plan_id}: no runner thread could be started ({exc})")
-            _log.error("plan %s: no runner thread could be started: %s", plan_id, exc)
+            self._set_aside(plan_id, f"no runner thread could be started ({exc})", self.failed, logging.ERROR)
             self._give_back([(plan_id, owner)])
 
     def _run(self, plan_id: str, owner: str) -> RunResult | None:
@@ -231,22 +262,19 @@ class Worker:
             # only under this claim's lease (a drain may have given it back meanwhile, or a person's decision)
             result = runtime.drive(runtime.start(plan_id, actor=f"worker:{self.name}", owner=owner, leased=True))
         except GovernanceError as refused:  # it may not run: sent back for approval, or the log disagrees
-            self.refused.append(f"{plan_id}: {refused}")
-            with self._cond:
-                self._skip.add(plan_id)
+            self._set_aside(plan_id, str(refused), self.refused, logging.ERROR)
         except LeaseLostError:
             pass  # another worker has the plan now
         except PlangateError as exc:
-            self.failed.append(f"{plan_id}: {exc}")
-            _log.warning("plan %s: %s", plan_id, exc)
+            self._set_aside(plan_id, str(exc), self.failed)
         except Exception as exc:  # noqa: BLE001 - a broken connection must not end the worker: drop the runtime
             healthy = False
-            self.failed.append(f"{plan_id}: {exc}")
-            _log.warning("plan %s: %s", plan_id, exc, exc_info=True)
+            self._set_aside(plan_id, str(exc), self.failed)
+            _log.debug("plan %s", plan_id, exc_info=True)
+        else:
+            with self._cond:
+                self._aside.pop(plan_id, None)
         finally:
-            if runtime is None:  # no runtime to run it on: not claimed again in this pass (no loop of claims)
-                with self._cond:
-                    self._skip.add(plan_id)
             self._finish(plan_id, owner, runtime if healthy else self._dropped(runtime), ran=result is not None)
         return result
 
