@@ -55,6 +55,7 @@ class _Aside:
     times: int  # how many times in a row it could not run
     said: str  # what was last said of it (said once, not at every try)
 
+
 _log = logging.getLogger("plangate.worker")
 
 
