@@ -12,6 +12,7 @@ from contextlib import closing
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 
 from plangate import Catalogue, RunContext, tool
@@ -475,3 +476,38 @@ def test_the_wait_before_a_plan_is_tried_again_doubles_up_to_its_limit(
         assert w._left_aside() == ["p"]
     finally:
         w.close()
+
+
+def test_a_worker_rides_out_its_store_going_away(
+    pg_db: str, calls: list[tuple[str, int]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every connection of the worker is cut (as a database restart does): its claims fail for a while.
+    The worker used to end there, with the exception; it now waits, connects again, and runs the
+    plans submitted meanwhile (one whose pooled connection was cut fails once, and is tried again)."""
+    monkeypatch.setattr(worker_module, "STORE_RETRY_SECONDS", (0.05, 0.2))
+    monkeypatch.setattr(worker_module, "ASIDE_SECONDS", (0.05, 0.2))
+    (first,) = submit(pg_db, ["count"], 1)
+    w = Worker(Catalogue([tools.count]), db=pg_db, concurrency=2)
+    results: list[RunResult] = []
+    thread = threading.Thread(target=w.serve, kwargs={"poll": 0.05, "on_result": results.append}, daemon=True)
+    thread.start()
+    try:
+        until("the first plan ran", lambda: [r.plan_id for r in results] == [first], limit=20)
+        with closing(psycopg.connect(pg_db, autocommit=True)) as admin:
+            cut = admin.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            ).fetchall()
+        assert cut  # the worker's connections, claims and pool
+        (second,) = submit(pg_db, ["count"], 1)
+        until("the second plan ran", lambda: [r.plan_id for r in results] == [first, second], limit=20)
+        assert thread.is_alive() and w.store_problem is None
+    finally:
+        w.stop()
+        thread.join(20)
+        w.close()
+    assert {r.status for r in results} == {"succeeded"}
+    assert sorted(collections.Counter(calls).values()) == [1, 1]  # each step once
+    with closing(open_store(pg_db)) as store:
+        assert {row[0] for row in store.query("SELECT lease_owner FROM plans")} == {None}
+        assert store.verify_audit().ok

@@ -44,6 +44,9 @@ DEFAULT_CONCURRENCY = 8
 """Plans a worker runs at once unless told otherwise."""
 CLOCK_CHECK_SECONDS = 60.0
 """How often a worker compares its clock with the database server's (at most: at its claims)."""
+STORE_RETRY_SECONDS = (0.5, 30.0)
+"""While the store cannot be reached for a claim: the first wait before trying again, doubled each time
+up to the second."""
 ASIDE_SECONDS = (1.0, 60.0)
 """How long a plan that could not run (refused, or failed before its run could begin or end) is left
 before it is claimed again: the first wait, doubled each time it fails again, up to the second."""
@@ -79,6 +82,8 @@ class Worker:
     """Plans still running when the drain ended: their leases were released for the next worker."""
     clock_problem: str | None = None
     """Why this worker claims nothing for now: its clock too far from the database server's (None: it claims)."""
+    store_problem: str | None = None
+    """Why the last claims failed while the store cannot be reached (None: it answers)."""
 
     def __post_init__(self) -> None:
         if self.concurrency < 1:
@@ -88,6 +93,7 @@ class Worker:
         self._cond = threading.Condition()
         self._running: dict[str, str] = {}  # plan id -> the lease owner running it
         self._aside: dict[str, _Aside] = {}  # plans that could not run, left alone for a while
+        self._outages = 0  # claims failed in a row because the store could not be reached
         self._stopping = threading.Event()
         self._clock_due = 0.0  # when to compare the clocks again (time.monotonic)
         self._ran = 0  # runs that came to an end or a halt
@@ -102,7 +108,12 @@ class Worker:
             while not self._stopping.is_set():
                 with self._cond:
                     seen = self._ended
-                claimed = self._claim_free()
+                try:
+                    claimed = self._claim_free()
+                except Exception as exc:  # noqa: BLE001 - a store out of reach (a restart, a cut) is waited out
+                    self._store_lost(exc)
+                    continue
+                self._store_back()
                 if self._stopping.is_set():  # stopped during the claim: what it took is given back, not started
                     self._give_back(claimed)
                     break
@@ -116,6 +127,32 @@ class Worker:
         finally:
             self._drain()
         return self._ran
+
+    def _store_lost(self, exc: Exception) -> None:
+        """The claim failed: the claiming connection is dropped and made again after a wait (doubled each
+        time, up to STORE_RETRY_SECONDS[1]); said once for the outage. Running plans go on as they can
+        (each on its own connection; one whose store fails ends, and its connection is made again)."""
+        self._outages += 1
+        wait = min(STORE_RETRY_SECONDS[0] * 2 ** (self._outages - 1), STORE_RETRY_SECONDS[1])
+        if self._outages == 1:
+            _log.error("worker %s: cannot claim: %s; trying again, less often while it lasts", self.name, exc)
+            self.store_problem = str(exc)
+        with self._cond:
+            claims, self._claims = self._claims, None
+        self._dropped_store(claims)
+        self._stopping.wait(wait)
+
+    def _store_back(self) -> None:
+        if self._outages:
+            _log.warning("worker %s: the store answers again: claiming", self.name)
+            self._outages, self.store_problem = 0, None
+
+    @staticmethod
+    def _dropped_store(store: Store | None) -> None:
+        """Close a store connection that is not used again (it may be broken)."""
+        if store is not None:
+            with contextlib.suppress(Exception):  # a broken connection may refuse to close
+                store.close()
 
     def _woken(self, seen: int) -> bool:
         return self._ended != seen or self._stopping.is_set()
@@ -303,9 +340,7 @@ class Worker:
     @staticmethod
     def _dropped(runtime: Runtime | None) -> None:
         """Close a runtime that is not given back to the pool (its connection may be broken): None."""
-        if runtime is not None:
-            with contextlib.suppress(Exception):  # a broken connection may refuse to close
-                runtime.store.close()
+        Worker._dropped_store(runtime.store if runtime is not None else None)
 
     def _runtime(self) -> Runtime:
         with self._cond:
@@ -322,7 +357,10 @@ class Worker:
         for plan_id, owner in left.items():
             # The engine's next fence fails without the lease: the run records nothing more, and the
             # next worker resumes it under the usual rules (a step cut off mid-call is not re-run blindly).
-            self._claiming().release(plan_id, owner)
+            try:
+                self._claiming().release(plan_id, owner)
+            except Exception as exc:  # noqa: BLE001 - the store out of reach: the lease then expires by itself
+                _log.warning("plan %s: releasing the lease failed (it will expire): %s", plan_id, exc)
             self.left.append(plan_id)
 
     def _until(self) -> str:

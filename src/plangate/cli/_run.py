@@ -369,8 +369,9 @@ def _serve_plans(worker: Worker, *, drain: bool) -> NoReturn:
         worker.close()
     for plan_id in worker.left:
         click.echo(f"worker {worker.name}: {plan_id} still running at the drain deadline: lease released", err=True)
-    if worker.clock_problem:
-        click.echo(f"worker {worker.name}: {worker.clock_problem}", err=True)
+    for problem in (worker.clock_problem, worker.store_problem):
+        if problem:
+            click.echo(f"worker {worker.name}: {problem}", err=True)
     click.echo(f"worker {worker.name}: {ran} plans run", err=True)
     _leave_now()
 
