@@ -39,9 +39,9 @@ def calls() -> Iterator[list[tuple[str, int]]]:
     tools.CALLS.clear()
 
 
-def serve_in_thread(w: Worker, results: list[RunResult]) -> threading.Thread:
+def serve_in_thread(w: Worker, results: list[RunResult], *, drain: bool = True, poll: float = 0.05) -> threading.Thread:
     thread = threading.Thread(
-        target=w.serve, kwargs={"drain": True, "poll": 0.05, "on_result": results.append}, daemon=True
+        target=w.serve, kwargs={"drain": drain, "poll": poll, "on_result": results.append}, daemon=True
     )
     thread.start()
     return thread
@@ -69,8 +69,7 @@ def both_run_once_after_one_failure(db: str, ids: list[str], calls: list[tuple[s
     (saying ``failure``), every lease released, the audit log intact."""
     w = Worker(Catalogue([tools.count]), db=db, concurrency=1, drain_timeout=0.5)
     results: list[RunResult] = []
-    thread = threading.Thread(target=w.serve, kwargs={"poll": 0.05, "on_result": results.append}, daemon=True)
-    thread.start()
+    thread = serve_in_thread(w, results, drain=False, poll=0.05)
     try:
         until("both plans ran", lambda: len(results) == 2, limit=20)
     finally:
@@ -438,8 +437,7 @@ def test_a_plan_that_cannot_run_is_left_aside_not_retried_in_a_loop(
     tries = _tries_of(broken, monkeypatch)
     w = Worker(Catalogue([tools.count]), db=db, concurrency=2)
     results: list[RunResult] = []
-    thread = threading.Thread(target=w.serve, kwargs={"poll": 0.02, "on_result": results.append}, daemon=True)
-    thread.start()
+    thread = serve_in_thread(w, results, drain=False, poll=0.02)
     try:
         until("the healthy plan ran", lambda: [r.plan_id for r in results] == [healthy], limit=20)
         until("the broken plan was tried three times", lambda: len(tries) >= 3, limit=20)
@@ -489,8 +487,7 @@ def test_a_worker_rides_out_its_store_going_away(
     (first,) = submit(pg_db, ["count"], 1)
     w = Worker(Catalogue([tools.count]), db=pg_db, concurrency=2)
     results: list[RunResult] = []
-    thread = threading.Thread(target=w.serve, kwargs={"poll": 0.05, "on_result": results.append}, daemon=True)
-    thread.start()
+    thread = serve_in_thread(w, results, drain=False, poll=0.05)
     try:
         until("the first plan ran", lambda: [r.plan_id for r in results] == [first], limit=20)
         with closing(psycopg.connect(pg_db, autocommit=True)) as admin:
