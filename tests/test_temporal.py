@@ -396,3 +396,44 @@ def test_a_temporal_worker_refuses_too_few_threads_for_its_activities_in_one_lin
     assert line.startswith("plangate: worker --temporal: 4 activity threads for 4 activities"), line
     done = CliRunner().invoke(main, [*command, "--temporal", "127.0.0.1:1", "--heartbeat-timeout", "0"])
     assert done.exit_code == 2 and "--heartbeat-timeout" in done.stderr
+
+
+def test_a_temporal_worker_survives_a_plan_it_cannot_read_and_a_store_out_of_reach(
+    temporal: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A plan whose check record was damaged outside plangate used to end the worker at every start
+    (its error went up through serve), and so did a store that could not be reached for one claim.
+    Now the plan is left alone (said once, its lease released) and the claim is tried again."""
+    import asyncio
+    import itertools
+
+    from plangate import temporal as temporal_module
+    from plangate.errors import StoreError
+    from plangate.store import open_store
+    from tests.test_worker_concurrency import TOOLS, submit
+
+    db = f"sqlite:///{tmp_path}/t.db"
+    broken, good = submit(db, ["count"], 2)
+    store = open_store(db)
+    with store.transaction():
+        store.command("UPDATE plan_versions SET check_result = '{' WHERE plan_id = ?", (broken,))
+    real_claim, claims = temporal_module._claim, itertools.count()
+
+    def claim(*args: object) -> object:
+        if next(claims) == 0:
+            raise StoreError("cannot open the store: connection refused")
+        return real_claim(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(temporal_module, "_claim", claim)
+    monkeypatch.setattr(temporal_module, "_STORE_RETRY_SECONDS", (0.05, 0.1))
+    ran = asyncio.run(temporal_module.serve(temporal, db, str(TOOLS), drain=True, poll=0.05, name="t-survivor"))
+    assert ran == 1
+    try:
+        plan = store.get_plan(broken)
+        assert plan is not None and plan.status == "approved" and plan.lease_owner is None  # left for a person
+        assert store.get_plan(good).status == "succeeded"  # type: ignore[union-attr]
+        assert [row.status for row in store.steps(good).values()] == ["succeeded"]
+        assert store.steps(broken) == {}  # nothing of it ran
+        assert store.verify_audit().ok
+    finally:
+        store.close()

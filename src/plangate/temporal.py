@@ -32,6 +32,7 @@ import contextlib
 import contextvars
 import functools
 import json
+import logging
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -46,7 +47,7 @@ with workflow.unsafe.imports_passed_through():
     from plangate import ledger, tracing
     from plangate._clock import SystemClock
     from plangate.engine import Engine
-    from plangate.errors import GovernanceError
+    from plangate.errors import GovernanceError, PlangateError
     from plangate.plan import Plan
     from plangate.policy import Policy
     from plangate.record import Claim
@@ -55,6 +56,8 @@ with workflow.unsafe.imports_passed_through():
     from plangate.tools import Catalogue
 
 TASK_QUEUE = "plangate"
+_log = logging.getLogger("plangate.temporal")
+_STORE_RETRY_SECONDS = (0.5, 30.0)  # while the store cannot be reached: the first wait, doubled up to the second
 _LEASE_SECONDS = 3600.0  # a workflow's lease: Temporal itself keeps the run going, not this process
 _MARGIN_SECONDS = 60.0  # over a step's own budget: the engine's limit, not Temporal's, ends a hung call
 _LOCAL_ACTIVITIES = 2  # plangate's own bookkeeping (a plan's end), on threads of its own beside the steps'
@@ -311,8 +314,19 @@ async def serve(
             max_concurrent_local_activities=settings.threads - settings.max_activities,
             max_concurrent_workflow_tasks=settings.max_workflow_tasks,
         ):
+            outages = 0
             while True:
-                claim = _claim(db, catalogue, name, refused)
+                try:
+                    claim = _claim(db, catalogue, name, refused)
+                except Exception as exc:  # noqa: BLE001 - a store out of reach (a restart, a cut) is waited out
+                    outages += 1
+                    if outages == 1:
+                        _log.error("worker %s: cannot claim: %s; trying again, less often while it lasts", name, exc)
+                    await asyncio.sleep(min(_STORE_RETRY_SECONDS[0] * 2 ** (outages - 1), _STORE_RETRY_SECONDS[1]))
+                    continue
+                if outages:
+                    _log.warning("worker %s: the store answers again: claiming", name)
+                    outages = 0
                 if claim is not None:
                     ran += await _run(client, claim, workflow_args(db, tools, claim, catalogue, settings), refused)
                 elif drain and not await _running(client, db):
@@ -333,8 +347,9 @@ def _claim(db: str, catalogue: Catalogue, name: str, refused: list[str]) -> Clai
                 return Runtime(catalogue, db=store, lease_seconds=_LEASE_SECONDS).start(
                     plan_id, actor="temporal", owner=name, leased=True
                 )
-            except GovernanceError:
+            except PlangateError as exc:  # refused, or a record that cannot be read: not this process's to run
                 refused.append(plan_id)
+                _log.error("plan %s: not run by this worker: %s", plan_id, exc)
                 store.release(plan_id, name)
         finally:
             store.close()
