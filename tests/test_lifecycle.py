@@ -17,9 +17,10 @@ import psycopg
 import pytest
 
 from plangate import Catalogue, Policy, ledger, tool
-from plangate.errors import GovernanceError, PlangateError, SelfApprovalError, StateError, UsageError
+from plangate.errors import GovernanceError, PlangateError, SelfApprovalError, StateError, StoreError, UsageError
+from plangate.lifecycle import LeaseKeeper
 from plangate.runtime import Runtime
-from tests.helpers import FixedClock, died_during, plan
+from tests.helpers import FixedClock, died_during, plan, until
 
 _COUNTER = iter(range(10**6))
 EFFECTS: list[str] = []
@@ -651,3 +652,37 @@ def test_a_status_plangate_does_not_know_is_a_plain_refusal(db: str) -> None:
     sql(db, "UPDATE plans SET status = 'bogus' WHERE id = ?", (record.id,))
     with pytest.raises(StateError, match="is bogus; it cannot become approved"):
         rt.approve(record.id, "dave", record.hash)
+
+
+class _FlakyRenewals:
+    """A store whose lease renewals fail ``failures`` times (None: always), then succeed."""
+
+    def __init__(self, failures: int | None) -> None:
+        self.failures, self.calls = failures, 0
+
+    def renew(self, plan_id: str, worker: str, until: str) -> bool:
+        self.calls += 1
+        if self.failures is None or self.calls <= self.failures:
+            raise StoreError("the store cannot be reached")
+        return True
+
+
+def test_a_renewal_that_fails_once_is_tried_again_and_the_lease_kept() -> None:
+    """A renewal that raised used to end the keeper's thread: no renewal after it, so a long step
+    lost its lease to the next worker. It is tried again, and the run goes on."""
+    store = _FlakyRenewals(failures=1)
+    keeper = LeaseKeeper(store, "p", "me", 0.3, lambda: "later")  # type: ignore[arg-type]
+    with keeper:
+        until("renewed after the failure", lambda: store.calls >= 3, limit=10)
+    assert not keeper.lost.is_set()
+
+
+def test_renewals_that_keep_failing_stop_the_run_while_the_lease_still_holds() -> None:
+    store = _FlakyRenewals(failures=None)
+    keeper = LeaseKeeper(store, "p", "me", 0.3, lambda: "later")  # type: ignore[arg-type]
+    with keeper:
+        until("the run told to stop", keeper.lost.is_set, limit=10)
+        began = store.calls
+    # failing from the first renewal (a third of the lease in), given up after half the lease more:
+    # before the lease, renewed last at the start, runs out
+    assert began >= 2

@@ -30,10 +30,12 @@ process that no longer exists), and then the plan may be taken over.
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import secrets
 import socket
 import threading
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
@@ -219,16 +221,23 @@ def _what(plan: PlanRow) -> str:
     return "ReAct run" if plan.kind == "react" else "plan"
 
 
+_log = logging.getLogger("plangate.lifecycle")
+
+
 class LeaseKeeper:
     """Renews a run's lease on a timer, so a long step never loses it; says when it was lost.
 
     Used as a context manager around a run. ``lost`` is set when a renewal finds the lease
-    held by someone else (the plan was taken over after this runner looked dead).
+    held by someone else (the plan was taken over after this runner looked dead), or when
+    renewals have failed (the store out of reach) for half the lease: the run then stops
+    starting steps while the lease, last renewed at most five sixths of it ago, still holds,
+    so no other runner can have taken the plan over while a step of this one starts.
+    A renewal that fails is tried again every second (at most) until then.
     """
 
     def __init__(self, store: Store, plan_id: str, owner: str, seconds: float, until: Callable[[], str]) -> None:
         self.store, self.plan_id, self.owner = store, plan_id, owner
-        self.every, self.until = seconds / 3, until
+        self.seconds, self.every, self.until = seconds, seconds / 3, until
         self.lost = threading.Event()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._renew, name=f"plangate-lease-{plan_id[:8]}", daemon=True)
@@ -242,7 +251,22 @@ class LeaseKeeper:
         self._thread.join()
 
     def _renew(self) -> None:
-        while not self._stop.wait(self.every):
-            if not self.store.renew(self.plan_id, self.owner, self.until()):
+        failing_since: float | None = None
+        while not self._stop.wait(self.every if failing_since is None else min(self.every, 1.0)):
+            try:
+                held = self.store.renew(self.plan_id, self.owner, self.until())
+            except Exception as exc:  # noqa: BLE001 - the store out of reach: tried again, and given up in time
+                now = time.monotonic()
+                if failing_since is None:
+                    failing_since = now
+                    _log.warning("plan %s: renewing the lease failed: %s; trying again", self.plan_id, exc)
+                if now - failing_since >= self.seconds / 2:
+                    failed_for = now - failing_since
+                    _log.error("plan %s: no renewal of the lease for %.0f s: the run stops", self.plan_id, failed_for)
+                    self.lost.set()
+                    return
+                continue
+            failing_since = None
+            if not held:
                 self.lost.set()
                 return
