@@ -195,10 +195,14 @@ class _Run:
     def one(self, step_id: int) -> str:
         """Run exactly one step with the usual rules; its status comes back (repeat calls are safe).
 
-        The run must have been claimed (:meth:`plangate.runtime.Runtime.start`).
+        The run must have been claimed (:meth:`plangate.runtime.Runtime.start`). What it records
+        before and after the call commits only while the run's owner still holds the plan running
+        (a fence): a late attempt, paused while another took over or a person settled the step,
+        changes nothing.
         """
         with self.store.transaction():
             self._tick()
+            self._fence()
             self._reload()
             row = self.rows.get(step_id)
             if row is not None and row.status in DONE:
@@ -216,6 +220,7 @@ class _Run:
         outcome = self._one_call(step_id)
         with self.store.transaction():
             self._tick()
+            self._fence()
             if not outcome.handled:
                 self._record_call(outcome)
             self._record_finished()
@@ -609,6 +614,11 @@ class _Run:
                 f"{self.e.owner} lost its lease on plan {self.plan_id} to {plan.lease_owner}: the run stops here"
             )
         lifecycle.move(self.store, plan, to, actor=self.actor, at=self._now(), kind=kind, data=data)
+
+    def _fence(self) -> None:
+        """This transaction commits only while the runner holds the plan running (see :meth:`_check_lease`)."""
+        if self.e.owner is not None:
+            self.store.fence(self.plan_id, self.e.owner)
 
     def _check_lease(self) -> None:
         """Before steps start: the runner must still hold the plan, in the store, not only in memory.

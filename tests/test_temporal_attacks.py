@@ -1,0 +1,161 @@
+"""Attacks on the Temporal backend: leases that outlive or undercut a workflow, and late attempts of a step."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from plangate import Catalogue
+from plangate import temporal as temporal_module
+from plangate.errors import PlangateError
+from plangate.runtime import Runtime
+from plangate.testing import temporal_server
+from tests.helpers import plan
+
+# A step's tool that writes each call down and waits for the test's go (a file, so any process sees it).
+TOOLS = """
+import time
+from pathlib import Path
+
+from plangate import tool
+
+DIR = Path({dir!r})
+
+
+def _wait(name: str) -> str:
+    with (DIR / "calls.txt").open("a") as calls:
+        calls.write(name + "\\n")
+    while not (DIR / "go").exists():
+        time.sleep(0.02)
+    return name
+
+
+@tool(effect="write", idempotent=True, timeout=60)
+def charge(to: str) -> str:
+    return _wait("charge")
+
+
+@tool(effect="write", timeout=0.3)
+def send(to: str) -> str:
+    return _wait("send")
+"""
+
+
+@pytest.fixture(scope="module")
+def temporal(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    with temporal_server(tmp_path_factory.mktemp("temporal") / "server.log") as address:
+        yield address
+
+
+def _setup(tmp_path: Path, tool: str) -> tuple[str, str, Runtime, str]:
+    """A tools file, a store, and an approved one-step plan calling ``tool``."""
+    tools = tmp_path / "waiting.py"
+    tools.write_text(TOOLS.format(dir=str(tmp_path)))
+    db = f"sqlite:///{tmp_path}/t.db"
+    rt = Runtime(Catalogue.from_module(tools), db=db)
+    record = rt.submit(plan({"id": 1, "tool": tool, "params": {"to": "ann"}}), "ann")
+    rt.approve(record.id, "ben", record.hash)
+    return str(tools), db, rt, record.id
+
+
+def _calls(tmp_path: Path) -> list[str]:
+    found = tmp_path / "calls.txt"
+    return found.read_text().split() if found.exists() else []
+
+
+def _until(what: Callable[[], bool], seconds: float = 30.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not what():
+        assert time.monotonic() < deadline, "not in time"
+        time.sleep(0.05)
+
+
+def _started(rt: Runtime, plan_id: str) -> bool:
+    row = rt.store.steps(plan_id).get(1)
+    return row is not None and row.status == "started"
+
+
+def _serve(address: str, db: str, tools: str, **options: Any) -> threading.Thread:
+    """An in-process Temporal worker that drains, on a thread of its own."""
+    settings = temporal_module.Settings(heartbeat_seconds=2, max_activities=2)
+    thread = threading.Thread(
+        target=lambda: asyncio.run(
+            temporal_module.serve(address, db, tools, drain=True, poll=0.05, settings=settings, **options)
+        ),
+        daemon=True,
+    )
+    thread.start()
+    return thread
+
+
+async def _terminate(address: str, plan_id: str) -> None:
+    """Nothing of a failed test keeps running in Temporal."""
+    from temporalio.client import Client
+    from temporalio.service import RPCError
+
+    with contextlib.suppress(RPCError):
+        await (await Client.connect(address)).get_workflow_handle(plan_id).terminate()
+
+
+def _direct(db: str, tools: str, name: str) -> dict[str, Any]:
+    """A claim as the Temporal worker makes it, and its workflow's input, for activities called directly."""
+    catalogue = Catalogue.from_spec(tools)
+    claim = temporal_module._claim(db, catalogue, name, [])
+    assert claim is not None
+    return {**temporal_module.workflow_args(db, tools, claim, catalogue), "heartbeat_seconds": None}
+
+
+def test_a_late_attempt_of_a_step_never_overwrites_what_a_person_settled(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An attempt of a step that is not idempotent, paused past the heartbeat timeout: Temporal's retry
+    finds the step started and halts the plan, and a person settles the step. When the paused attempt
+    wakes, its call having overrun, it used to record the outcome unknown over the person's settlement."""
+    from plangate import engine as engine_module
+
+    tools, db, rt, plan_id = _setup(tmp_path, "send")
+    args = {**_direct(db, tools, "t-late"), "step_id": 1}
+    real = engine_module._Run._one_call
+    called, wake = threading.Event(), threading.Event()
+
+    def paused(self: Any, step_id: int) -> Any:
+        outcome = real(self, step_id)
+        if threading.current_thread().name == "late":
+            called.set()
+            wake.wait(30)
+        return outcome
+
+    monkeypatch.setattr(engine_module._Run, "_one_call", paused)
+    raised: list[BaseException] = []
+
+    def late() -> None:
+        try:
+            temporal_module.run_step(args)
+        except BaseException as exc:  # what the late attempt ends with
+            raised.append(exc)
+
+    attempt = threading.Thread(target=late, name="late", daemon=True)
+    attempt.start()
+    try:
+        assert called.wait(10)
+        assert temporal_module.run_step(args) == "outcome_unknown", "Temporal's retry: never called twice"
+        assert temporal_module.finish(args) == "halted"
+        rt.settle(plan_id, 1, done=True, actor="ben", output="sent", note="it went out")
+        settled = rt.store.steps(plan_id)[1]
+        events = len(rt.trace(plan_id))
+    finally:
+        wake.set()
+        attempt.join(timeout=10)
+        (tmp_path / "go").touch()
+    assert raised and isinstance(raised[0], PlangateError), raised
+    assert rt.store.steps(plan_id)[1] == settled and settled.status == "succeeded"
+    assert len(rt.trace(plan_id)) == events, "the late attempt wrote nothing"
+    assert _calls(tmp_path) == ["send"]
+    assert rt.get(plan_id).status == "halted" and rt.store.verify_audit().ok
