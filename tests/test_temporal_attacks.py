@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -14,7 +18,7 @@ import pytest
 
 from plangate import Catalogue
 from plangate import temporal as temporal_module
-from plangate.errors import PlangateError
+from plangate.errors import PlangateError, StateError
 from plangate.runtime import Runtime
 from plangate.testing import temporal_server
 from tests.helpers import plan
@@ -102,6 +106,66 @@ async def _terminate(address: str, plan_id: str) -> None:
 
     with contextlib.suppress(RPCError):
         await (await Client.connect(address)).get_workflow_handle(plan_id).terminate()
+
+
+def test_a_workflow_running_past_its_lease_is_not_taken_over_while_its_step_runs(
+    temporal: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The workflow's lease (an hour) was never renewed: a run longer than that was taken over by the next
+    ``plangate resume`` or plain worker while Temporal still ran its step. Now its activities renew it."""
+    monkeypatch.setattr(temporal_module, "_LEASE_SECONDS", 3.0)  # an hour, in seconds
+    tools, db, rt, plan_id = _setup(tmp_path, "charge")
+    serving = _serve(temporal, db, tools, name="t-long")
+    try:
+        _until(lambda: _started(rt, plan_id))
+        time.sleep(4.5)  # longer than the lease
+        from plangate.temporal import _now
+
+        assert rt.store.claim("plain-worker", _now(), _now(minutes=1)) is None, "a plain worker's claim"
+        with pytest.raises(StateError, match="already running under t-long"):
+            rt.start(plan_id, actor="engine")  # what `plangate resume` does first
+    finally:
+        (tmp_path / "go").touch()
+        serving.join(timeout=60)
+        asyncio.run(_terminate(temporal, plan_id))
+    assert not serving.is_alive()
+    assert rt.get(plan_id).status == "succeeded" and _calls(tmp_path) == ["charge"]
+    assert rt.store.verify_audit().ok
+
+
+def test_a_workflow_whose_starting_worker_died_is_not_taken_over_while_temporal_runs_it(
+    temporal: str, tmp_path: Path
+) -> None:
+    """The lease named the process of the worker that started the workflow, so once it died (its steps
+    going on in another worker) `plangate resume` on the same machine took the plan over at once."""
+    tools, db, rt, plan_id = _setup(tmp_path, "charge")
+    command = ["worker", "--tools", tools, "--temporal", temporal, "--drain", "--heartbeat-timeout", "2"]
+    with (tmp_path / "w.log").open("w") as log:
+        first = subprocess.Popen(
+            [sys.executable, "-m", "plangate", *command],
+            env={**os.environ, "PLANGATE_DB": db},
+            stdout=subprocess.DEVNULL,
+            stderr=log,
+        )
+    serving = None
+    try:
+        _until(lambda: _started(rt, plan_id) and _calls(tmp_path) == ["charge"])
+        first.send_signal(signal.SIGKILL)
+        first.wait(timeout=30)
+        with pytest.raises(StateError, match="already running under temporal-worker#"):
+            rt.start(plan_id, actor="engine")
+        (tmp_path / "go").touch()
+        serving = _serve(temporal, db, tools)  # Temporal runs the step again here
+        serving.join(timeout=60)
+        assert not serving.is_alive()
+    finally:
+        first.kill()
+        (tmp_path / "go").touch()
+        asyncio.run(_terminate(temporal, plan_id))
+    assert rt.get(plan_id).status == "succeeded"
+    assert _calls(tmp_path) == ["charge", "charge"], "idempotent: run again under the same key by the next worker"
+    assert rt.store.steps(plan_id)[1].attempt == 2
+    assert rt.store.verify_audit().ok
 
 
 def _direct(db: str, tools: str, name: str) -> dict[str, Any]:

@@ -68,13 +68,16 @@ Lease = tuple[str | None, str | None]
 NO_LEASE: Lease = (None, None)
 
 
-def runner(label: str) -> str:
+def runner(label: str, *, process: bool = True) -> str:
     """A lease owner's name, unique to one runner: who runs, on which machine, in which process.
 
     Two runners in one process (two threads, two runtimes) get different names, so a
-    lease never lets a second runner in as if it were the first.
+    lease never lets a second runner in as if it were the first. Without ``process`` the
+    name does not name this process: for a run that outlives it (a Temporal workflow, whose
+    steps other processes run), whose lease only its expiry ends.
     """
-    return f"{label}#{secrets.token_hex(4)}@{_machine()}:{os.getpid()}"
+    where = f"{_machine()}:{os.getpid()}" if process else _machine()
+    return f"{label}#{secrets.token_hex(4)}@{where}"
 
 
 @functools.cache

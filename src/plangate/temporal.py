@@ -44,7 +44,7 @@ from temporalio.common import RetryPolicy
 from temporalio.exceptions import ApplicationError
 
 with workflow.unsafe.imports_passed_through():
-    from plangate import ledger, tracing
+    from plangate import ledger, lifecycle, tracing
     from plangate._clock import SystemClock
     from plangate.engine import Engine
     from plangate.errors import GovernanceError, PlangateError
@@ -102,7 +102,9 @@ def _stepper(args: dict[str, Any]) -> Any:
 
     The text travels in the workflow's own history with its approved hash; the steps the
     store recorded are held against the audit log before each step, so nothing changed in
-    the store since the claim reaches a tool.
+    the store since the claim reaches a tool. Each activity renews the workflow's lease: a
+    workflow that runs for longer than one lease is not taken over by another runner while
+    its steps still start; one whose activities stopped for a whole lease may be.
     """
     body = Plan.parse(args["body"])
     if body.hash != args["hash"]:
@@ -112,6 +114,8 @@ def _stepper(args: dict[str, Any]) -> Any:
     store = open_store(args["db"])
     try:
         _check_claim(store, args)
+        if not store.renew(args["plan_id"], args["owner"], _now(seconds=_LEASE_SECONDS)):
+            raise GovernanceError(f"plan {args['plan_id']} was taken over: it is no longer this workflow's")
     except GovernanceError as refused:
         store.close()
         raise ApplicationError(str(refused), non_retryable=True) from None
@@ -187,8 +191,15 @@ def _heartbeats(timeout: float | None) -> Iterator[None]:
 def run_step(args: dict[str, Any]) -> str:
     with _heartbeats(args.get("heartbeat_seconds")):
         stepper, store = _stepper(args)
+        # The lease, renewed while the step runs, as on any runner: a step longer than the lease keeps it,
+        # and one that lost it makes no more retries.
+        keeper = lifecycle.LeaseKeeper(
+            store, args["plan_id"], args["owner"], _LEASE_SECONDS, lambda: _now(seconds=_LEASE_SECONDS)
+        )
+        stepper.e.lease_lost = keeper.lost
         try:
-            return str(stepper.one(int(args["step_id"])))
+            with keeper:
+                return str(stepper.one(int(args["step_id"])))
         finally:
             stepper.spans.close()  # a step span left open by a raise ends here
             store.close()
@@ -295,7 +306,8 @@ async def serve(
     from plangate import lifecycle
 
     settings.check()
-    name = name or lifecycle.runner("temporal-worker")
+    # The lease names no process: the workflow, whose activities any worker runs, outlives this one.
+    name = name or lifecycle.runner("temporal-worker", process=False)
     from temporalio.client import Client
     from temporalio.worker import Worker
 
@@ -403,7 +415,7 @@ async def _running(client: Any, db: str) -> bool:
     return False
 
 
-def _now(minutes: int = 0) -> str:
+def _now(minutes: int = 0, seconds: float = 0.0) -> str:
     from plangate._clock import iso
 
-    return iso(SystemClock().now() + timedelta(minutes=minutes))
+    return iso(SystemClock().now() + timedelta(minutes=minutes, seconds=seconds))

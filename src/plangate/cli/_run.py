@@ -415,7 +415,7 @@ def _serve_temporal(
             db or default_url(),
             tools,
             drain=drain,
-            name=lifecycle.runner(name or "temporal-worker"),
+            name=lifecycle.runner(name or "temporal-worker", process=False),  # the workflow outlives this process
             settings=settings,
         )
     )
