@@ -34,7 +34,7 @@ import functools
 import json
 import logging
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -110,6 +110,11 @@ def _stepper(args: dict[str, Any]) -> Any:
     if body.hash != args["hash"]:
         raise ApplicationError(
             f"plan {args['plan_id']}: the workflow's plan text is not the approved one", non_retryable=True
+        )
+    if activity.in_activity() and activity.info().workflow_id != args["plan_id"]:
+        raise ApplicationError(  # plangate starts a plan's workflow under the plan's id, and only once
+            f"workflow {activity.info().workflow_id} is not plan {args['plan_id']}'s: it runs none of its steps",
+            non_retryable=True,
         )
     store = open_store(args["db"])
     try:
@@ -212,6 +217,30 @@ def finish(args: dict[str, Any]) -> str:
         return str(stepper.finish().status)
     finally:
         store.close()
+
+
+def hosted(db: str, tools: str) -> list[Callable[[dict[str, Any]], str]]:
+    """:func:`run_step` and :func:`finish` for a host that answers to ``db`` and ``tools`` only.
+
+    The workflow's input names a store and a tools file (or MCP command); activities run with the
+    host's own, whatever the input says, so whoever can start a workflow on the Temporal cluster
+    (copying a running plan's input with other tools) cannot choose the code that runs an approved
+    plan's steps, nor the store it answers to. :func:`serve` hosts these; an application hosting
+    plangate's activities in its own Temporal worker should too.
+    """
+
+    def own(args: dict[str, Any]) -> dict[str, Any]:
+        return {**args, "db": db, "tools": tools}
+
+    @activity.defn(name="plangate.step", no_thread_cancel_exception=True)
+    def hosted_step(args: dict[str, Any]) -> str:
+        return run_step(own(args))
+
+    @activity.defn(name="plangate.finish")
+    def hosted_finish(args: dict[str, Any]) -> str:
+        return finish(own(args))
+
+    return [hosted_step, hosted_finish]
 
 
 @workflow.defn(name="plangate.Plan")
@@ -320,7 +349,7 @@ async def serve(
             client,
             task_queue=TASK_QUEUE,
             workflows=[PlanWorkflow],
-            activities=[run_step, finish],
+            activities=hosted(db, tools),
             activity_executor=pool,
             max_concurrent_activities=settings.max_activities,
             max_concurrent_local_activities=settings.threads - settings.max_activities,
