@@ -129,9 +129,10 @@ class Worker:
         return self._ran
 
     def _store_lost(self, exc: Exception) -> None:
-        """The claim failed: the claiming connection is dropped and made again after a wait (doubled each
-        time, up to STORE_RETRY_SECONDS[1]); said once for the outage. Running plans go on as they can
-        (each on its own connection; one whose store fails ends, and its connection is made again)."""
+        """The claim failed: the claiming connection, and the pool's idle ones, are dropped and made again
+        after a wait (doubled each time, up to STORE_RETRY_SECONDS[1]); said once for the outage. Running
+        plans go on as they can (each on its own connection; one whose store fails ends, is set aside,
+        and its connection is made again)."""
         self._outages += 1
         wait = min(STORE_RETRY_SECONDS[0] * 2 ** (self._outages - 1), STORE_RETRY_SECONDS[1])
         if self._outages == 1:
@@ -139,7 +140,10 @@ class Worker:
             self.store_problem = str(exc)
         with self._cond:
             claims, self._claims = self._claims, None
+            idle, self._idle = self._idle, []  # their connections were most likely cut too
         self._dropped_store(claims)
+        for runtime in idle:
+            self._dropped(runtime)
         self._stopping.wait(wait)
 
     def _store_back(self) -> None:
