@@ -290,3 +290,37 @@ def test_a_workflow_started_by_hand_under_another_id_runs_no_step(temporal: str,
     assert f"is not plan {plan_id}'s: it runs none of its steps" in str(refusal)
     assert _calls(tmp_path) == []
     assert rt.store.steps(plan_id) == {}
+
+
+def test_a_retried_finish_says_again_how_the_plan_ended(tmp_path: Path) -> None:
+    """``finish`` whose first attempt recorded the end but was reported failed (its worker lost on the
+    way back) is retried by Temporal: it used to be refused (the plan no longer running) and fail the
+    workflow, a plan run counted as not run."""
+    tools, db, rt, plan_id = _setup(tmp_path, "charge")
+    args = _direct(db, tools, "t-finish")
+    (tmp_path / "go").touch()
+    assert temporal_module.run_step({**args, "step_id": 1}) == "succeeded"
+    assert temporal_module.finish(args) == "succeeded"
+    events = len(rt.trace(plan_id))
+    assert temporal_module.finish(args) == "succeeded"  # the retry: nothing written, the end said again
+    assert len(rt.trace(plan_id)) == events and rt.store.verify_audit().ok
+
+
+def test_an_activity_refused_gives_the_plan_back_rather_than_hiding_it_for_the_lease(tmp_path: Path) -> None:
+    """A step activity refused (here: the plan's text changed in the store after the claim) failed the
+    workflow and left the plan under the workflow's lease, an hour long, with nothing said. The lease is
+    now released, as a plain worker releases a plan it may not run."""
+    from plangate.errors import GovernanceError
+
+    tools, db, rt, plan_id = _setup(tmp_path, "charge")
+    args = _direct(db, tools, "t-refused")
+    with rt.store.transaction():
+        rt.store.command("UPDATE plan_versions SET body = replace(body, 'ann', 'eve') WHERE plan_id = ?", (plan_id,))
+    with pytest.raises(Exception, match="plan text was changed") as refused:
+        temporal_module.run_step({**args, "step_id": 1})
+    assert "ApplicationError" in type(refused.value).__name__
+    plan = rt.store.get_plan(plan_id)
+    assert plan is not None and plan.status == "running" and plan.lease_owner is None
+    assert _calls(tmp_path) == []
+    with pytest.raises(GovernanceError, match="plan text was changed"):  # any runner is refused, and says why
+        rt.start(plan_id, actor="engine")

@@ -122,6 +122,10 @@ def _stepper(args: dict[str, Any]) -> Any:
         if not store.renew(args["plan_id"], args["owner"], _now(seconds=_LEASE_SECONDS)):
             raise GovernanceError(f"plan {args['plan_id']} was taken over: it is no longer this workflow's")
     except GovernanceError as refused:
+        # Given back, as a plain worker gives back a plan it may not run: its lease no longer hides it
+        # (for up to an hour) from the runners, whose claims are refused the same way and say why.
+        with contextlib.suppress(Exception):
+            store.release(args["plan_id"], args["owner"])
         store.close()
         raise ApplicationError(str(refused), non_retryable=True) from None
     policy = Policy.from_data(json.loads(args["policy"])) if args.get("policy") else None
@@ -212,11 +216,28 @@ def run_step(args: dict[str, Any]) -> str:
 
 @activity.defn(name="plangate.finish")
 def finish(args: dict[str, Any]) -> str:
-    stepper, store = _stepper(args)
+    try:
+        stepper, store = _stepper(args)
+    except ApplicationError:
+        ended = _ended(args)  # a retry of a finish whose first attempt recorded the end: said again
+        if ended is None:
+            raise
+        return ended
     try:
         return str(stepper.finish().status)
     finally:
         store.close()
+
+
+def _ended(args: dict[str, Any]) -> str | None:
+    """How the plan ended, when it ended with this workflow's version and text (None: it did not)."""
+    store = open_store(args["db"])
+    try:
+        row = store.get_plan(args["plan_id"])
+    finally:
+        store.close()
+    same = row is not None and (row.version, row.hash) == (args["version"], args["hash"])
+    return row.status if same and row is not None and row.status in ("succeeded", "halted") else None
 
 
 def hosted(db: str, tools: str) -> list[Callable[[dict[str, Any]], str]]:
