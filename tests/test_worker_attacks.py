@@ -509,3 +509,39 @@ def test_a_worker_rides_out_its_store_going_away(
     with closing(open_store(pg_db)) as store:
         assert {row[0] for row in store.query("SELECT lease_owner FROM plans")} == {None}
         assert store.verify_audit().ok
+
+
+def test_a_plan_that_keeps_failing_for_days_stays_aside_at_the_limit(db: str) -> None:
+    """Each failure in a row doubled the wait, computed as a float times 2 ** failures: past about a
+    thousand (17 hours of a plan failing every minute) it overflowed, the runner thread died with an
+    OverflowError, and the plan was no longer set aside: claimed again at once, in a loop."""
+    w = Worker(Catalogue([tools.count]), db=db)
+    try:
+        for _ in range(1100):
+            w._set_aside("p", "it cannot run", w.failed)
+        assert round(w._aside["p"].until - time.monotonic()) == worker_module.ASIDE_SECONDS[1]
+        assert w._aside["p"].times == 1100 and w.failed == ["p: it cannot run"]
+    finally:
+        w.close()
+
+
+def test_a_worker_outlasts_a_store_out_of_reach_for_hours(db: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The wait between claims doubled as a float times 2 ** outages: past about a thousand failed claims
+    (8 hours at 30 s) it overflowed, and the OverflowError ended the worker the outage was to spare."""
+    monkeypatch.setattr(worker_module, "STORE_RETRY_SECONDS", (0.0, 0.0))
+    w = Worker(Catalogue([tools.count]), db=db)
+    failures = 0
+
+    def unreachable() -> list[tuple[str, str]]:
+        nonlocal failures
+        failures += 1
+        if failures == 1100:
+            w.stop()
+        raise psycopg.OperationalError("connection refused")
+
+    monkeypatch.setattr(w, "_claim_free", unreachable)
+    try:
+        assert w.serve(poll=0.01) == 0
+    finally:
+        w.close()
+    assert failures == 1100 and w.store_problem == "connection refused"

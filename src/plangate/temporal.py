@@ -54,6 +54,7 @@ with workflow.unsafe.imports_passed_through():
     from plangate.runtime import Runtime
     from plangate.store import open_store
     from plangate.tools import Catalogue
+    from plangate.worker import doubled
 
 TASK_QUEUE = "plangate"
 _log = logging.getLogger("plangate.temporal")
@@ -384,7 +385,7 @@ async def serve(
                     outages += 1
                     if outages == 1:
                         _log.error("worker %s: cannot claim: %s; trying again, less often while it lasts", name, exc)
-                    await asyncio.sleep(min(_STORE_RETRY_SECONDS[0] * 2 ** (outages - 1), _STORE_RETRY_SECONDS[1]))
+                    await asyncio.sleep(doubled(_STORE_RETRY_SECONDS, outages))
                     continue
                 if outages:
                     _log.warning("worker %s: the store answers again: claiming", name)

@@ -52,6 +52,14 @@ ASIDE_SECONDS = (1.0, 60.0)
 before it is claimed again: the first wait, doubled each time it fails again, up to the second."""
 
 
+def doubled(waits: tuple[float, float], times: int) -> float:
+    """The wait after ``times`` failures in a row: ``waits[0]``, doubled each time, up to ``waits[1]``.
+
+    The exponent is bounded: a float times 2 ** 1024 overflows, and failures go on for as long as
+    an outage or a broken plan lasts."""
+    return min(waits[0] * float(2 ** min(max(times - 1, 0), 64)), waits[1])
+
+
 @dataclass
 class _Aside:
     until: float  # time.monotonic() until which the plan is not claimed
@@ -134,7 +142,7 @@ class Worker:
         plans go on as they can (each on its own connection; one whose store fails ends, is set aside,
         and its connection is made again)."""
         self._outages += 1
-        wait = min(STORE_RETRY_SECONDS[0] * 2 ** (self._outages - 1), STORE_RETRY_SECONDS[1])
+        wait = doubled(STORE_RETRY_SECONDS, self._outages)
         if self._outages == 1:
             _log.error("worker %s: cannot claim: %s; trying again, less often while it lasts", self.name, exc)
             self.store_problem = str(exc)
@@ -224,7 +232,7 @@ class Worker:
         with self._cond:
             last = self._aside.get(plan_id)
             times = last.times + 1 if last is not None else 1
-            wait = min(ASIDE_SECONDS[0] * 2 ** (times - 1), ASIDE_SECONDS[1])
+            wait = doubled(ASIDE_SECONDS, times)
             self._aside[plan_id] = _Aside(time.monotonic() + wait, times, why)
         if last is None or last.said != why:
             told.append(f"{plan_id}: {why}")
