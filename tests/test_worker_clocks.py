@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from contextlib import closing
 from datetime import datetime, timedelta
 
+import psycopg
 import pytest
 
 from plangate import Catalogue
@@ -117,3 +118,30 @@ def test_the_database_server_s_clock_is_read_as_it_is_now(pg_db: str) -> None:
     assert first is not None and inside[0] is not None and inside[1] is not None
     assert first <= inside[0] < inside[1]
     assert abs((datetime.now().astimezone() - inside[1]).total_seconds()) < 5  # one machine here: one clock
+
+
+def test_a_clock_check_the_store_did_not_answer_is_made_at_the_next_claim(
+    pg_db: str, calls: list[tuple[str, int]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first comparison fails (the store out of reach as the worker starts): it was counted as made,
+    and for the next minute the worker, its clock an hour ahead, claimed as if the clocks agreed."""
+    from plangate.store.postgres import PostgresStore
+
+    submit(pg_db, ["count"], 1)
+    real = PostgresStore.database_time
+    answers = iter([psycopg.OperationalError("the server closed the connection")])
+
+    def flaky(self: PostgresStore) -> datetime:
+        for failure in answers:
+            raise failure
+        return real(self)
+
+    monkeypatch.setattr(PostgresStore, "database_time", flaky)
+    ahead = worker(pg_db, Skewed(3600))
+    try:
+        with pytest.raises(psycopg.OperationalError):
+            ahead.run_one()
+        assert ahead.run_one() is None
+    finally:
+        ahead.close()
+    assert calls == [] and ahead.clock_problem is not None

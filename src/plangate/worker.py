@@ -250,10 +250,10 @@ class Worker:
         """
         if time.monotonic() < self._clock_due:
             return self.clock_problem is not None
-        self._clock_due = time.monotonic() + CLOCK_CHECK_SECONDS
         before = self.clock.now()
-        theirs = self._claiming().database_time()
+        theirs = self._claiming().database_time()  # a store out of reach: compared again at the next claim
         after = self.clock.now()
+        self._clock_due = time.monotonic() + CLOCK_CHECK_SECONDS
         if theirs is None:  # no server: one machine, one clock
             return False
         ahead = ((before + (after - before) / 2) - theirs).total_seconds()
