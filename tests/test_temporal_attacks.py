@@ -324,3 +324,30 @@ def test_an_activity_refused_gives_the_plan_back_rather_than_hiding_it_for_the_l
     assert _calls(tmp_path) == []
     with pytest.raises(GovernanceError, match="plan text was changed"):  # any runner is refused, and says why
         rt.start(plan_id, actor="engine")
+
+
+def test_a_claim_whose_start_fails_on_the_store_gives_the_plan_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The store fails between the claim's lease and the run's start (a cut, a lock held too long): the
+    worker waits the outage out and claims again, but the plan was left under its hour-long lease,
+    and neither this worker nor any other ran it for that hour."""
+    import sqlite3
+
+    tools, db, rt, plan_id = _setup(tmp_path, "charge")
+    real = Runtime.start
+    failures = iter([sqlite3.OperationalError("database is locked")])
+
+    def flaky(self: Runtime, *args: Any, **kwargs: Any) -> Any:
+        for failure in failures:
+            raise failure
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(Runtime, "start", flaky)
+    refused: list[str] = []
+    with pytest.raises(sqlite3.OperationalError):
+        temporal_module._claim(db, Catalogue.from_spec(tools), "t-cut", refused)
+    plan = rt.store.get_plan(plan_id)
+    assert plan is not None and plan.status == "approved" and plan.lease_owner is None
+    claim = temporal_module._claim(db, Catalogue.from_spec(tools), "t-cut", refused)  # once the store answers
+    assert claim is not None and claim.plan.id == plan_id and refused == []

@@ -414,6 +414,10 @@ def _claim(db: str, catalogue: Catalogue, name: str, refused: list[str]) -> Clai
                 refused.append(plan_id)
                 _log.error("plan %s: not run by this worker: %s", plan_id, exc)
                 store.release(plan_id, name)
+            except BaseException:  # the store failed (waited out by serve): the lease would hide the plan an hour
+                with contextlib.suppress(Exception):
+                    store.release(plan_id, name)
+                raise
         finally:
             store.close()
 
