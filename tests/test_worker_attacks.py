@@ -545,3 +545,44 @@ def test_a_worker_outlasts_a_store_out_of_reach_for_hours(db: str, monkeypatch: 
     finally:
         w.close()
     assert failures == 1100 and w.store_problem == "connection refused"
+
+
+def test_a_give_back_the_store_refuses_does_not_end_the_worker(
+    db: str, calls: list[tuple[str, int]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No runner thread can be started for the first plan of a batch, and releasing its lease fails too:
+    the release's exception ended serve() (the worker gone, the batch's other plan claimed and never
+    started). The lease is now left to expire, and both plans run."""
+    monkeypatch.setattr(worker_module, "ASIDE_SECONDS", (0.05, 0.05))
+    ids = submit(db, ["count"], 2)
+    refusals = iter([RuntimeError("can't start new thread")])
+    real_start = threading.Thread.start
+
+    def start(self: threading.Thread) -> None:
+        if self.name.startswith("plangate-worker-"):
+            for refusal in refusals:
+                raise refusal
+        real_start(self)
+
+    monkeypatch.setattr(threading.Thread, "start", start)
+    w = Worker(Catalogue([tools.count]), db=db, concurrency=2, lease_seconds=0.5, drain_timeout=0.5)
+    claims = w._claiming()
+    real_release = claims.release
+    releases = iter([StoreError("the store is out of reach")])
+
+    def release(*args: Any) -> None:
+        for failure in releases:
+            raise failure
+        real_release(*args)
+
+    claims.release = release  # type: ignore[method-assign]
+    results: list[RunResult] = []
+    thread = serve_in_thread(w, results, drain=False, poll=0.05)
+    try:
+        until("both plans ran", lambda: len(results) == 2 or not thread.is_alive(), limit=20)
+    finally:
+        w.stop()
+        thread.join(20)
+        w.close()
+    assert sorted(r.plan_id for r in results) == sorted(ids) and {r.status for r in results} == {"succeeded"}
+    assert sorted(plan for plan, _ in calls) == sorted(ids)

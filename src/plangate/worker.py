@@ -277,7 +277,10 @@ class Worker:
     def _give_back(self, claimed: list[tuple[str, str]]) -> None:
         """Release leases claimed but not started, so that the plans need not wait for them to expire."""
         for plan_id, owner in claimed:
-            self._claiming().release(plan_id, owner)
+            try:
+                self._claiming().release(plan_id, owner)
+            except Exception as exc:  # noqa: BLE001 - the store out of reach: the lease then expires by itself
+                _log.warning("plan %s: giving the claim back failed (it will expire): %s", plan_id, exc)
 
     def _claiming(self) -> Store:
         if self._claims is None:
