@@ -686,3 +686,27 @@ def test_renewals_that_keep_failing_stop_the_run_while_the_lease_still_holds() -
     # failing from the first renewal (a third of the lease in), given up after half the lease more:
     # before the lease, renewed last at the start, runs out
     assert began >= 2
+
+
+class _HangingRenewals(_FlakyRenewals):
+    """A store whose one renewal hangs for ``seconds`` before it fails."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__(failures=None)
+        self.seconds = seconds
+
+    def renew(self, plan_id: str, worker: str, until: str) -> bool:
+        import time
+
+        time.sleep(self.seconds)
+        return super().renew(plan_id, worker, until)
+
+
+def test_a_renewal_that_hangs_then_fails_counts_from_the_last_renewal() -> None:
+    """Two thirds of the lease are counted from the last renewal that held, not from the first failure
+    seen: a try that hung before it failed used up the time the run had left."""
+    store = _HangingRenewals(0.25)
+    keeper = LeaseKeeper(store, "p", "me", 0.3, lambda: "later")  # type: ignore[arg-type]
+    with keeper:
+        until("the run told to stop", keeper.lost.is_set, limit=10)
+    assert store.calls == 1  # the first failure came 0.35 s after the lease was taken: stop at once

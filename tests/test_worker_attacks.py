@@ -586,3 +586,14 @@ def test_a_give_back_the_store_refuses_does_not_end_the_worker(
         w.close()
     assert sorted(r.plan_id for r in results) == sorted(ids) and {r.status for r in results} == {"succeeded"}
     assert sorted(plan for plan, _ in calls) == sorted(ids)
+
+
+def test_the_reasons_a_worker_keeps_are_the_newest_only(db: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(worker_module, "TOLD_KEPT", 3)
+    w = Worker(Catalogue([tools.count]), db=db)
+    try:
+        for n in range(5):
+            w._set_aside("p", f"reason {n}", w.failed)  # a reason that varies: each one is new
+    finally:
+        w.close()
+    assert w.failed == ["p: reason 2", "p: reason 3", "p: reason 4"]

@@ -231,11 +231,11 @@ class LeaseKeeper:
     """Renews a run's lease on a timer, so a long step never loses it; says when it was lost.
 
     Used as a context manager around a run. ``lost`` is set when a renewal finds the lease
-    held by someone else (the plan was taken over after this runner looked dead), or when
-    renewals have failed (the store out of reach) for half the lease: the run then stops
-    starting steps while the lease, last renewed at most five sixths of it ago, still holds,
-    so no other runner can have taken the plan over while a step of this one starts.
-    A renewal that fails is tried again every second (at most) until then.
+    held by someone else (the plan was taken over after this runner looked dead), or when no
+    renewal has succeeded for two thirds of the lease (the store out of reach, however long
+    each failed try took): the run then stops starting steps while the lease still holds, so
+    no other runner can have taken the plan over while a step of this one starts. A renewal
+    that fails is tried again every second (at most) until then.
     """
 
     def __init__(self, store: Store, plan_id: str, owner: str, seconds: float, until: Callable[[], str]) -> None:
@@ -254,22 +254,22 @@ class LeaseKeeper:
         self._thread.join()
 
     def _renew(self) -> None:
-        failing_since: float | None = None
-        while not self._stop.wait(self.every if failing_since is None else min(self.every, 1.0)):
+        renewed = time.monotonic()  # the lease was taken (or last renewed) no earlier than this
+        failing = False
+        while not self._stop.wait(min(self.every, 1.0) if failing else self.every):
             try:
                 held = self.store.renew(self.plan_id, self.owner, self.until())
             except Exception as exc:  # noqa: BLE001 - the store out of reach: tried again, and given up in time
-                now = time.monotonic()
-                if failing_since is None:
-                    failing_since = now
+                if not failing:
                     _log.warning("plan %s: renewing the lease failed: %s; trying again", self.plan_id, exc)
-                if now - failing_since >= self.seconds / 2:
-                    failed_for = now - failing_since
-                    _log.error("plan %s: no renewal of the lease for %.0f s: the run stops", self.plan_id, failed_for)
+                failing = True
+                since = time.monotonic() - renewed  # counted from the last renewal, however long a failure took
+                if since >= self.seconds * 2 / 3:
+                    _log.error("plan %s: the lease not renewed for %.0f s: the run stops", self.plan_id, since)
                     self.lost.set()
                     return
                 continue
-            failing_since = None
+            renewed, failing = time.monotonic(), False
             if not held:
                 self.lost.set()
                 return

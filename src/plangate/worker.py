@@ -47,6 +47,8 @@ CLOCK_CHECK_SECONDS = 60.0
 STORE_RETRY_SECONDS = (0.5, 30.0)
 """While the store cannot be reached for a claim: the first wait before trying again, doubled each time
 up to the second."""
+TOLD_KEPT = 1000
+"""How many of the newest reasons ``Worker.refused`` and ``Worker.failed`` keep."""
 ASIDE_SECONDS = (1.0, 60.0)
 """How long a plan that could not run (refused, or failed before its run could begin or end) is left
 before it is claimed again: the first wait, doubled each time it fails again, up to the second."""
@@ -83,9 +85,10 @@ class Worker:
     drain_timeout: float = 30.0
     """After :meth:`stop`, how long running plans may go on before their leases are released."""
     refused: list[str] = field(default_factory=list)
-    """Plans this worker claimed but was not allowed to run, and why."""
+    """Plans this worker claimed but was not allowed to run, and why (each reason once; the newest TOLD_KEPT)."""
     failed: list[str] = field(default_factory=list)
-    """Plans whose run ended in an error other than a halt (the store went away, the plan changed meanwhile)."""
+    """Plans whose run ended in an error other than a halt (the store went away, the plan changed meanwhile);
+    each reason once, the newest TOLD_KEPT."""
     left: list[str] = field(default_factory=list)
     """Plans still running when the drain ended: their leases were released for the next worker."""
     clock_problem: str | None = None
@@ -236,6 +239,7 @@ class Worker:
             self._aside[plan_id] = _Aside(time.monotonic() + wait, times, why)
         if last is None or last.said != why:
             told.append(f"{plan_id}: {why}")
+            del told[:-TOLD_KEPT]  # the newest only: reasons that vary would otherwise pile up for ever
             _log.log(level, "plan %s: %s (not claimed again for %g s, longer if it fails again)", plan_id, why, wait)
 
     def _clock_off(self) -> bool:
