@@ -384,12 +384,8 @@ def test_a_run_still_starting_when_the_drain_gives_its_claim_back_does_not_start
         assert not [e for e in store.events(plan_id) if e.kind.startswith("run.")]
 
 
-def test_a_runner_thread_that_cannot_be_started_gives_the_plan_back_and_frees_the_slot(
-    db: str, calls: list[tuple[str, int]], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The process is out of threads once: the plan is released at once, not left under a lease with
-    a slot taken by a run that never began, and both plans run on later passes."""
-    ids = submit(db, ["count"], 2)
+def no_runner_thread_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first runner thread a worker starts cannot be started (the process out of threads)."""
     refusals = iter([RuntimeError("can't start new thread")])
     real_start = threading.Thread.start
 
@@ -400,6 +396,15 @@ def test_a_runner_thread_that_cannot_be_started_gives_the_plan_back_and_frees_th
         real_start(self)
 
     monkeypatch.setattr(threading.Thread, "start", start)
+
+
+def test_a_runner_thread_that_cannot_be_started_gives_the_plan_back_and_frees_the_slot(
+    db: str, calls: list[tuple[str, int]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The process is out of threads once: the plan is released at once, not left under a lease with
+    a slot taken by a run that never began, and both plans run on later passes."""
+    ids = submit(db, ["count"], 2)
+    no_runner_thread_once(monkeypatch)
     both_run_once_after_one_failure(db, ids, calls, "no runner thread")
 
 
@@ -555,16 +560,7 @@ def test_a_give_back_the_store_refuses_does_not_end_the_worker(
     started). The lease is now left to expire, and both plans run."""
     monkeypatch.setattr(worker_module, "ASIDE_SECONDS", (0.05, 0.05))
     ids = submit(db, ["count"], 2)
-    refusals = iter([RuntimeError("can't start new thread")])
-    real_start = threading.Thread.start
-
-    def start(self: threading.Thread) -> None:
-        if self.name.startswith("plangate-worker-"):
-            for refusal in refusals:
-                raise refusal
-        real_start(self)
-
-    monkeypatch.setattr(threading.Thread, "start", start)
+    no_runner_thread_once(monkeypatch)
     w = Worker(Catalogue([tools.count]), db=db, concurrency=2, lease_seconds=0.5, drain_timeout=0.5)
     claims = w._claiming()
     real_release = claims.release
