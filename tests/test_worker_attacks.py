@@ -593,3 +593,34 @@ def test_the_reasons_a_worker_keeps_are_the_newest_only(db: str, monkeypatch: py
     finally:
         w.close()
     assert w.failed == ["p: reason 2", "p: reason 3", "p: reason 4"]
+
+
+def test_a_run_the_drain_gave_up_closes_its_connection_when_it_ends(db: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run still going at the drain's deadline is left (its lease released); when it ends at last,
+    its store connection was kept open, neither pooled nor closed, for the life of the process."""
+    tools.HELD.clear()
+    submit(db, ["hold"], 1)
+    closed: list[object] = []
+    real = Worker._dropped_store
+
+    def dropped(store: Any) -> None:
+        if store is not None:
+            closed.append(store)
+        real(store)
+
+    monkeypatch.setattr(Worker, "_dropped_store", staticmethod(dropped))
+    w = Worker(Catalogue([tools.hold]), db=db, concurrency=1, drain_timeout=0.2)
+    runs: list[Runtime] = []
+    real_runtime = w._runtime
+    w._runtime = lambda: runs.append(real_runtime()) or runs[-1]  # type: ignore[method-assign]
+    thread = serve_in_thread(w, [], drain=False, poll=0.05)
+    try:
+        until("the step holds", lambda: bool(runs) and bool(runs[0].store.steps(runs[0].store.list_plans()[0].id)))
+        w.stop()
+        thread.join(20)
+        assert len(w.left) == 1  # given up by the drain
+        tools.HELD.set()  # the run ends at last
+        until("the run's connection closed", lambda: runs[0].store in closed)
+    finally:
+        tools.HELD.set()
+        w.close()

@@ -287,9 +287,17 @@ class Worker:
                 _log.warning("plan %s: giving the claim back failed (it will expire): %s", plan_id, exc)
 
     def _claiming(self) -> Store:
-        if self._claims is None:
-            self._claims = open_store(self.db)
-        return self._claims
+        """The claiming connection, made when first needed (again after an outage dropped it); runner
+        threads use it too (to give a plan back), so it is swapped under the lock."""
+        with self._cond:
+            if self._claims is not None:
+                return self._claims
+        made = open_store(self.db)  # not under the lock: a connection may take its time
+        with self._cond:
+            claims = self._claims = self._claims or made
+        if claims is not made:
+            self._dropped_store(made)  # another thread made one first
+        return claims
 
     # -- runs ----------------------------------------------------------------------------
     def _start(self, plan_id: str, owner: str, on_result: Callable[[RunResult], object] | None) -> None:
@@ -337,8 +345,9 @@ class Worker:
 
     def _finish(self, plan_id: str, owner: str, runtime: Runtime | None, *, ran: bool) -> None:
         with self._cond:
-            if self._running.get(plan_id) != owner:
-                return  # the drain gave it up already
+            if self._running.get(plan_id) != owner:  # the drain gave it up already: its lease is released
+                self._dropped(runtime)  # nor is its connection kept: the worker is closing
+                return
         try:
             if not ran:  # a run that came to its end or a halt gave the lease up in its last transaction
                 (runtime.store if runtime is not None else self._claiming()).release(plan_id, owner)
