@@ -44,7 +44,7 @@ from temporalio.common import RetryPolicy
 from temporalio.exceptions import ApplicationError
 
 with workflow.unsafe.imports_passed_through():
-    from plangate import ledger, lifecycle, tracing
+    from plangate import ledger, lifecycle, timeouts, tracing
     from plangate._clock import SystemClock
     from plangate.engine import Engine
     from plangate.errors import GovernanceError, PlangateError
@@ -54,7 +54,6 @@ with workflow.unsafe.imports_passed_through():
     from plangate.runtime import Runtime
     from plangate.store import open_store
     from plangate.tools import Catalogue
-    from plangate.worker import doubled
 
 TASK_QUEUE = "plangate"
 _log = logging.getLogger("plangate.temporal")
@@ -377,19 +376,14 @@ async def serve(
             max_concurrent_local_activities=settings.threads - settings.max_activities,
             max_concurrent_workflow_tasks=settings.max_workflow_tasks,
         ):
-            outages = 0
+            outage = timeouts.Outage(_log, f"worker {name}")
             while True:
                 try:
                     claim = _claim(db, catalogue, name, refused)
                 except Exception as exc:  # noqa: BLE001 - a store out of reach (a restart, a cut) is waited out
-                    outages += 1
-                    if outages == 1:
-                        _log.error("worker %s: cannot claim: %s; trying again, less often while it lasts", name, exc)
-                    await asyncio.sleep(doubled(_STORE_RETRY_SECONDS, outages))
+                    await asyncio.sleep(outage.failed(exc, _STORE_RETRY_SECONDS))
                     continue
-                if outages:
-                    _log.warning("worker %s: the store answers again: claiming", name)
-                    outages = 0
+                outage.over()
                 if claim is not None:
                     ran += await _run(client, claim, workflow_args(db, tools, claim, catalogue, settings), refused)
                 elif drain and not await _running(client, db):

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextvars
 import functools
 import hashlib
+import logging
 import math
 import os
 import queue
@@ -61,8 +62,16 @@ def budget(tool: Tool, policy: Policy | None, backoff: Backoff | None = None) ->
     """The most seconds a step's call may take with all its retries and their waits (for an orchestrator)."""
     backoff = backoff or Backoff()
     tries = retries(tool, policy) + 1
-    waits = sum(min(backoff.cap, backoff.first * 2.0 ** (n - 2)) for n in range(2, tries + 1))
+    waits = sum(doubled((backoff.first, backoff.cap), n - 1) for n in range(2, tries + 1))
     return call_limit(tool, policy) * tries + waits
+
+
+def doubled(waits: tuple[float, float], times: int) -> float:
+    """The wait after ``times`` failures in a row: ``waits[0]``, doubled each time, up to ``waits[1]``.
+
+    The exponent is bounded: a float times 2 ** 1024 overflows, and failures go on for as long as
+    an outage or a broken plan lasts."""
+    return min(waits[0] * float(2 ** min(max(times - 1, 0), 64)), waits[1])
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -78,10 +87,35 @@ class Backoff:
     cap: float = 30.0
 
     def delay(self, key: str, attempt: int) -> float:
-        full = min(self.cap, self.first * 2.0 ** max(attempt - 2, 0))
+        full = doubled((self.first, self.cap), attempt - 1)
         digest = hashlib.sha256(f"{key}#{attempt}".encode()).digest()
         spread = int.from_bytes(digest[:8], "big") / 2**64
         return round(full * (1 - spread / 2), 3)
+
+
+class Outage:
+    """Tries of something that failed in a row (a claim while the store is out of reach): the wait
+    before the next (:func:`doubled`), said once as it starts and once when it is over."""
+
+    def __init__(self, log: logging.Logger, who: str) -> None:
+        self.log, self.who = log, who
+        self.times = 0
+        self.problem: str | None = None
+        """What the first failed try said, while they fail (None: the last one did not)."""
+
+    def failed(self, exc: Exception, waits: tuple[float, float]) -> float:
+        """One more failed try: the seconds to wait before the next."""
+        self.times += 1
+        if self.times == 1:
+            self.log.error("%s: cannot claim: %s; trying again, less often while it lasts", self.who, exc)
+            self.problem = str(exc)
+        return doubled(waits, self.times)
+
+    def over(self) -> None:
+        """A try did not fail."""
+        if self.times:
+            self.log.warning("%s: the store answers again: claiming", self.who)
+            self.times, self.problem = 0, None
 
 
 class Threads(Executor):

@@ -31,7 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 
-from plangate import lifecycle
+from plangate import lifecycle, timeouts
 from plangate._clock import Clock, SystemClock, iso
 from plangate.errors import GovernanceError, LeaseLostError, PlangateError
 from plangate.policy import Policy
@@ -52,14 +52,6 @@ TOLD_KEPT = 1000
 ASIDE_SECONDS = (1.0, 60.0)
 """How long a plan that could not run (refused, or failed before its run could begin or end) is left
 before it is claimed again: the first wait, doubled each time it fails again, up to the second."""
-
-
-def doubled(waits: tuple[float, float], times: int) -> float:
-    """The wait after ``times`` failures in a row: ``waits[0]``, doubled each time, up to ``waits[1]``.
-
-    The exponent is bounded: a float times 2 ** 1024 overflows, and failures go on for as long as
-    an outage or a broken plan lasts."""
-    return min(waits[0] * float(2 ** min(max(times - 1, 0), 64)), waits[1])
 
 
 @dataclass
@@ -93,8 +85,6 @@ class Worker:
     """Plans still running when the drain ended: their leases were released for the next worker."""
     clock_problem: str | None = None
     """Why this worker claims nothing for now: its clock too far from the database server's (None: it claims)."""
-    store_problem: str | None = None
-    """Why the last claims failed while the store cannot be reached (None: it answers)."""
 
     def __post_init__(self) -> None:
         if self.concurrency < 1:
@@ -104,7 +94,7 @@ class Worker:
         self._cond = threading.Condition()
         self._running: dict[str, str] = {}  # plan id -> the lease owner running it
         self._aside: dict[str, _Aside] = {}  # plans that could not run, left alone for a while
-        self._outages = 0  # claims failed in a row because the store could not be reached
+        self._outage = timeouts.Outage(_log, f"worker {self.name}")  # claims failed in a row: the store away
         self._stopping = threading.Event()
         self._clock_due = 0.0  # when to compare the clocks again (time.monotonic)
         self._ran = 0  # runs that came to an end or a halt
@@ -124,7 +114,7 @@ class Worker:
                 except Exception as exc:  # noqa: BLE001 - a store out of reach (a restart, a cut) is waited out
                     self._store_lost(exc)
                     continue
-                self._store_back()
+                self._outage.over()
                 if self._stopping.is_set():  # stopped during the claim: what it took is given back, not started
                     self._give_back(claimed)
                     break
@@ -144,11 +134,7 @@ class Worker:
         after a wait (doubled each time, up to STORE_RETRY_SECONDS[1]); said once for the outage. Running
         plans go on as they can (each on its own connection; one whose store fails ends, is set aside,
         and its connection is made again)."""
-        self._outages += 1
-        wait = doubled(STORE_RETRY_SECONDS, self._outages)
-        if self._outages == 1:
-            _log.error("worker %s: cannot claim: %s; trying again, less often while it lasts", self.name, exc)
-            self.store_problem = str(exc)
+        wait = self._outage.failed(exc, STORE_RETRY_SECONDS)
         with self._cond:
             claims, self._claims = self._claims, None
             idle, self._idle = self._idle, []  # their connections were most likely cut too
@@ -157,10 +143,10 @@ class Worker:
             self._dropped(runtime)
         self._stopping.wait(wait)
 
-    def _store_back(self) -> None:
-        if self._outages:
-            _log.warning("worker %s: the store answers again: claiming", self.name)
-            self._outages, self.store_problem = 0, None
+    @property
+    def store_problem(self) -> str | None:
+        """Why the claims fail while the store cannot be reached (None: it answers)."""
+        return self._outage.problem
 
     @staticmethod
     def _dropped_store(store: Store | None) -> None:
@@ -235,7 +221,7 @@ class Worker:
         with self._cond:
             last = self._aside.get(plan_id)
             times = last.times + 1 if last is not None else 1
-            wait = doubled(ASIDE_SECONDS, times)
+            wait = timeouts.doubled(ASIDE_SECONDS, times)
             self._aside[plan_id] = _Aside(time.monotonic() + wait, times, why)
         if last is None or last.said != why:
             told.append(f"{plan_id}: {why}")
@@ -279,7 +265,8 @@ class Worker:
         return problem is not None
 
     def _give_back(self, claimed: list[tuple[str, str]]) -> None:
-        """Release leases claimed but not started, so that the plans need not wait for them to expire."""
+        """Release these leases (claimed but not started, or left at the drain), so that the plans need not
+        wait for them to expire; one that cannot be released (the store out of reach) expires by itself."""
         for plan_id, owner in claimed:
             try:
                 self._claiming().release(plan_id, owner)
@@ -382,14 +369,10 @@ class Worker:
         with self._cond:
             self._cond.wait_for(lambda: not self._running, timeout=max(0.0, deadline - time.monotonic()))
             left, self._running = dict(self._running), {}
-        for plan_id, owner in left.items():
-            # The engine's next fence fails without the lease: the run records nothing more, and the
-            # next worker resumes it under the usual rules (a step cut off mid-call is not re-run blindly).
-            try:
-                self._claiming().release(plan_id, owner)
-            except Exception as exc:  # noqa: BLE001 - the store out of reach: the lease then expires by itself
-                _log.warning("plan %s: releasing the lease failed (it will expire): %s", plan_id, exc)
-            self.left.append(plan_id)
+        # The engine's next fence fails without the lease: the run records nothing more, and the
+        # next worker resumes it under the usual rules (a step cut off mid-call is not re-run blindly).
+        self._give_back(list(left.items()))
+        self.left.extend(left)
 
     def _until(self) -> str:
         return iso(self.clock.now() + timedelta(seconds=self.lease_seconds))

@@ -107,7 +107,7 @@ class PostgresStore(SQLStore):
 
     def database_time(self) -> datetime:
         with self._lock:  # clock_timestamp(): the time now, not the transaction's start (now())
-            moment = self._conn.execute("SELECT clock_timestamp()").fetchone()[0]
+            moment = self._exec("SELECT clock_timestamp()").fetchone()[0]
         assert isinstance(moment, datetime)
         return moment
 
