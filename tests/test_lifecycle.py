@@ -17,7 +17,15 @@ import psycopg
 import pytest
 
 from plangate import Catalogue, Policy, ledger, tool
-from plangate.errors import GovernanceError, PlangateError, SelfApprovalError, StateError, StoreError, UsageError
+from plangate.errors import (
+    GovernanceError,
+    LeaseLostError,
+    PlangateError,
+    SelfApprovalError,
+    StateError,
+    StoreError,
+    UsageError,
+)
 from plangate.lifecycle import LeaseKeeper
 from plangate.runtime import Runtime
 from tests.helpers import FixedClock, died_during, plan, until
@@ -151,6 +159,35 @@ def test_what_changes_between_the_proof_and_the_claim_is_proved_again_under_the_
     with pytest.raises(GovernanceError, match="the plan text was changed"):
         rt.start(plan_id, actor="bob")
     assert rt.get(plan_id).status == "approved" and EFFECTS == []
+
+
+TAKEN: dict[str, str] = {}
+
+
+@tool(effect="write", scopes=["refunds:write"])
+def pay_while_taken(invoice_id: str, amount: float) -> str:
+    """Pays, while another runner takes the plan over (its runner looked dead)."""
+    sql(TAKEN["db"], "UPDATE plans SET lease_owner = 'intruder' WHERE id = ?", (TAKEN["plan"],))
+    EFFECTS.append(f"pay {amount} on {invoice_id}")
+    return f"paid {amount}"
+
+
+def test_a_run_whose_plan_was_taken_over_does_not_end_it(db: str) -> None:
+    """The run's end moves the plan on from the row it claimed, without reading it again: only while
+    its owner still holds it. Taken over meanwhile, the run stops and neither its end nor the step's
+    outcome is recorded: the plan is the new runner's to carry on."""
+    rt = open_rt(Catalogue([pay_while_taken]), POLICY, db=db)
+    record = rt.submit(
+        plan({"id": 1, "tool": "pay_while_taken", "params": {"invoice_id": "42", "amount": 3.0}}), "alice"
+    )
+    rt.approve(record.id, "dave", record.hash)
+    TAKEN.update(db=db, plan=record.id)
+    with pytest.raises(LeaseLostError, match=f"lost its lease on plan {record.id} to intruder: the run stops here"):
+        rt.execute(record.id)
+    row = rt.store.get_plan(record.id)
+    assert row is not None and (row.status, row.lease_owner) == ("running", "intruder")
+    assert [e.kind for e in rt.trace(record.id)][-1] == "step.started"
+    assert EFFECTS == ["pay 3.0 on 42"] and rt.store.verify_audit().ok
 
 
 def test_a_pending_plan_set_to_approved_does_not_run(db: str) -> None:

@@ -15,9 +15,10 @@ import psycopg
 import pytest
 
 from plangate import Catalogue, Policy, tool
-from plangate.errors import LeaseLostError
+from plangate.errors import LeaseLostError, StoreError
 from plangate.runtime import Runtime
 from plangate.store import _log, open_store, postgres
+from plangate.worker import Worker
 from tests.conftest import load_plan
 from tests.helpers import a_late_outcome_is_not_recorded, plan, until, waiting_for_the_log
 
@@ -118,6 +119,44 @@ def test_a_steps_transaction_is_four_round_trips(db: str) -> None:
     )
     assert middle[2].startswith("WITH w0 AS (INSERT INTO events") and "UPDATE audit_head" in middle[2]
     assert middle[3] == "COMMIT"
+
+
+def test_a_plan_from_its_claim_to_its_end_costs_few_statements(db: str) -> None:
+    """A worker's plan of three chained steps: the claim is one statement (a transaction of its own,
+    no BEGIN and COMMIT around it); the plan's row and its version are read together; the run reads
+    neither its step rows (its claim held them against the log) nor the plan's row at its end (it
+    moves on from the row it claimed, while its owner still holds it): 35 statements, 42 before."""
+    rt = Runtime(Catalogue([double]), db=db)
+    record = rt.submit(_chain(3), "ann")
+    rt.approve(record.id, "ben", record.hash)
+    worker = Worker(Catalogue([double]), db=db, concurrency=1)
+    worker._claiming()  # its claiming connection open (and its schema checked) before counting
+    with _statements() as sent:
+        worker.serve(drain=True)
+    worker.close()
+    assert rt.get(record.id).status == "succeeded" and rt.store.verify_audit().ok
+    rt.close()
+    claim = next(i for i, text in enumerate(sent) if text.startswith("UPDATE plans SET lease_owner"))
+    assert sent[claim - 1 : claim] != ["BEGIN"] and sent[claim + 1] != "COMMIT"
+    assert not any(text.startswith("SELECT id, status, version") for text in sent)  # the plan's row alone
+    assert not any(text.startswith("SELECT plan_id, version, hash, body") for text in sent)  # a version alone
+    assert sum(text.startswith("SELECT plan_id, step_id") for text in sent) == 1  # the claim's proof only
+    end = max(i for i, text in enumerate(sent) if text == "COMMIT")
+    run = [text for text in sent[claim : end + 1] if text != "SELECT version FROM plangate_schema"]  # a runner's
+    assert len(run) <= 35, "\n".join(run)  # connection opened
+
+
+def test_a_store_at_this_schema_version_opens_with_one_statement(db: str) -> None:
+    """No lock taken by every connection that opens (a worker opens one per runner): the version is read
+    first; a store newer than this plangate is still refused."""
+    open_store(db).close()  # migrated
+    with _statements() as sent:
+        open_store(db).close()
+    assert sent == ["SELECT version FROM plangate_schema"]
+    with psycopg.connect(db, autocommit=True) as conn:
+        conn.execute("UPDATE plangate_schema SET version = version + 1")
+    with pytest.raises(StoreError, match="newer than this plangate understands"):
+        open_store(db)
 
 
 def test_an_outcome_that_comes_back_after_its_step_was_settled_is_not_recorded(db: str) -> None:

@@ -31,7 +31,7 @@ import contextlib
 import heapq
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any, Literal
@@ -42,12 +42,12 @@ from plangate._calls import Outcome
 from plangate._clock import Clock, iso, parse_iso
 from plangate._decide import SKIPPED, decide
 from plangate._overrides import governed, origin
-from plangate.errors import LeaseLostError
+from plangate.errors import LeaseLostError, StateError
 from plangate.graph import run_deps
 from plangate.plan import Plan, Step
 from plangate.policy import Policy
 from plangate.results import Progress, RunResult
-from plangate.store import DONE, StepRow, StepStatus, Store
+from plangate.store import DONE, PlanRow, StepRow, StepStatus, Store
 from plangate.tools import Catalogue, RunContext, Tool
 from plangate.tracing import Traces
 
@@ -76,13 +76,28 @@ class Engine:
     def __post_init__(self) -> None:
         self.catalogue = governed(self.catalogue, self.policy)  # the tools as the policy says they are
 
-    def run(self, plan_id: str, version: int, plan: Plan, *, actor: str = "engine") -> RunResult:
+    def run(
+        self,
+        plan_id: str,
+        version: int,
+        plan: Plan,
+        *,
+        actor: str = "engine",
+        rows: Mapping[int, StepRow] | None = None,
+        claimed: PlanRow | None = None,
+    ) -> RunResult:
         """Run (or continue) the plan to its end or to a halt.
 
         The loop runs on a thread of its own; this thread waits, and carries the run on if
         a sync call made on that thread overruns its limit (see :class:`plangate.timeouts.Watch`).
+        ``rows``: the plan's step rows as its claim read them (and held against its audit log), which
+        the run then does not read again; else it reads them as it begins. ``claimed``: the plan's
+        row as the run's owner claimed it, which its end moves on without reading it again.
         """
-        return _Run(self, plan_id, version, plan, actor).watched()
+        run = _Run(self, plan_id, version, plan, actor)
+        run.known = None if rows is None else dict(rows)
+        run.claimed = claimed
+        return run.watched()
 
     def stepper(
         self, plan_id: str, version: int, plan: Plan, *, actor: str = "engine", traceparent: str | None = None
@@ -106,6 +121,8 @@ class _Run:
         self.outputs: dict[int, Any] = {}
         self.nulls: set[int] = set()  # optional steps that failed: null, and every field of theirs too
         self.rows: dict[int, StepRow] = {}
+        self.known: dict[int, StepRow] | None = None  # the step rows as the claim read them, for _load
+        self.claimed: PlanRow | None = None  # the plan's row as the owner claimed it, for _move
         self.position = {step_id: index for index, step_id in enumerate(self.order)}
         self.waiting: set[int] = set()  # not started yet in this run
         self.blockers: dict[int, set[int]] = {}  # what each waiting step still waits for
@@ -263,7 +280,8 @@ class _Run:
 
     def _load(self) -> None:
         """Load what earlier runs recorded; decide what an unknown outcome means."""
-        self.rows = self.store.steps(self.plan_id)
+        self.rows = self.store.steps(self.plan_id) if self.known is None else self.known
+        self.known = None
         for step_id in self.order:
             row = self.rows.get(step_id)
             if row is not None and row.status in DONE and row.version <= self.version:
@@ -606,6 +624,11 @@ class _Run:
     def _move(self, to: Literal["succeeded", "halted"], kind: str, data: dict[str, Any]) -> None:
         """End the run: the plan leaves ``running`` only from the runner that holds it."""
         self.store.lock_log()
+        claimed, owner, at = self.claimed, self.e.owner, self._now()
+        if claimed is not None and owner is not None and claimed.lease_owner == owner:
+            with contextlib.suppress(StateError):  # moved on from the claim's row: its lease is still the owner's
+                lifecycle.move(self.store, claimed, to, actor=self.actor, at=at, kind=kind, data=data, held_by=owner)
+                return
         plan = self.store.get_plan(self.plan_id)
         if plan is None:
             raise LeaseLostError(f"plan {self.plan_id} no longer exists")
@@ -613,7 +636,7 @@ class _Run:
             raise LeaseLostError(
                 f"{self.e.owner} lost its lease on plan {self.plan_id} to {plan.lease_owner}: the run stops here"
             )
-        lifecycle.move(self.store, plan, to, actor=self.actor, at=self._now(), kind=kind, data=data)
+        lifecycle.move(self.store, plan, to, actor=self.actor, at=at, kind=kind, data=data)
 
     def _fence(self) -> None:
         """This transaction commits only while the runner holds the plan running (see :meth:`_check_lease`)."""

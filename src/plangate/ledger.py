@@ -20,7 +20,7 @@ from plangate import _purged, approval
 from plangate.audit import AuditReport
 from plangate.errors import GovernanceError
 from plangate.plan import Plan
-from plangate.store import ApprovalRow, CheckRecord, Event, PlanRow, Store, VersionRow
+from plangate.store import ApprovalRow, CheckRecord, Event, PlanRow, StepRow, Store, VersionRow
 
 
 @dataclass
@@ -54,6 +54,8 @@ class PlanLedger:
     """The hashes of the ReAct actions that were carried out after their approval."""
     events: list[Event] = field(default_factory=list)
     """The events it was folded from, when they were read to act on the plan."""
+    rows: dict[int, StepRow] | None = None
+    """The plan's step rows, as read to hold them against the events (when they were)."""
     purged: str | None = None
     """When a retention purge removed the plan's payloads (from its sealed events)."""
     broken: list[str] = field(default_factory=list)
@@ -199,8 +201,11 @@ def _decision(event: Event) -> ApprovalRow:
     )
 
 
-def problems(store: Store, ledger: PlanLedger, row: PlanRow | None = None) -> list[str]:
-    """Every way the stored rows of this plan differ from what its events say (``row``: its plan row, if read)."""
+def problems(
+    store: Store, ledger: PlanLedger, row: PlanRow | None = None, version: VersionRow | None = None
+) -> list[str]:
+    """Every way the stored rows of this plan differ from what its events say (``row``: its plan row,
+    and ``version`` a version's row, if read in the same transaction or snapshot)."""
     plan_id = ledger.plan_id
     row = row or store.get_plan(plan_id)
     if row is None:
@@ -223,8 +228,9 @@ def problems(store: Store, ledger: PlanLedger, row: PlanRow | None = None) -> li
     for name, value in expected.items():
         if getattr(row, name) != value:
             found.append(_differs(plan_id, name, getattr(row, name), value))
-    for _, version in sorted(ledger.versions.items()):
-        found += _version_problems(store, plan_id, version, ledger.purged)
+    for number, told in sorted(ledger.versions.items()):
+        stored = version if version is not None and version.version == number else store.get_version(plan_id, number)
+        found += _version_problems(store, plan_id, told, stored, ledger.purged)
     found += _approval_problems(store, ledger)
     found += _step_problems(store, ledger)
     return found
@@ -266,7 +272,7 @@ def right_to_resume(store: Store, run: PlanRow) -> list[Event]:
 
 
 def _step_problems(store: Store, ledger: PlanLedger) -> list[str]:
-    rows = store.steps(ledger.plan_id)
+    rows = ledger.rows = store.steps(ledger.plan_id)
     found: list[str] = []
     for step_id in sorted(rows.keys() | ledger.steps.keys()):
         row, told = rows.get(step_id), ledger.steps.get(step_id)
@@ -284,8 +290,9 @@ def _step_problems(store: Store, ledger: PlanLedger) -> list[str]:
     return found
 
 
-def _version_problems(store: Store, plan_id: str, version: Version, purged: str | None) -> list[str]:
-    row = store.get_version(plan_id, version.number)
+def _version_problems(
+    store: Store, plan_id: str, version: Version, row: VersionRow | None, purged: str | None
+) -> list[str]:
     where = f"plan {plan_id} v{version.number}"
     if row is None:
         return [f"{where}: the version's row in plan_versions is missing"]
@@ -337,7 +344,7 @@ def _differs(plan_id: str, column: str, row: Any, events: Any) -> str:
     return f"plan {plan_id}: plans.{column} is {row!r}, but the audit log says {events!r}"
 
 
-def story(store: Store, plan: PlanRow, doing: str = "run") -> PlanLedger:
+def story(store: Store, plan: PlanRow, doing: str = "run", version: VersionRow | None = None) -> PlanLedger:
     """The plan's story from its verified events, once every stored row of it agrees; else a refusal.
 
     Whatever acts on a plan (a run, a settlement, a rollback) starts from this, so nothing
@@ -345,16 +352,16 @@ def story(store: Store, plan: PlanRow, doing: str = "run") -> PlanLedger:
     run going on meanwhile is never mistaken for a change made outside plangate.
     """
     with store.snapshot():
-        return _story(store, plan, doing)
+        return _story(store, plan, doing, version)
 
 
-def _story(store: Store, plan: PlanRow, doing: str) -> PlanLedger:
+def _story(store: Store, plan: PlanRow, doing: str, version: VersionRow | None) -> PlanLedger:
     events, broken = store.plan_events(plan.id)
     if broken is not None:
         raise GovernanceError(f"plan {plan.id} may not {doing}: its audit events do not verify: {broken}")
     told = fold(plan.id, events)
     told.events = events
-    found = problems(store, told, plan)
+    found = problems(store, told, plan, version)
     if found:
         more = f" (and {len(found) - 1} more; see plangate audit verify)" if len(found) > 1 else ""
         first = found[0].removeprefix(f"plan {plan.id}: ").removeprefix(f"plan {plan.id} ")
@@ -368,7 +375,7 @@ def right_to_run(store: Store, plan: PlanRow, version: VersionRow) -> tuple[Plan
     The plan's events must be intact, the stored rows must agree with them, the stored
     text must hash to the version's hash, and the approvals in the log must cover that hash.
     """
-    told = story(store, plan)
+    told = story(store, plan, version=version)
     body = Plan.parse(version.body)
     needs = told.needs()
     if needs:

@@ -133,11 +133,14 @@ def move(
     data: Mapping[str, Any] | None = None,
     lease: Lease = NO_LEASE,
     step_id: int | None = None,
+    held_by: str | None = None,
 ) -> PlanRow:
     """Move ``plan`` (as read in this transaction) to ``to``, or refuse; record the event.
 
     Must run inside ``store.transaction()``. The event (``kind``, default ``plan.TO``)
     carries ``transition: {from, to}``, which is how the audit log tells a plan's status.
+    ``held_by``: the runner whose lease ``plan`` is under, as it claimed it: the plan moves only
+    while that runner still holds it, whatever end its lease was renewed to since.
     """
     if to not in TRANSITIONS.get(plan.status, frozenset()):
         raise StateError(f"{_what(plan)} {plan.id} is {plan.status}; it cannot become {to}")
@@ -146,7 +149,7 @@ def move(
         plan.id,
         expected=plan.status,
         expected_version=plan.version,
-        expected_lease=(plan.lease_owner, plan.lease_until),
+        expected_lease=(plan.lease_owner, plan.lease_until) if held_by is None else held_by,
         to=to,
         at=at,
         lease=lease,

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
 from plangate.errors import InputError
 from plangate.plan import Plan
 from plangate.policy import Policy
-from plangate.store import PlanRow, PlanStatus, VersionRow
+from plangate.store import PlanRow, PlanStatus, StepRow, VersionRow
 from plangate.violations import Violation
 
 
@@ -129,3 +129,5 @@ class Claim:
     policy: Policy | None
     owner: str
     actor: str
+    rows: Mapping[int, StepRow] | None = None
+    """The plan's step rows as the claim read them and held against its audit log (None: not read)."""

@@ -449,7 +449,7 @@ class Runtime:
                 )
         if refusal is not None:
             raise GovernanceError(refusal)
-        return Claim(plan=plan, body=body, policy=policy, owner=owner, actor=actor)
+        return Claim(plan=plan, body=body, policy=policy, owner=owner, actor=actor, rows=told.rows)
 
     def _right_to_run(self, plan: PlanRow, version: VersionRow) -> _Proof:
         """The plan may run as read (:func:`plangate.ledger.right_to_run`); its text, its story, the policy
@@ -491,7 +491,9 @@ class Runtime:
             traces=self.traces,
         )
         with keeper:
-            result = engine.run(claim.plan.id, claim.plan.version, claim.body, actor=claim.actor)
+            result = engine.run(
+                claim.plan.id, claim.plan.version, claim.body, actor=claim.actor, rows=claim.rows, claimed=claim.plan
+            )
         unknown = (result.error or "").startswith("outcome unknown")
         policy = claim.policy
         if not result.ok and not unknown and policy is not None and policy.compensation.on_halt == "auto":
@@ -739,12 +741,12 @@ class Runtime:
         return self.catalogue
 
     def _current(self, plan_id: str) -> tuple[PlanRow, VersionRow]:
-        plan = self.store.get_plan(plan_id)  # a full id: one read (a prefix is resolved first)
-        if plan is None:
-            plan = self.store.get_plan(self.resolve_id(plan_id))
-        if plan is None:
+        found = self.store.get_plan_version(plan_id)  # a full id: one read (a prefix is resolved first)
+        if found is None:
+            found = self.store.get_plan_version(self.resolve_id(plan_id))
+        if found is None:
             raise NotFoundError(f"no plan {plan_id!r}")
-        version = self.store.get_version(plan.id, plan.version)
+        plan, version = found
         if version is None:
             raise NotFoundError(f"plan {plan.id} has no version {plan.version}")
         return plan, version

@@ -52,15 +52,17 @@ class Store(abc.ABC):
         *,
         expected: str,
         expected_version: int,
-        expected_lease: tuple[str | None, str | None],
+        expected_lease: tuple[str | None, str | None] | str,
         to: str,
         at: str,
         lease: tuple[str | None, str | None],
     ) -> bool:
         """Compare-and-set a plan's status and lease: True when the plan (status, version, lease) was still as expected.
 
-        Only :func:`plangate.lifecycle.move` calls this; it records the transition's event in
-        the same transaction.
+        ``expected_lease``: the lease's owner and end as read, or its owner alone (a runner's own
+        lease, whose end its keeper renews meanwhile: the owner names one run). Only
+        :func:`plangate.lifecycle.move` calls this; it records the transition's event in the same
+        transaction.
         """
 
     @abc.abstractmethod
@@ -199,6 +201,11 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     def get_version(self, plan_id: str, version: int) -> VersionRow | None: ...
+
+    @abc.abstractmethod
+    def get_plan_version(self, plan_id: str) -> tuple[PlanRow, VersionRow | None] | None:
+        """A plan's row and its current version's, in one read (None: no such plan; the version None:
+        its row is missing)."""
 
     @abc.abstractmethod
     def approvals(self, plan_id: str, version: int | None = None) -> list[ApprovalRow]: ...

@@ -14,6 +14,7 @@ another advisory lock, so workers starting together migrate once. Install with
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 from datetime import datetime
@@ -79,6 +80,13 @@ the appends themselves once dozens wait. The row is still locked, for any writer
 lock; the advisory lock is taken first (the row's id is computed from it), so no two wait on each other."""
 
 
+@functools.lru_cache(maxsize=1024)
+def _numbered(query: str) -> str:
+    """The store's ``?`` placeholders as PostgreSQL's ``$1``, ``$2``..., in order."""
+    pieces = query.split("?")
+    return "".join(f"{piece}${n}" for n, piece in enumerate(pieces[:-1], start=1)) + pieces[-1]
+
+
 def _dialect(statement: str) -> str:
     """SQLite's DDL in PostgreSQL's words."""
     return statement.replace("id INTEGER PRIMARY KEY, plan_id", "id BIGSERIAL PRIMARY KEY, plan_id").replace(
@@ -89,13 +97,20 @@ def _dialect(statement: str) -> str:
 class PostgresStore(SQLStore):
     def __init__(self, url: str) -> None:
         try:
-            conn: Any = psycopg.connect(url, autocommit=True)
+            # Raw cursors: PostgreSQL's own $1 placeholders, numbered here once per statement's text
+            # (cached), rather than the driver parsing each statement's %s, and for statements with more
+            # than 50 parameters (a transaction's writes sent together) at every execution.
+            conn: Any = psycopg.connect(url, autocommit=True, cursor_factory=psycopg.RawCursor)
         except psycopg.Error as exc:
             raise StoreError(f"cannot open the PostgreSQL store at {url!r}: {exc}") from None
         self._cursor = conn.cursor()
         self._queued: _Queue | None = None  # this process's queue for the log's lock, once asked for
         super().__init__(url, conn)
-        self._migrate()
+        try:
+            self._migrate()
+        except BaseException:
+            conn.close()  # a store it refuses (a newer schema) leaves no connection open
+            raise
 
     _LOCK_ROWS = " FOR UPDATE SKIP LOCKED"
     _RUNNABLE = ""  # PostgreSQL's planner finds plans_runnable itself
@@ -112,7 +127,7 @@ class PostgresStore(SQLStore):
         return moment
 
     def _sql(self, query: str) -> str:
-        return query.replace("?", "%s")
+        return _numbered(query)
 
     def _at_once(self, query: str, params: tuple[Any, ...] = ()) -> Any:
         # psycopg's Connection.execute makes a cursor for each statement, about 15 µs of CPU
@@ -134,8 +149,14 @@ class PostgresStore(SQLStore):
             queue.give_back(self)
 
     def _migrate(self) -> None:
+        try:  # the usual case, a store already at this version: one statement, no lock waited for
+            row = self._conn.execute("SELECT version FROM plangate_schema").fetchone()
+        except psycopg.errors.UndefinedTable:
+            row = None
+        if row is not None and row[0] == len(MIGRATIONS):
+            return
         with self.transaction():
-            self._conn.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATION_LOCK,))
+            self._conn.execute("SELECT pg_advisory_xact_lock($1)", (_MIGRATION_LOCK,))
             self._conn.execute("CREATE TABLE IF NOT EXISTS plangate_schema (version INTEGER NOT NULL)")
             row = self._conn.execute("SELECT version FROM plangate_schema").fetchone()
             current = row[0] if row else 0
@@ -149,4 +170,4 @@ class PostgresStore(SQLStore):
             for number, statements in enumerate(MIGRATIONS[current:], start=current + 1):
                 for statement in statements:
                     self._conn.execute(_dialect(statement))
-                self._conn.execute("UPDATE plangate_schema SET version = %s", (number,))
+                self._conn.execute("UPDATE plangate_schema SET version = $1", (number,))
