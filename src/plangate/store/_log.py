@@ -387,7 +387,7 @@ class AuditLog:
         chain, whose newer events are just newer). ``plangate audit verify`` checks everything.
         """
         seq, digest = last
-        row = self._exec(_FOLLOWS, (seq,) * 4 + (digest, seq) * 3).fetchone()  # one statement: one snapshot
+        row = self._exec(_FOLLOWS, (seq, seq, seq, digest, seq)).fetchone()  # one statement: one snapshot
         after, count, top, head, moved = row[0:2], row[2], row[3], row[4], row[5:8]
         if after[0] is not None and tuple(after) != (seq + 1, digest):
             return f"the log does not go on from the chain's newest event {seq}: events after it were cut out"
@@ -403,22 +403,17 @@ class AuditLog:
         return (row[0], row[1]) if row and row[0] else (0, audit.GENESIS)
 
 
-_NEXT = "(SELECT {column} FROM events WHERE seq > ? ORDER BY seq LIMIT 1)"
-# Ordered by ``seq + 0``, not ``seq``: the events that continue one chain are one or two, found through
-# the index on plan_prev; ordered by seq, a planner may walk every event after S in order instead.
-_GOES_ON = "(SELECT {column} FROM events WHERE plan_prev = ? AND seq > ? ORDER BY seq + 0 LIMIT 1)"
-_FOLLOWS = "SELECT " + ", ".join(
-    [
-        _NEXT.format(column="seq"),
-        _NEXT.format(column="prev"),
-        "(SELECT COUNT(*) FROM events WHERE seq > ?)",
-        "(SELECT COALESCE(MAX(seq), 0) FROM events WHERE seq > ?)",
-        "(SELECT seq FROM audit_head WHERE id = 1)",
-        *(_GOES_ON.format(column=column) for column in ("seq", "plan_id", "kind")),
-    ]
+_FOLLOWS = (
+    "SELECT n.seq, n.prev, (SELECT COUNT(*) FROM events WHERE seq > ?), (SELECT COALESCE(MAX(seq), 0) FROM events"
+    " WHERE seq > ?), (SELECT seq FROM audit_head WHERE id = 1), g.seq, g.plan_id, g.kind FROM (SELECT 1) AS one"
+    " LEFT JOIN (SELECT seq, prev FROM events WHERE seq > ? ORDER BY seq LIMIT 1) AS n ON 1 = 1"
+    " LEFT JOIN (SELECT seq, plan_id, kind FROM events WHERE plan_prev = ? AND seq + 0 > ? ORDER BY seq + 0 LIMIT 1)"
+    " AS g ON 1 = 1"
 )
 """What :meth:`AuditLog._follows` reads after a chain's newest event: the next event, how many follow and the
-newest number, the head, and the first later event that continues the chain; in one statement, one snapshot."""
+newest number, the head, and the first later event that continues the chain; in one statement, one snapshot.
+The events that continue one chain are one or two, found through the index on plan_prev alone: compared as
+``seq + 0``, the events after S are not also gathered from the primary key (a planner would, and AND them)."""
 
 _SEAL_SETTING = "INSERT INTO settings (key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value"
 _FENCED = (
