@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from plangate import Catalogue, Policy
+from plangate import Catalogue, Policy, timeouts
 from plangate.runtime import Runtime
 from plangate.testing import temporal_server
 from tests.conftest import EXAMPLES, load_plan
@@ -425,7 +425,7 @@ def test_a_temporal_worker_survives_a_plan_it_cannot_read_and_a_store_out_of_rea
         return real_claim(*args)  # type: ignore[arg-type]
 
     monkeypatch.setattr(temporal_module, "_claim", claim)
-    monkeypatch.setattr(temporal_module, "_STORE_RETRY_SECONDS", (0.05, 0.1))
+    monkeypatch.setattr(timeouts, "STORE_RETRY_SECONDS", (0.05, 0.1))
     ran = asyncio.run(temporal_module.serve(temporal, db, str(TOOLS), drain=True, poll=0.05, name="t-survivor"))
     assert ran == 1
     try:

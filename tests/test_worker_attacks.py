@@ -15,7 +15,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from plangate import Catalogue, RunContext, tool
+from plangate import Catalogue, RunContext, timeouts, tool
 from plangate import worker as worker_module
 from plangate.errors import StoreError
 from plangate.results import RunResult
@@ -487,7 +487,7 @@ def test_a_worker_rides_out_its_store_going_away(
     """Every connection of the worker is cut (as a database restart does): its claims fail for a while.
     The worker used to end there, with the exception; it now waits, connects again, and runs the
     plans submitted meanwhile, on new connections (the pool's, cut too, are dropped with the claim's)."""
-    monkeypatch.setattr(worker_module, "STORE_RETRY_SECONDS", (0.05, 0.2))
+    monkeypatch.setattr(timeouts, "STORE_RETRY_SECONDS", (0.05, 0.2))
     monkeypatch.setattr(worker_module, "ASIDE_SECONDS", (0.05, 0.2))
     (first,) = submit(pg_db, ["count"], 1)
     w = Worker(Catalogue([tools.count]), db=pg_db, concurrency=2)
@@ -533,7 +533,7 @@ def test_a_plan_that_keeps_failing_for_days_stays_aside_at_the_limit(db: str) ->
 def test_a_worker_outlasts_a_store_out_of_reach_for_hours(db: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """The wait between claims doubled as a float times 2 ** outages: past about a thousand failed claims
     (8 hours at 30 s) it overflowed, and the OverflowError ended the worker the outage was to spare."""
-    monkeypatch.setattr(worker_module, "STORE_RETRY_SECONDS", (0.0, 0.0))
+    monkeypatch.setattr(timeouts, "STORE_RETRY_SECONDS", (0.0, 0.0))
     w = Worker(Catalogue([tools.count]), db=db)
     failures = 0
 

@@ -57,7 +57,6 @@ with workflow.unsafe.imports_passed_through():
 
 TASK_QUEUE = "plangate"
 _log = logging.getLogger("plangate.temporal")
-_STORE_RETRY_SECONDS = (0.5, 30.0)  # while the store cannot be reached: the first wait, doubled up to the second
 _LEASE_SECONDS = 3600.0  # a workflow's lease: Temporal itself keeps the run going, not this process
 _MARGIN_SECONDS = 60.0  # over a step's own budget: the engine's limit, not Temporal's, ends a hung call
 _LOCAL_ACTIVITIES = 2  # plangate's own bookkeeping (a plan's end), on threads of its own beside the steps'
@@ -381,7 +380,7 @@ async def serve(
                 try:
                     claim = _claim(db, catalogue, name, refused)
                 except Exception as exc:  # noqa: BLE001 - a store out of reach (a restart, a cut) is waited out
-                    await asyncio.sleep(outage.failed(exc, _STORE_RETRY_SECONDS))
+                    await asyncio.sleep(outage.failed(exc))
                     continue
                 outage.over()
                 if claim is not None:

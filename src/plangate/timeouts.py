@@ -93,9 +93,14 @@ class Backoff:
         return round(full * (1 - spread / 2), 3)
 
 
+STORE_RETRY_SECONDS = (0.5, 30.0)
+"""While the store cannot be reached for a claim (a plain or a Temporal worker's): the first wait before
+trying again, doubled each time up to the second."""
+
+
 class Outage:
-    """Tries of something that failed in a row (a claim while the store is out of reach): the wait
-    before the next (:func:`doubled`), said once as it starts and once when it is over."""
+    """Claims that failed in a row while the store is out of reach: the wait before the next
+    (:func:`doubled`, over STORE_RETRY_SECONDS), said once as it starts and once when it is over."""
 
     def __init__(self, log: logging.Logger, who: str) -> None:
         self.log, self.who = log, who
@@ -103,13 +108,13 @@ class Outage:
         self.problem: str | None = None
         """What the first failed try said, while they fail (None: the last one did not)."""
 
-    def failed(self, exc: Exception, waits: tuple[float, float]) -> float:
+    def failed(self, exc: Exception) -> float:
         """One more failed try: the seconds to wait before the next."""
         self.times += 1
         if self.times == 1:
             self.log.error("%s: cannot claim: %s; trying again, less often while it lasts", self.who, exc)
             self.problem = str(exc)
-        return doubled(waits, self.times)
+        return doubled(STORE_RETRY_SECONDS, self.times)
 
     def over(self) -> None:
         """A try did not fail."""

@@ -44,9 +44,6 @@ DEFAULT_CONCURRENCY = 8
 """Plans a worker runs at once unless told otherwise."""
 CLOCK_CHECK_SECONDS = 60.0
 """How often a worker compares its clock with the database server's (at most: at its claims)."""
-STORE_RETRY_SECONDS = (0.5, 30.0)
-"""While the store cannot be reached for a claim: the first wait before trying again, doubled each time
-up to the second."""
 TOLD_KEPT = 1000
 """How many of the newest reasons ``Worker.refused`` and ``Worker.failed`` keep."""
 ASIDE_SECONDS = (1.0, 60.0)
@@ -131,10 +128,10 @@ class Worker:
 
     def _store_lost(self, exc: Exception) -> None:
         """The claim failed: the claiming connection, and the pool's idle ones, are dropped and made again
-        after a wait (doubled each time, up to STORE_RETRY_SECONDS[1]); said once for the outage. Running
+        after a wait (doubled each time, up to timeouts.STORE_RETRY_SECONDS[1]); said once for the outage. Running
         plans go on as they can (each on its own connection; one whose store fails ends, is set aside,
         and its connection is made again)."""
-        wait = self._outage.failed(exc, STORE_RETRY_SECONDS)
+        wait = self._outage.failed(exc)
         with self._cond:
             claims, self._claims = self._claims, None
             idle, self._idle = self._idle, []  # their connections were most likely cut too

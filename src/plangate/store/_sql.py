@@ -30,6 +30,15 @@ _PLAN_COLUMNS = (
 )
 
 
+_PLAN_NAMES = [name.strip() for name in _PLAN_COLUMNS.split(",")]
+_VERSION_COLUMNS = "plan_id, version, hash, body, author, created_at, check_result, policy_hash"
+_PLAN_VERSION = (
+    f"SELECT {', '.join(f'p.{name}' for name in _PLAN_NAMES)},"
+    f" {', '.join(f'v.{name}' for name in _VERSION_COLUMNS.split(', '))}"
+    " FROM plans p LEFT JOIN plan_versions v ON v.plan_id = p.id AND v.version = p.version WHERE p.id = ?"
+)
+"""A plan's row and its current version's, in one statement (the version's columns null when it has none)."""
+
 _Lost = str | Callable[[], str]
 """What a failed fence says, or how to find out (asked only when it failed)."""
 
@@ -247,9 +256,8 @@ class SQLStore(AuditLog, Store):
     # -- writes --------------------------------------------------------------------------
     def insert_plan(self, row: PlanRow) -> None:
         self._require_tx()
-        names = _PLAN_COLUMNS.split(", ")
-        values = tuple(getattr(row, name.strip()) for name in names)
-        self._exec(f"INSERT INTO plans ({_PLAN_COLUMNS}) VALUES ({', '.join('?' for _ in names)})", values)
+        values = tuple(getattr(row, name) for name in _PLAN_NAMES)
+        self._exec(f"INSERT INTO plans ({_PLAN_COLUMNS}) VALUES ({', '.join('?' for _ in _PLAN_NAMES)})", values)
 
     def update_plan(self, plan_id: str, **fields: Any) -> None:
         self._require_tx()
@@ -501,25 +509,17 @@ class SQLStore(AuditLog, Store):
         rows = self._exec(query + " ORDER BY created_at, id LIMIT ?", (*params, limit)).fetchall()
         return [_plan(r) for r in rows]
 
-    _VERSION_COLUMNS = "plan_id, version, hash, body, author, created_at, check_result, policy_hash"
-
     def get_version(self, plan_id: str, version: int) -> VersionRow | None:
         row = self._exec(
-            f"SELECT {self._VERSION_COLUMNS} FROM plan_versions WHERE plan_id = ? AND version = ?", (plan_id, version)
+            f"SELECT {_VERSION_COLUMNS} FROM plan_versions WHERE plan_id = ? AND version = ?", (plan_id, version)
         ).fetchone()
         return None if row is None else _version(row)
 
     def get_plan_version(self, plan_id: str) -> tuple[PlanRow, VersionRow | None] | None:
-        columns = ", ".join(f"p.{c.strip()}" for c in _PLAN_COLUMNS.split(","))
-        versions = ", ".join(f"v.{c}" for c in self._VERSION_COLUMNS.split(", "))
-        row = self._exec(
-            f"SELECT {columns}, {versions} FROM plans p LEFT JOIN plan_versions v"
-            " ON v.plan_id = p.id AND v.version = p.version WHERE p.id = ?",
-            (plan_id,),
-        ).fetchone()
+        row = self._exec(_PLAN_VERSION, (plan_id,)).fetchone()
         if row is None:
             return None
-        width = len(_PLAN_COLUMNS.split(","))
+        width = len(_PLAN_NAMES)
         return _plan(row), None if row[width] is None else _version(row[width:])
 
     def approvals(self, plan_id: str, version: int | None = None) -> list[ApprovalRow]:
