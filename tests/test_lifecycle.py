@@ -161,6 +161,48 @@ def test_what_changes_between_the_proof_and_the_claim_is_proved_again_under_the_
     assert rt.get(plan_id).status == "approved" and EFFECTS == []
 
 
+TRIES: list[str] = []
+
+
+@tool(scopes=["invoices:read"])
+def flaky(invoice_id: str) -> str:
+    """Fails the first time it is called, then answers."""
+    TRIES.append(invoice_id)
+    if len(TRIES) == 1:
+        raise RuntimeError("the service is down")
+    return invoice_id
+
+
+def test_a_step_row_deleted_between_the_proof_and_the_claim_does_not_pay_again(db: str) -> None:
+    """The run takes its step rows from the proof that held them against the audit log. An operator who
+    deletes a paid step's row after the proof and before the claim (nothing in the plan's row, version or
+    events changes, so the claim keeps the proof) does not make the resumed run pay again: the run used
+    to read the rows afresh there, unchecked, and found the payment not made."""
+    TRIES.clear()
+    body = plan(
+        {"id": 1, "tool": "pay", "params": {"invoice_id": "42", "amount": 3.0}},
+        {"id": 2, "tool": "flaky", "params": {"invoice_id": "42"}},
+        category="refunds",
+    )
+    rt = open_rt(Catalogue([pay, flaky]), POLICY, db=db)
+    record = rt.submit(body, "alice")
+    rt.approve(record.id, "dave", record.hash)
+    assert rt.execute(record.id).status == "halted" and EFFECTS == ["pay 3.0 on 42"]
+
+    class DeletedMeanwhile(Runtime):
+        def _proved_before(self, plan_id: str) -> Any:
+            proof = super()._proved_before(plan_id)
+            assert proof is not None  # the plan may resume as it stood
+            sql(db, "DELETE FROM steps WHERE plan_id = ? AND step_id = 1", (plan_id,))
+            return proof
+
+    again = DeletedMeanwhile(Catalogue([pay, flaky]), POLICY, db=db)
+    _OPEN.append(again)
+    result = again.resume(record.id)
+    assert result.status == "succeeded" and result.ran == (2,)
+    assert EFFECTS == ["pay 3.0 on 42"]  # paid once
+
+
 TAKEN: dict[str, str] = {}
 
 
