@@ -237,12 +237,19 @@ def against_previous(previous: str, rounds: int, repeat: int, n: int = 100) -> N
             split[label].append(tuple(float(value) for value in done.stdout.split()[-4:]))
     print("  where a step's wall time goes: each statement timed, SQLite's checkpoints held off (ms/step, medians):")
     print("                   commit  (WAL pages)  other statements  the rest (Python)   total")
+    totals: dict[str, tuple[float, float]] = {}  # per tree: (the statements, the whole step)
     for label, runs in split.items():
         commit, other, rest, pages = (statistics.median(column) for column in zip(*runs, strict=True))
+        totals[label] = (commit + other, commit + other + rest)
         print(
             f"  {label + ' tree':15} {commit:7.3f}  ({pages:4.1f})     {other:10.3f}       {rest:10.3f}"
             f"        {commit + other + rest:6.3f}"
         )
+    statements, whole = totals["this"][0], totals["previous"][1]
+    print(
+        f"  this tree's statements alone, with no Python at all, take {statements / whole:.2f}x the previous tree's"
+        f" whole step: at half of it, {max(whole / 2 - statements, 0.0):.3f} ms/step would be left for the Python"
+    )
 
 
 def postgres(repeat: int, quick: bool = False) -> None:

@@ -37,6 +37,8 @@ def test_the_comparison_with_a_previous_tree_prints_wall_and_cpu_time_for_both(
     assert "where a step's wall time goes" in out
     for label in ("previous tree", "this tree"):
         assert re.search(rf"{label} +\d+\.\d+ +\( *\d+\.\d\) +\d+\.\d+ +-?\d+\.\d+ +\d+\.\d+", out)
+    # And the floor the statements alone set, next to the previous tree's whole step.
+    assert re.search(r"statements alone, with no Python at all, take \d+\.\d\dx the previous tree's whole step", out)
 
 
 def test_the_split_of_a_step_s_time_adds_up_and_counts_the_wal_pages_a_commit_writes(tmp_path: Path) -> None:
