@@ -336,7 +336,7 @@ class _Checker:
             elif kind == "extra_forbidden":
                 takes = ", ".join(tool.param_names) or "no parameters"
                 self.flag(step, "unknown-param", f"{tool.name!r} takes no param {name!r} (it takes: {takes})")
-            elif not (isinstance(given, str) and references.has_refs(given)):
+            elif not (isinstance(given, str) and references.takes_refs(given)):
                 by_param.setdefault(name, []).append(f"{err['msg']}")
         for name, messages in by_param.items():
             value = _short(step.params.get(name))

@@ -447,7 +447,7 @@ class Policy(_Rules):
         values references brought in, so neither a denied pattern nor a statement that
         writes can slip in through them.
         """
-        resource = tool.resource_for(params)
+        resource = tool.resource_for(params, resolved=True)
         return list(value_violations(self.deny, self.require, step, params, resource, resolved=True))
 
     def sink(self, tool: Tool, param: str) -> SinkRule | None:

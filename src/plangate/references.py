@@ -114,6 +114,19 @@ def has_refs(value: str) -> bool:
     return "${" in value
 
 
+def takes_refs(value: str) -> bool:
+    """Whether ``value`` holds a reference, or a malformed one: a ``${`` that is not part of a ``$${`` escape.
+
+    Text whose every ``${`` is escaped is known before the run: the literal text :func:`unescaped` gives.
+    """
+    return "${" in value and any(match.group(0) != "$${" for match in _TOKEN.finditer(value))
+
+
+def unescaped(value: str) -> str:
+    """Text that takes no reference (see :func:`takes_refs`) as it reaches the tool: each ``$${`` a ``${``."""
+    return value.replace("$${", "${")
+
+
 def walk(value: Any, loc: Loc = ()) -> Iterator[tuple[Loc, str]]:
     """Every string inside a JSON value (keys excluded), with its location."""
     stack: list[tuple[Loc, Any]] = [(loc, value)]

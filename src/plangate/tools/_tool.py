@@ -17,6 +17,7 @@ import pydantic_core
 from pydantic import BaseModel, ConfigDict, Field, PydanticUserError, TypeAdapter, ValidationError, create_model
 
 from plangate import _jsontypes as jt
+from plangate import references
 from plangate.errors import ParamsError, Problem, ToolDefinitionError
 from plangate.tools import _docstring
 from plangate.tools._context import RunContext
@@ -68,7 +69,7 @@ class Tool:
     _params: type[BaseModel] = field(repr=False)
     _output: TypeAdapter[Any] = field(repr=False)
     _resource_parts: tuple[tuple[str, str | None], ...] = field(default=(), repr=False)
-    _located: dict[tuple[str, tuple[str | int, ...]], jt.Located] = field(default_factory=dict, repr=False)
+    _located: dict[tuple[str, tuple[str | int, ...]], jt.Located] = field(default_factory=dict, init=False, repr=False)
     _kept: dict[Hashable, Any] = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -103,10 +104,11 @@ class Tool:
         return self.kept(key, self._declaring, declared)
 
     def _declaring(self, output_schema: dict[str, Any]) -> Tool:
-        return replace(self, output_schema=output_schema, output_schema_for=None, _located={})
+        return replace(self, output_schema=output_schema, output_schema_for=None)
 
     def output_at(self, path: tuple[str, ...]) -> jt.Located:
-        """What ``path`` leads to in this tool's output schema (remembered: schemas never change)."""
+        """What ``path`` leads to in this tool's output schema (remembered for this tool object: a copy made
+        with ``dataclasses.replace``, whose schemas may differ, starts with nothing remembered)."""
         return self._locate("output", self.output_schema, path)
 
     def param_at(self, loc: tuple[str | int, ...]) -> jt.Located:
@@ -175,8 +177,13 @@ class Tool:
         checked = self._output.validate_python(value)
         return self._output.dump_python(checked, mode="json")
 
-    def resource_for(self, params: Mapping[str, Any]) -> str | None:
-        """The resource this call touches; ``*`` stands for a part not known before run time."""
+    def resource_for(self, params: Mapping[str, Any], *, resolved: bool = False) -> str | None:
+        """The resource this call touches; ``*`` stands for a part not known before run time.
+
+        ``resolved``: ``params`` are the values the call is made with (references already replaced),
+        so a ``${`` in one is text like any other. Before that, a value that takes a reference is
+        not known, and one whose ``${`` are all ``$${`` escapes is the text the tool will be given.
+        """
         if not self._resource_parts:
             return self.resource
         parts: list[str] = []
@@ -184,8 +191,10 @@ class Tool:
             parts.append(literal)
             if name is not None:
                 value = params.get(name)
-                known = isinstance(value, str | int | float) and "${" not in str(value)
-                parts.append(str(value) if known else "*")
+                text = str(value) if isinstance(value, str | int | float) else None
+                if text is not None and not resolved and "${" in text:
+                    text = None if references.takes_refs(text) else references.unescaped(text)
+                parts.append("*" if text is None else text)
         return "".join(parts)
 
     @cached_property
@@ -279,7 +288,7 @@ class PlainParams:
             if given is str:
                 if not value.isascii():  # text that may not encode: the validator says what it makes of it
                     return False
-                if kind != "string" and "${" not in value:  # a reference: its type is the reference check's
+                if kind != "string" and not references.takes_refs(value):  # a reference: the reference check's
                     return False
             elif not _plain_fits(kind, given, value):
                 return False

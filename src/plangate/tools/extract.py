@@ -160,7 +160,7 @@ def from_environment() -> Tool | None:
 
 
 def _declaring(made: Tool) -> Tool:
-    return replace(made, output_schema_for=output_schema_for, _located={})
+    return replace(made, output_schema_for=output_schema_for)
 
 
 def output_schema_for(params: Mapping[str, Any]) -> dict[str, Any] | None:
