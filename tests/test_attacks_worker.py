@@ -1,5 +1,6 @@
-"""Workers against tools that raise what is not an ``Exception``: ``SystemExit`` from a library that
-calls ``sys.exit``, ``KeyboardInterrupt``, a ``CancelledError`` of the tool's own, sync or async."""
+"""Workers against tools that raise what is not an ``Exception`` (``SystemExit`` from a library that
+calls ``sys.exit``, ``KeyboardInterrupt``, a ``CancelledError`` of the tool's own, sync or async), and
+against a cut-off run that the tools now in force refuse."""
 
 from __future__ import annotations
 
@@ -193,3 +194,51 @@ def test_a_call_made_for_an_orchestrator_records_a_base_exception_as_the_tool_s_
     assert not outcome.ok and outcome.retryable and (outcome.error or "").startswith(kind_name(kind))
     assert made == [("p", 1)]
     made.clear()
+
+
+# -- a run cut off, then refused under the tools now in force ---------------------------------
+@tool(effect="irreversible", name="send")
+def send_then(n: int) -> int:
+    """Send (the contract the plan was approved under)."""
+    return n
+
+
+@tool(effect="irreversible", name="send")
+def send_now(n: str) -> int:
+    """Send (the contract after a deploy: another parameter type)."""
+    return 1
+
+
+@pytest.mark.xfail(strict=True, reason="a running plan refused by the check is left running, out of everyone's reach")
+def test_a_cut_off_run_the_tools_now_refuse_is_left_where_a_person_can_end_it(tmp_path: Path) -> None:
+    """A worker died during step 1 (a deploy's SIGTERM drain gave its lease back the same way); the
+    workers that follow run tools whose contract changed, and the plan no longer passes the check.
+
+    The refusal leaves the plan ``running``, without a lease: every worker claims it again and
+    again (backing off), and nobody can end it: rejecting, editing, settling and closing are all
+    refused to a running plan. Only the old tools could ever move it again.
+    """
+    from tests.helpers import died_during, plan
+
+    db = f"sqlite:///{tmp_path}/plangate.db"
+    rt = Runtime(Catalogue([send_then]), db=db)
+    record = rt.submit(plan({"id": 1, "tool": "send", "params": {"n": 1}}), "alice")
+    rt.approve(record.id, "reviewer", record.hash)
+    died_during(rt.store, record.id, 1)
+    rt.close()
+    w = Worker(Catalogue([send_now]), db=db, concurrency=2)
+    try:
+        assert w.run_one() is None and w.refused, "the plan no longer passes: refused"
+    finally:
+        w.close()
+    person = Runtime(Catalogue([send_now]), db=db)
+    try:
+        row = person.store.get_plan(record.id)
+        assert row is not None and row.lease_owner is None
+        # A person can end it: say what became of step 1, then close the plan.
+        person.settle(record.id, 1, done=False, actor="reviewer", note="never sent")
+        person.close_plan(record.id, actor="reviewer", reason="the tools changed")
+        assert person.get(record.id).status == "closed"
+        assert person.store.verify_audit().ok
+    finally:
+        person.close()
