@@ -3,6 +3,10 @@
 Each way of calling gives an :class:`Outcome` and never raises a tool's exception: a raise or
 an overrun is a failure that may be retried (``retryable``); an output that does not fit the
 tool's declared type or the step's ``expected_output`` is a failure that would only happen again.
+What a tool raises that is not an ``Exception`` (``SystemExit`` from a library that calls
+``sys.exit``, ``KeyboardInterrupt``, a ``CancelledError`` of its own) is its failure too: a call
+runs on a thread that no signal reaches, so only the tool can have raised it, and raised through
+the run it would end the run unrecorded, and a worker's runner with it.
 """
 
 from __future__ import annotations
@@ -52,7 +56,7 @@ def inline(
     start = time.perf_counter()
     try:
         value = (fn or tool.fn)(**kwargs)
-    except Exception as exc:  # noqa: BLE001 - a tool's failure is recorded, never raised through
+    except BaseException as exc:  # noqa: BLE001 - a tool's failure is recorded, never raised through
         return raised(step.id, exc, start)
     finally:
         watch.end(call)  # raises Abandoned when the call overran and the run went on without it
@@ -66,11 +70,14 @@ def bounded(
     start = time.perf_counter()
     fn = fn or tool.fn
     call = functools.partial(asyncio.run, fn(**kwargs)) if tool.is_async else functools.partial(fn, **kwargs)
+    future = pool.submit(call)
     try:
-        value = pool.submit(call).result(timeout=seconds)
+        value = future.result(timeout=seconds)
     except concurrent.futures.TimeoutError:
         return timed_out(step.id, seconds, start)
-    except Exception as exc:  # noqa: BLE001 - a tool's failure is recorded, never raised through
+    except BaseException as exc:
+        if not (future.done() and not future.cancelled() and future.exception() is exc):
+            raise  # not the tool's: this thread was interrupted while it waited
         return raised(step.id, exc, start)
     return checked(step, tool, value, start)
 
@@ -82,18 +89,35 @@ async def on_loop(
     start = time.perf_counter()
     fn = fn or tool.fn
     if tool.is_async:
-        future: asyncio.Future[Any] = asyncio.ensure_future(fn(**kwargs))
+        future: asyncio.Future[Any] = asyncio.ensure_future(_contained(fn(**kwargs)))
     else:
         future = asyncio.get_running_loop().run_in_executor(pool, functools.partial(fn, **kwargs))
+    done, _ = await asyncio.wait((future,), timeout=seconds)  # a cancellation here is the run's: raised
+    if not done:
+        future.cancel()  # not waited for: an async tool that ignores it must not hold the run
+        return timed_out(step.id, seconds, start)
     try:
-        done, _ = await asyncio.wait((future,), timeout=seconds)
-        if not done:
-            future.cancel()  # not waited for: an async tool that ignores it must not hold the run
-            return timed_out(step.id, seconds, start)
         value = future.result()
-    except Exception as exc:  # noqa: BLE001 - a tool's failure is recorded, never raised through
+    except BaseException as exc:  # noqa: BLE001 - a tool's failure (its own cancellation too), never raised through
         return raised(step.id, exc, start)
     return checked(step, tool, value, start)
+
+
+class _Escaped(Exception):  # noqa: N818 - not an error of its own: what a tool raised, carried
+    """A ``SystemExit`` or ``KeyboardInterrupt`` an async tool raised, carried as an ``Exception``."""
+
+    def __init__(self, raised: BaseException) -> None:
+        super().__init__(raised)
+        self.raised = raised
+
+
+async def _contained(call: Any) -> Any:
+    """Await an async tool's call; its ``SystemExit`` or ``KeyboardInterrupt``, which a task would raise
+    through the event loop (ending the run there), comes back as the call's failure."""
+    try:
+        return await call
+    except (SystemExit, KeyboardInterrupt) as exc:
+        raise _Escaped(exc) from None
 
 
 def timed_out(step_id: int, seconds: float, start: float) -> Outcome:
@@ -108,6 +132,8 @@ def timed_out(step_id: int, seconds: float, start: float) -> Outcome:
 
 
 def raised(step_id: int, exc: BaseException, start: float) -> Outcome:
+    if isinstance(exc, _Escaped):
+        exc = exc.raised
     text = str(exc)
     error = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
     unknown = text if isinstance(exc, OutcomeUnknownError) else None

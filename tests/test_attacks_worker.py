@@ -1,0 +1,244 @@
+"""Workers against tools that raise what is not an ``Exception`` (``SystemExit`` from a library that
+calls ``sys.exit``, ``KeyboardInterrupt``, a ``CancelledError`` of the tool's own, sync or async), and
+against a cut-off run that the tools now in force refuse."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from plangate import Catalogue, RunContext, _calls, timeouts, tool
+from plangate.plan import Plan
+from plangate.results import RunResult
+from plangate.runtime import Runtime
+from plangate.store import open_store
+from plangate.tools import Tool
+from plangate.worker import Worker
+from tests.helpers import until
+
+made: list[tuple[str, int]] = []
+
+
+def _quits(kind: str) -> BaseException:
+    return {
+        "exit": SystemExit(2),
+        "interrupt": KeyboardInterrupt(),
+        "cancelled": asyncio.CancelledError(),
+    }[kind]
+
+
+def make(kind: str, *, is_async: bool, idempotent: bool) -> Tool:
+    """A tool that counts its call and raises ``kind``."""
+    effect = "write" if idempotent else "irreversible"
+    if is_async:
+
+        @tool(effect=effect, idempotent=idempotent, name="quits")
+        async def quits_async(n: int, ctx: RunContext) -> int:
+            """Count the call, then raise."""
+            made.append((ctx.plan_id, ctx.step_id))
+            await asyncio.sleep(0)
+            raise _quits(kind)
+
+        return quits_async
+
+    @tool(effect=effect, idempotent=idempotent, name="quits")
+    def quits_sync(n: int, ctx: RunContext) -> int:
+        """Count the call, then raise."""
+        made.append((ctx.plan_id, ctx.step_id))
+        raise _quits(kind)
+
+    return quits_sync
+
+
+@tool
+def fine(n: int) -> int:
+    """Nothing to it."""
+    return n
+
+
+def approved(db: str, catalogue: Catalogue, steps: list[dict[str, Any]]) -> str:
+    rt = Runtime(catalogue, db=db)
+    record = rt.submit({"task": "t", "category": "test", "steps": steps}, "alice")
+    rt.approve(record.id, "reviewer", record.hash)
+    rt.close()
+    return record.id
+
+
+def serve(w: Worker, results: list[RunResult]) -> threading.Thread:
+    thread = threading.Thread(
+        target=w.serve, kwargs={"drain": True, "poll": 0.05, "on_result": results.append}, daemon=True
+    )
+    thread.start()
+    return thread
+
+
+CASES = [
+    pytest.param("exit", False, id="sync-SystemExit"),
+    pytest.param("interrupt", False, id="sync-KeyboardInterrupt"),
+    pytest.param("exit", True, id="async-SystemExit"),
+    pytest.param("interrupt", True, id="async-KeyboardInterrupt"),
+    pytest.param("cancelled", True, id="async-own-CancelledError"),
+]
+
+
+@pytest.mark.parametrize(("kind", "is_async"), CASES)
+@pytest.mark.parametrize("parallel", [False, True], ids=["alone", "beside-another-step"])
+def test_an_idempotent_tool_that_raises_a_base_exception_is_called_once_and_the_plan_ends(
+    tmp_path: Path, kind: str, is_async: bool, parallel: bool, died: list[str]
+) -> None:
+    """The raise is the tool's failure: the step fails, the plan halts, the worker drains and returns.
+
+    Before, it went through the engine and the worker (which catch ``Exception``): the runner thread
+    died, its lease was released with the plan still running, the worker claimed it again at once and
+    resumed it, and the idempotent step ran again, and again, hundreds of times a second, without end:
+    the plan never ended, a tool declaring no retries was called without limit, and the log grew.
+    """
+    made.clear()
+    db = f"sqlite:///{tmp_path}/plangate.db"
+    catalogue = Catalogue([make(kind, is_async=is_async, idempotent=True), fine])
+    steps = [{"id": 1, "tool": "quits", "params": {"n": 1}, "rationale": "r"}]
+    if parallel:
+        steps.append({"id": 2, "tool": "fine", "params": {"n": 2}, "rationale": "r"})
+    plan_id = approved(db, catalogue, steps)
+    w = Worker(catalogue, db=db, concurrency=2, drain_timeout=1.0)
+    results: list[RunResult] = []
+    thread = serve(w, results)
+    # Drained, the worker returns once the plan has ended; a second call of the step is already wrong.
+    until("the worker drained, or the step ran again", lambda: not thread.is_alive() or len(made) > 1, limit=60)
+    w.stop()
+    thread.join(30)
+    w.close()
+    assert not thread.is_alive() and not died, died[:3]
+    store = open_store(db)
+    try:
+        row = store.get_plan(plan_id)
+        assert row is not None
+        assert made == [(plan_id, 1)], f"called {len(made)} times; the plan is {row.status}"
+        assert row.status == "halted" and row.lease_owner is None
+        assert [r.status for r in results] == ["halted"] and kind_name(kind) in (results[0].error or "")
+        assert store.verify_audit().ok
+    finally:
+        store.close()
+        made.clear()
+
+
+@pytest.mark.parametrize(("kind", "is_async"), CASES)
+def test_a_tool_that_is_not_idempotent_raising_a_base_exception_halts_the_run_at_once(
+    tmp_path: Path, kind: str, is_async: bool, died: list[str]
+) -> None:
+    """Recorded as its failure in the run that called it, the step once, the worker alive and done."""
+    made.clear()
+    db = f"sqlite:///{tmp_path}/plangate.db"
+    catalogue = Catalogue([make(kind, is_async=is_async, idempotent=False), fine])
+    plan_id = approved(db, catalogue, [{"id": 1, "tool": "quits", "params": {"n": 1}, "rationale": "r"}])
+    w = Worker(catalogue, db=db, concurrency=2, drain_timeout=1.0)
+    results: list[RunResult] = []
+    thread = serve(w, results)
+    # Drained, the worker returns once the plan has ended; a second call of the step is already wrong.
+    until("the worker drained, or the step ran again", lambda: not thread.is_alive() or len(made) > 1, limit=60)
+    w.stop()
+    thread.join(30)
+    w.close()
+    assert not thread.is_alive() and not died, died[:3]
+    store = open_store(db)
+    try:
+        assert made == [(plan_id, 1)]
+        assert [r.status for r in results] == ["halted"], "the run that made the call records how it ended"
+        assert kind_name(kind) in (results[0].error or "")
+        kinds = [e.kind for e in store.events(plan_id)]
+        assert "run.resumed" not in kinds and kinds.count("step.started") == 1
+        assert store.verify_audit().ok
+    finally:
+        store.close()
+        made.clear()
+
+
+def kind_name(kind: str) -> str:
+    return type(_quits(kind)).__name__
+
+
+@pytest.fixture
+def died() -> Iterator[list[str]]:
+    """The worker's threads that died of what they raised (none may)."""
+    hook = threading.excepthook
+    dead: list[str] = []
+
+    def seen(args: threading.ExceptHookArgs) -> None:
+        dead.append(f"{args.thread.name if args.thread else '?'}: {args.exc_type.__name__}")
+
+    threading.excepthook = seen
+    yield dead
+    threading.excepthook = hook
+
+
+@pytest.mark.parametrize(("kind", "is_async"), CASES)
+def test_a_call_made_for_an_orchestrator_records_a_base_exception_as_the_tool_s_failure(
+    kind: str, is_async: bool
+) -> None:
+    """The one-step path (``Engine.stepper().one``, the Temporal backend's) calls on a pool thread."""
+    made.clear()
+    quits = make(kind, is_async=is_async, idempotent=True)
+    body = {"task": "t", "category": "c", "steps": [{"id": 1, "tool": "quits", "params": {"n": 1}, "rationale": "r"}]}
+    ctx = RunContext(plan_id="p", step_id=1, now=datetime.now(UTC), attempt=1)
+    pool = timeouts.shared("plangate-step")
+    try:
+        outcome = _calls.bounded(Plan.parse(body).step(1), quits, {"n": 1, "ctx": ctx}, 30, pool)
+    except BaseException as exc:
+        pytest.fail(f"the tool's {type(exc).__name__} came through the call")
+    assert not outcome.ok and outcome.retryable and (outcome.error or "").startswith(kind_name(kind))
+    assert made == [("p", 1)]
+    made.clear()
+
+
+# -- a run cut off, then refused under the tools now in force ---------------------------------
+@tool(effect="irreversible", name="send")
+def send_then(n: int) -> int:
+    """Send (the contract the plan was approved under)."""
+    return n
+
+
+@tool(effect="irreversible", name="send")
+def send_now(n: str) -> int:
+    """Send (the contract after a deploy: another parameter type)."""
+    return 1
+
+
+@pytest.mark.xfail(strict=True, reason="a running plan refused by the check is left running, out of everyone's reach")
+def test_a_cut_off_run_the_tools_now_refuse_is_left_where_a_person_can_end_it(tmp_path: Path) -> None:
+    """A worker died during step 1 (a deploy's SIGTERM drain gave its lease back the same way); the
+    workers that follow run tools whose contract changed, and the plan no longer passes the check.
+
+    The refusal leaves the plan ``running``, without a lease: every worker claims it again and
+    again (backing off), and nobody can end it: rejecting, editing, settling and closing are all
+    refused to a running plan. Only the old tools could ever move it again.
+    """
+    from tests.helpers import died_during, plan
+
+    db = f"sqlite:///{tmp_path}/plangate.db"
+    rt = Runtime(Catalogue([send_then]), db=db)
+    record = rt.submit(plan({"id": 1, "tool": "send", "params": {"n": 1}}), "alice")
+    rt.approve(record.id, "reviewer", record.hash)
+    died_during(rt.store, record.id, 1)
+    rt.close()
+    w = Worker(Catalogue([send_now]), db=db, concurrency=2)
+    try:
+        assert w.run_one() is None and w.refused, "the plan no longer passes: refused"
+    finally:
+        w.close()
+    person = Runtime(Catalogue([send_now]), db=db)
+    try:
+        row = person.store.get_plan(record.id)
+        assert row is not None and row.lease_owner is None
+        # A person can end it: say what became of step 1, then close the plan.
+        person.settle(record.id, 1, done=False, actor="reviewer", note="never sent")
+        person.close_plan(record.id, actor="reviewer", reason="the tools changed")
+        assert person.get(record.id).status == "closed"
+        assert person.store.verify_audit().ok
+    finally:
+        person.close()
