@@ -13,7 +13,8 @@ from typing import Any
 
 import pytest
 
-from plangate import Catalogue, RunContext, _calls, timeouts, tool
+from plangate import Catalogue, RunContext, _calls, story, timeouts, tool
+from plangate.errors import GovernanceError
 from plangate.plan import Plan
 from plangate.results import RunResult
 from plangate.runtime import Runtime
@@ -209,36 +210,104 @@ def send_now(n: str) -> int:
     return 1
 
 
-@pytest.mark.xfail(strict=True, reason="a running plan refused by the check is left running, out of everyone's reach")
-def test_a_cut_off_run_the_tools_now_refuse_is_left_where_a_person_can_end_it(tmp_path: Path) -> None:
-    """A worker died during step 1 (a deploy's SIGTERM drain gave its lease back the same way); the
-    workers that follow run tools whose contract changed, and the plan no longer passes the check.
-
-    The refusal leaves the plan ``running``, without a lease: every worker claims it again and
-    again (backing off), and nobody can end it: rejecting, editing, settling and closing are all
-    refused to a running plan. Only the old tools could ever move it again.
-    """
+def _cut_off(tmp_path: Path) -> tuple[str, str]:
+    """A plan approved under ``send_then``, whose runner died during step 1: its store and its id."""
     from tests.helpers import died_during, plan
 
     db = f"sqlite:///{tmp_path}/plangate.db"
     rt = Runtime(Catalogue([send_then]), db=db)
-    record = rt.submit(plan({"id": 1, "tool": "send", "params": {"n": 1}}), "alice")
-    rt.approve(record.id, "reviewer", record.hash)
-    died_during(rt.store, record.id, 1)
-    rt.close()
+    try:
+        record = rt.submit(plan({"id": 1, "tool": "send", "params": {"n": 1}}), "alice")
+        rt.approve(record.id, "reviewer", record.hash)
+        died_during(rt.store, record.id, 1)
+    finally:
+        rt.close()
+    return db, record.id
+
+
+def test_a_cut_off_run_the_tools_now_refuse_halts_where_a_person_can_end_it(tmp_path: Path) -> None:
+    """A worker died during step 1 (a deploy's SIGTERM drain gives its lease back the same way); the
+    workers that follow run tools whose contract changed, and the plan no longer passes the check.
+
+    Left ``running``, every worker would claim it again and again, and nobody could end it:
+    rejecting, editing, settling and closing are refused to a running plan. The refusal halts it,
+    saying why, and a person settles the step and closes the plan.
+    """
+    db, plan_id = _cut_off(tmp_path)
     w = Worker(Catalogue([send_now]), db=db, concurrency=2)
     try:
         assert w.run_one() is None and w.refused, "the plan no longer passes: refused"
+        assert w.run_one() is None, "a halted plan is a person's: no worker claims it"
     finally:
         w.close()
     person = Runtime(Catalogue([send_now]), db=db)
     try:
-        row = person.store.get_plan(record.id)
-        assert row is not None and row.lease_owner is None
-        # A person can end it: say what became of step 1, then close the plan.
-        person.settle(record.id, 1, done=False, actor="reviewer", note="never sent")
-        person.close_plan(record.id, actor="reviewer", reason="the tools changed")
-        assert person.get(record.id).status == "closed"
+        row = person.store.get_plan(plan_id)
+        assert row is not None and row.status == "halted" and row.lease_owner is None
+        refused = [e for e in person.store.events(plan_id) if e.kind == "run.refused"]
+        assert len(refused) == 1 and "no longer passes" in refused[0].data["error"]
+        assert refused[0].data["transition"] == {"from": "running", "to": "halted"}
+        assert "HALTED where it was cut off" in "\n".join(story.tell(person.trace(plan_id)))
+        person.settle(plan_id, 1, done=False, actor="reviewer", note="never sent")
+        person.close_plan(plan_id, actor="reviewer", reason="the tools changed")
+        assert person.get(plan_id).status == "closed"
         assert person.store.verify_audit().ok
+        assert made == []
     finally:
         person.close()
+
+
+def test_a_cut_off_run_refused_and_halted_resumes_once_the_tools_pass_again(tmp_path: Path) -> None:
+    """The tools put back as they were (a deploy rolled back): the halted run resumes like any other,
+    and its step, not idempotent and cut off during its call, halts for a person as an unknown outcome."""
+    from plangate.replay import replay
+
+    db, plan_id = _cut_off(tmp_path)
+    refused = Runtime(Catalogue([send_now]), db=db)
+    try:
+        with pytest.raises(GovernanceError, match="no longer passes"):
+            refused.execute(plan_id)
+    finally:
+        refused.close()
+    back = Runtime(Catalogue([send_then]), db=db)
+    try:
+        assert back.get(plan_id).status == "halted"
+        result = back.resume(plan_id)
+        assert result.status == "halted" and (result.error or "").startswith("outcome unknown")
+        assert back.store.verify_audit().ok
+        assert replay(back.store, plan_id, back.catalogue).ok
+    finally:
+        back.close()
+
+
+def test_a_refused_start_leaves_a_run_another_runner_holds_alone(tmp_path: Path) -> None:
+    """Only the lease's holder ends a run: a start under tools that refuse the plan, while a live runner
+    holds it, is refused, and the plan stays that runner's, running."""
+    from plangate import lifecycle
+
+    db, plan_id = _cut_off(tmp_path)
+    rt = Runtime(Catalogue([send_now]), db=db)
+    try:
+        holder = lifecycle.runner("holder")  # this process: a live lease
+        with rt.store.transaction():
+            rt.store.lock_log()
+            row = rt.store.get_plan(plan_id)
+            assert row is not None
+            until = "2999-01-01T00:00:00.000000Z"
+            lifecycle.claim(
+                rt.store,
+                row,
+                owner=holder,
+                at="2026-06-01T00:00:00.000000Z",
+                until=until,
+                actor="engine",
+                kind="run.resumed",
+                data={"steps": 1},
+            )
+        with pytest.raises(GovernanceError, match="no longer passes"):  # past the check of a live lease
+            rt.start(plan_id, actor="someone")
+        row = rt.store.get_plan(plan_id)
+        assert row is not None and row.status == "running" and row.lease_owner == holder
+        assert not [e for e in rt.store.events(plan_id) if e.kind == "run.refused"]
+    finally:
+        rt.close()

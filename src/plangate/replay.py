@@ -34,7 +34,7 @@ from plangate.store import Event, PlanRow, Store
 from plangate.tools import Catalogue
 
 _RUN_START = ("run.started", "run.resumed")
-_RUN_END = ("run.succeeded", "run.halted")
+_RUN_END = ("run.succeeded", "run.halted", "run.refused")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -216,6 +216,8 @@ class _Replay:
             derived = self.halt or (None, "no step failed")
             if recorded != derived:
                 self._diverge(event.data.get("step"), "halt", list(recorded), list(derived), "why the run halted")
+        elif event.kind == "run.refused":
+            pass  # a cut-off run the checker refused to go on with: what its steps recorded stands as it is
         else:
             missing = [s.id for s in self.plan.steps if s.id not in self.outputs]
             if self.halt is not None or missing:

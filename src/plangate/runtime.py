@@ -435,6 +435,8 @@ class Runtime:
                 plan, version, refusal = self._apply_recheck(plan, version, recheck, policy)
             elif not version.check.ok:
                 refusal = f"plan {plan.id} may not run: it does not pass ({drift.first_violation(version.check)})"
+            if refusal is not None and plan.status == "running":
+                self._halt_cut_off(plan, refusal, owner if leased else None)
             if refusal is None:
                 resumed = bool(told.steps)
                 plan = lifecycle.claim(
@@ -450,6 +452,16 @@ class Runtime:
         if refusal is not None:
             raise GovernanceError(refusal)
         return Claim(plan=plan, body=body, policy=policy, owner=owner, actor=actor, rows=told.rows)
+
+    def _halt_cut_off(self, plan: PlanRow, refusal: str, claimed_by: str | None) -> None:
+        """A run cut off (its runner died, or gave its lease back at a drain) that the tools or the policy
+        now in force refuse to go on with halts for a person, who may settle its steps, edit, close or
+        resume it. Left ``running``, every worker would claim it again for ever, and no person could
+        act on it. A run another runner still holds is not touched: only the lease's holder ends it."""
+        now = self._now()
+        if lifecycle.lease_is_live(plan, now) and (claimed_by is None or plan.lease_owner != claimed_by):
+            return
+        lifecycle.move(self.store, plan, "halted", actor="checker", at=now, kind="run.refused", data={"error": refusal})
 
     def _right_to_run(self, plan: PlanRow, version: VersionRow) -> _Proof:
         """The plan may run as read (:func:`plangate.ledger.right_to_run`); its text, its story, the policy

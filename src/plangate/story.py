@@ -118,6 +118,7 @@ _TELLERS: dict[str, Teller] = {
         f"run SUCCEEDED ({d['steps']} steps" + (f", skipped {d['skipped']})" if d["skipped"] else ")")
     ),
     "run.halted": lambda d, step: f"run HALTED at step {d.get('step', step)} ({d['tool']}): {d['error']}",
+    "run.refused": lambda d, _: f"run HALTED where it was cut off, not resumed: {d['error']}",
     "step.started": _step("started"),
     "step.succeeded": _step("succeeded"),
     "step.failed": _step("failed"),
