@@ -311,3 +311,66 @@ def test_a_refused_start_leaves_a_run_another_runner_holds_alone(tmp_path: Path)
         assert not [e for e in rt.store.events(plan_id) if e.kind == "run.refused"]
     finally:
         rt.close()
+
+
+# -- the lease not renewed in time while a step runs ---------------------------------------------
+@tool(effect="irreversible", name="pay")
+def pay_once(n: int) -> int:
+    """Pay; it waits until the run is told to stop (its lease not renewed in time)."""
+    made.append(("pay", n))
+    until("the run told to stop", lambda: bool(keepers) and keepers[-1].lost.is_set(), limit=30)
+    return n
+
+
+@tool(effect="irreversible", name="notify")
+def notify_once(n: int) -> int:
+    made.append(("notify", n))
+    return n
+
+
+keepers: list[Any] = []
+
+
+def test_an_outcome_that_came_after_the_renewals_gave_up_is_recorded_and_the_step_never_runs_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The store out of reach while a step runs: no renewal holds for two thirds of the lease, and the
+    run is told to stop starting steps. The step's call then ends, and the store is back: its outcome
+    was thrown away with the stop, so the plan, resumed, halted for a person with the step's outcome
+    unknown, though the runner knew it. The outcome is recorded (over the step's own started record
+    only), no step starts, the run stops, and the resumed run goes on from the next step."""
+    from plangate import lifecycle
+    from plangate.errors import LeaseLostError, StoreError
+    from tests.helpers import plan
+
+    real_enter = lifecycle.LeaseKeeper.__enter__
+
+    def enter(self: lifecycle.LeaseKeeper) -> lifecycle.LeaseKeeper:
+        keepers.append(self)
+        return real_enter(self)
+
+    monkeypatch.setattr(lifecycle.LeaseKeeper, "__enter__", enter)
+    db = f"sqlite:///{tmp_path}/plangate.db"
+    rt = Runtime(Catalogue([pay_once, notify_once]), db=db, lease_seconds=0.6)
+    try:
+        steps = ({"id": 1, "tool": "pay", "params": {"n": 1}}, {"id": 2, "tool": "notify", "params": {"n": 2}})
+        record = rt.submit(plan(*steps), "alice")
+        rt.approve(record.id, "reviewer", record.hash)
+
+        def unreachable(*_: Any) -> bool:
+            raise StoreError("the store cannot be reached")
+
+        monkeypatch.setattr(rt.store, "renew", unreachable)
+        with pytest.raises(LeaseLostError, match="lost its lease"):
+            rt.execute(record.id)
+        assert made == [("pay", 1)], "nothing started after the stop"
+        assert rt.store.steps(record.id)[1].status == "succeeded"
+        monkeypatch.undo()
+        until("the lease ran out", lambda: not lifecycle.lease_is_live(rt.store.get_plan(record.id), rt._now()))
+        assert rt.resume(record.id).ok
+        assert made == [("pay", 1), ("notify", 2)], "paid once"
+        assert rt.store.verify_audit().ok
+    finally:
+        rt.close()
+        made.clear()
+        keepers.clear()

@@ -187,10 +187,14 @@ class _Run:
                 self._record_finished()
                 if not self.in_flight and (self.halt is not None or not self.waiting):
                     return self._end()
-                self._check_lease()
-                launch = self._start_ready()
-                if not launch and not self.in_flight and self.waiting and self.halt is None:
-                    raise RuntimeError(f"engine stalled: steps {sorted(self.waiting)} can never start")
+                lost = self.e.lease_lost is not None and self.e.lease_lost.is_set()
+                if not lost:
+                    self._check_lease()
+                    launch = self._start_ready()
+                    if not launch and not self.in_flight and self.waiting and self.halt is None:
+                        raise RuntimeError(f"engine stalled: steps {sorted(self.waiting)} can never start")
+            if lost:  # the outcomes just recorded commit (each only over its own started record); nothing starts
+                raise self._lease_lost()
             if len(launch) == 1 and not self.in_flight and not self._tool(launch[0]).is_async:
                 self.finished.append(self._call_inline(launch[0]))  # nothing else to overlap with
                 continue
@@ -653,9 +657,13 @@ class _Run:
         if self.e.owner is not None and self.ready:
             self.store.fence(self.plan_id, self.e.owner)
         if self.e.lease_lost is not None and self.e.lease_lost.is_set():
-            raise LeaseLostError(
-                f"{self.e.owner} lost its lease on plan {self.plan_id}: another runner took it over, so this one stops"
-            )
+            raise self._lease_lost()
+
+    def _lease_lost(self) -> LeaseLostError:
+        return LeaseLostError(
+            f"{self.e.owner} lost its lease on plan {self.plan_id}: another runner took it over, or it could not "
+            "be renewed in time, so this one stops"
+        )
 
     # -- helpers -------------------------------------------------------------------------
     @cached_property
