@@ -183,6 +183,45 @@ def star_match(pattern: str, text: str, meter: Meter | None = None) -> bool:
     return True
 
 
+def may_match_any(patterns: tuple[str, ...], template: str) -> bool:
+    """Whether some text ``template`` stands for matches one of the shell-style ``patterns``.
+
+    In ``template`` (a resource with a part known only at run time) each ``*`` is any text,
+    and every other character is itself. Read once, character by character, over the set of
+    places each pattern may have reached (a bit each): linear in the template's length.
+    """
+    return any(_may_match(pattern, template) for pattern in patterns)
+
+
+def _may_match(pattern: str, template: str) -> bool:
+    tokens = _glob_tokens(pattern)
+    stars = sum(1 << i for i, token in enumerate(tokens) if token == _STAR)
+    everywhere = (1 << (len(tokens) + 1)) - 1
+    fits: dict[str, int] = {}
+    places = 1 | (1 & stars) << 1
+    for char in template:
+        if not places:
+            return False
+        if char == "*":  # any text: every place from the first reached on (each token takes some text)
+            places = everywhere & ~((places & -places) - 1)
+            continue
+        fit = fits.get(char)
+        if fit is None:
+            fit = fits[char] = sum(1 << i for i, token in enumerate(tokens) if _takes(token, char))
+        places = (places & stars) | (places & fit) << 1
+        places |= (places & stars) << 1
+    return bool(places >> len(tokens) & 1)
+
+
+def _takes(token: _Token, char: str) -> bool:
+    """Whether one token other than ``*`` matches ``char``."""
+    if token == _STAR:
+        return False
+    if not token.wild:
+        return token.text == char
+    return token.text == "?" or re.fullmatch(translate(token.text), char, re.DOTALL) is not None
+
+
 def _glob_tokens(pattern: str) -> list[_Token]:
     """One token per character the pattern matches, and one per run of ``*``."""
     tokens: list[_Token] = []

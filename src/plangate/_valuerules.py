@@ -110,18 +110,21 @@ def value_violations(
     """
     for denied in deny:
         if denied.applies(step, resource):
-            yield from _denied(denied, step, params, meter)
+            yield from _denied(denied, step, params, meter, resolved=resolved)
     for required in require:
         if required.applies(step, resource):
             yield from _unmet(required, step, params, resolved=resolved)
 
 
-def _denied(rule: DenyRule, step: Step, params: Mapping[str, Any], meter: Meter | None) -> Iterator[Violation]:
-    texts = [(name, loc, text) for name, value in rule.values(params) for loc, text in _texts(value, (name,))]
+def _denied(
+    rule: DenyRule, step: Step, params: Mapping[str, Any], meter: Meter | None, *, resolved: bool
+) -> Iterator[Violation]:
+    texts = [(name, loc, text) for name, value in rule.values(params) for loc, text in _texts(value, (name,), resolved)]
     meter = meter or _meter(sum(len(text) for _, _, text in texts))  # many short texts add up too
     for name, value in rule.values(params):
         try:
-            hit = next(((loc, text) for loc, text in _texts(value, (name,)) if rule.regex.search(text, meter)), None)
+            found = _texts(value, (name,), resolved)
+            hit = next(((loc, text) for loc, text in found if rule.regex.search(text, meter)), None)
         except TooCostlyError as exc:  # unknown is not allowed: refuse, saying why
             message = (
                 f"param {name!r} could not be checked against the denied pattern {rule.pattern!r} within its budget "
@@ -145,17 +148,21 @@ def _unmet(rule: RequireRule, step: Step, params: Mapping[str, Any], *, resolved
             yield Violation(rule=f"require:{rule.name}", message=text, step=step.id, source="policy")
 
 
-def _texts(value: Any, path: tuple[Any, ...]) -> Iterator[tuple[tuple[Any, ...], str]]:
-    """Every text in a value, with its path: strings, and the keys of objects too (a key can carry a secret)."""
-    if isinstance(value, dict):
+def _texts(value: Any, path: tuple[Any, ...], resolved: bool) -> Iterator[tuple[tuple[Any, ...], str]]:
+    """Every text in a value, with its path: strings, and the keys of objects too (a key can carry a secret).
+
+    Before the run (not ``resolved``) a string is plan text: its ``$${`` escapes are read as the
+    ``${`` the tool will be given, its references as written. Keys are never resolved.
+    """
+    if isinstance(value, Mapping):
         for key, item in value.items():
             yield (*path, key), str(key)
-            yield from _texts(item, (*path, key))
-    elif isinstance(value, list):
+            yield from _texts(item, (*path, key), resolved)
+    elif isinstance(value, list | tuple):
         for index, item in enumerate(value):
-            yield from _texts(item, (*path, index))
-    else:
-        yield from references.walk(value, path)
+            yield from _texts(item, (*path, index), resolved)
+    elif isinstance(value, str):
+        yield path, value if resolved or "$${" not in value else references.unescaped(value)
 
 
 def plan_meter(characters: Callable[[], int], rules: int) -> Meter:

@@ -114,7 +114,7 @@ class Compensation:
                 f"the undo started at {previous.started_at} with no recorded outcome, and {undo.name} is not "
                 "idempotent: a person must check it"
             )
-        params = undo_params(step, row.output, undo)
+        params = undo_params(row.params, row.output, undo)
         try:
             kwargs = undo.validate_params(params)
         except ParamsError as exc:
@@ -169,7 +169,12 @@ class Compensation:
             )
 
 
-def undo_params(step: Step, output: Any, undo: Tool) -> dict[str, Any]:
-    """The undo's parameters, found by name: in the step's recorded output first, then in its own parameters."""
-    source: dict[str, Any] = {**step.params, **(output if isinstance(output, dict) else {})}
+def undo_params(called: Any, output: Any, undo: Tool) -> dict[str, Any]:
+    """The undo's parameters, found by name: in the step's recorded output first, then in the parameters
+    it was called with (``called``: as the engine resolved them, never the plan's text with its references
+    and escapes)."""
+    source: dict[str, Any] = {
+        **(called if isinstance(called, dict) else {}),
+        **(output if isinstance(output, dict) else {}),
+    }
     return {name: source[name] for name in undo.param_names if name in source}

@@ -19,7 +19,7 @@ from typing import Any
 from plangate import _purged, approval
 from plangate.audit import AuditReport
 from plangate.errors import GovernanceError
-from plangate.plan import Plan
+from plangate.plan import Plan, same_json
 from plangate.store import ApprovalRow, CheckRecord, Event, PlanRow, StepRow, Store, VersionRow
 
 
@@ -285,7 +285,7 @@ def _step_problems(store: Store, ledger: PlanLedger) -> list[str]:
             found.append(f"{where}: a row in steps ({row.status}) that no audit event records")
         elif row.status != told[0]:
             found.append(f"{where}: steps.status is {row.status!r}, but the audit log says {told[0]!r}")
-        elif row.output != told[1]:  # only a success has one: a failure, optional or not, gives none
+        elif not same_json(row.output, told[1]):  # only a success has one: a failure, optional or not, gives none
             found.append(f"{where}: steps.output differs from the output the audit log recorded")
     return found
 

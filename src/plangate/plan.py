@@ -249,6 +249,11 @@ def canonical(value: Any) -> str:
     return _canonical(value)
 
 
+def same_json(a: Any, b: Any) -> bool:
+    """Whether two JSON values are the same value: Python's ``==`` takes ``1``, ``1.0`` and ``true`` for one."""
+    return a == b and (a is b or canonical(a) == canonical(b))
+
+
 def plan_json_schema() -> dict[str, Any]:
     """The plan's JSON Schema: the one a planning model is given."""
     schema = Plan.model_json_schema()

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from plangate.errors import NotFoundError
-from plangate.plan import Plan
+from plangate.plan import Plan, same_json
 from plangate.store import PlanRow, Store
 
 StepChangeKind = Literal["added", "removed", "changed"]
@@ -172,7 +172,7 @@ def _changes(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> tupl
     found: list[Change] = []
     for key in sorted(old.keys() | new.keys()):
         before, after = old.get(key), new.get(key)
-        if before == after:
+        if same_json(before, after):  # 1 and true are two values: == takes them for one
             continue
         if not prefix and key == "params" and isinstance(before, dict) and isinstance(after, dict):
             found += _changes(before, after, prefix="params.")

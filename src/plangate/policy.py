@@ -23,7 +23,7 @@ from plangate import _input, answer, names, provenance
 from plangate._frozen import Frozen, cached
 from plangate._justified import Justified
 from plangate._overrides import ToolOverride
-from plangate._patterns import REMEMBERED, matches_any, star_match
+from plangate._patterns import REMEMBERED, matches_any, may_match_any, star_match
 from plangate._valuerules import RULE_NAME, DenyRule, RequireRule, ValueRule, plan_meter, value_violations
 from plangate.errors import PolicyError, RefusedInputError
 from plangate.graph import PlanGraph
@@ -94,7 +94,12 @@ class StepMatch(_Rules):
             return False
         if self.external is not None and tool.external != self.external:
             return False
-        return self.resources is None or (resource is not None and matches_any(self.resources, resource))
+        if self.resources is None:
+            return True
+        if resource is None:
+            return False
+        # A part known only at run time ("*") may be anything: the rule holds if some value would match.
+        return matches_any(self.resources, resource) or ("*" in resource and may_match_any(self.resources, resource))
 
 
 class Role(Justified):

@@ -36,7 +36,7 @@ from typing import Any, Literal
 
 from pydantic import ValidationError
 
-from plangate import _aio, _input, approval, lifecycle, metrics, tracing
+from plangate import _aio, _input, approval, lifecycle, metrics, references, tracing
 from plangate._clock import Clock, SystemClock, iso, parse_iso
 from plangate._reactstate import Act, Mode, ReActResult, ReActStep, RunState
 from plangate.costs import PriceTable
@@ -614,12 +614,14 @@ def _arguments(raw: str, tool: Tool | None) -> dict[str, Any]:
 
 
 def _step(action: dict[str, Any]) -> Any:
+    """An action as a plan's step, for the policy: its arguments are given to the tool as they are, so
+    they are written as plan text that means them literally (a ``${`` in them is no reference)."""
     from plangate.plan import Step
 
     return Step.model_construct(
         id=action["number"],
         tool=action["tool"],
-        params=action["arguments"],
+        params=references.literal(action["arguments"]),
         rationale=action.get("thought") or "ReAct action",
         expected_output="any",
         condition=None,

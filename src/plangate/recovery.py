@@ -14,7 +14,7 @@ from typing import Any
 
 from plangate import lifecycle
 from plangate.errors import StateError, UsageError
-from plangate.plan import Plan
+from plangate.plan import Plan, Step, same_json
 from plangate.store import DONE, PlanRow, PlanStatus, Store, VersionRow
 from plangate.tools import Catalogue
 
@@ -28,11 +28,18 @@ def check_correction(store: Store, plan: PlanRow, old: VersionRow, corrected: Pl
     if unknown:
         raise StateError(f"step {unknown[0]}'s outcome is unknown: settle it first (plangate settle)")
     for step_id, row in rows:
-        if row.status in DONE and step_id > 0 and after.get(step_id) != before.get(step_id):
+        if row.status in DONE and step_id > 0 and not _same_step(after.get(step_id), before.get(step_id)):
             raise StateError(
                 f"step {step_id} already ran ({row.status}); a correction may change only steps "
                 "that have not succeeded, and keeps the others as they are"
             )
+
+
+def _same_step(one: Step | None, other: Step | None) -> bool:
+    """Whether two steps say the same, value for value (``==`` takes a parameter's 1, 1.0 and true for one)."""
+    if one is None or other is None:
+        return one is other
+    return same_json(one.model_dump(mode="json"), other.model_dump(mode="json"))
 
 
 def close(store: Store, plan: PlanRow, *, actor: str, reason: str, at: str) -> PlanRow:

@@ -123,8 +123,32 @@ def takes_refs(value: str) -> bool:
 
 
 def unescaped(value: str) -> str:
-    """Text that takes no reference (see :func:`takes_refs`) as it reaches the tool: each ``$${`` a ``${``."""
-    return value.replace("$${", "${")
+    """``value`` with each ``$${`` escape made the ``${`` it stands for, and each reference left as written.
+
+    For text that takes no reference (see :func:`takes_refs`), the text the tool is given; for
+    text that does, its literal parts as the tool is given them, the references in between.
+    """
+    return _TOKEN.sub(_unescaped_token, value) if "$${" in value else value
+
+
+def _unescaped_token(match: re.Match[str]) -> str:
+    token = match.group(0)
+    return "${" if token == "$${" else token
+
+
+def literal(value: Any) -> Any:
+    """Plan text that :func:`resolve` reads back as ``value`` exactly: each ``${`` in its strings escaped.
+
+    For values that are literal through and through (a ReAct model's arguments), held to the
+    rules that read a plan's text. Keys are never resolved, so they are kept as they are.
+    """
+    if isinstance(value, str):
+        return value.replace("${", "$${") if "${" in value else value
+    if isinstance(value, Mapping):
+        return {k: literal(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [literal(v) for v in value]
+    return value
 
 
 def walk(value: Any, loc: Loc = ()) -> Iterator[tuple[Loc, str]]:

@@ -166,6 +166,8 @@ class _Replay:
     policy: Policy | None
     outputs: dict[int, Any] = field(default_factory=dict)
     nulls: set[int] = field(default_factory=set)
+    called: dict[int, Any] = field(default_factory=dict)
+    """Each started step's parameters, as the engine's decision resolves them again."""
     found: list[Divergence] = field(default_factory=list)
     runs: int = 0
     decisions: int = 0
@@ -273,6 +275,8 @@ class _Replay:
         flow = self.flows.of(step.id)
         made = decide(step, self.catalogue[step.tool], self.run_policy, self.outputs, self.nulls, flow=flow)
         derived = made.params if made.action == "start" else made.reason
+        if made.action == "start":
+            self.called[step.id] = made.params
         if made.action != action:
             what, detail = _what_differs(made, step.id)
             self._diverge(step.id, what, _as(action, recorded), _as(made.action, derived), detail)
@@ -319,7 +323,7 @@ class _Replay:
             return
         if undo.name != event.data.get("tool"):
             self._diverge(step.id, "undo tool", event.data.get("tool"), undo.name, "")
-        derived = undo_params(step, self.outputs.get(step.id), undo)
+        derived = undo_params(self.called.get(step.id), self.outputs.get(step.id), undo)
         if derived != event.data.get("params"):
             recorded = event.data.get("params")
             self._diverge(step.id, "undo params", recorded, derived, _first_difference(recorded, derived))

@@ -31,11 +31,11 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from importlib import resources
-from typing import Annotated, Any
+from typing import Annotated, Any, cast
 
 from pydantic import AfterValidator, JsonValue
 
-from plangate import _extras, _lenient, metrics, tracing
+from plangate import _extras, _lenient, metrics, references, tracing
 from plangate._clock import iso
 from plangate.costs import PriceTable
 from plangate.errors import RefusedInputError
@@ -164,11 +164,17 @@ def _declaring(made: Tool) -> Tool:
 
 
 def output_schema_for(params: Mapping[str, Any]) -> dict[str, Any] | None:
-    """The schema a step's ``schema`` parameter declares, when it is a literal object with a type; else None."""
+    """The schema a step's ``schema`` parameter declares, when it is a literal object with a type; else None.
+
+    Literal: no text in it takes a reference. Its ``$${`` escapes are read as the ``${`` the tool is
+    given; its keys, never resolved, as they are.
+    """
     schema = params.get("schema")
-    if not isinstance(schema, dict) or "type" not in schema or "${" in json.dumps(schema):
+    if not isinstance(schema, dict) or "type" not in schema:
         return None
-    return schema
+    if any(references.takes_refs(text) for _, text in references.walk(schema)):
+        return None
+    return cast(dict[str, Any], references.resolve(schema, {}))
 
 
 def _wrapped(schema: dict[str, Any]) -> bool:
