@@ -1,0 +1,135 @@
+"""A runner that lost its lease records nothing, on PostgreSQL (where a transaction's writes wait for its commit)."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import psycopg
+import pytest
+
+from plangate import Catalogue, lifecycle, tool
+from plangate.errors import LeaseLostError
+from plangate.runtime import Runtime
+from tests.helpers import plan
+
+
+@pytest.fixture
+def db(pg_db: str) -> str:
+    """A fresh database on the session's cluster (tests/conftest.py)."""
+    return pg_db
+
+
+_state: dict[str, Any] = {}
+
+
+def _take_over(owner: str) -> None:
+    with psycopg.connect(_state["db"], autocommit=True) as conn:
+        conn.execute("UPDATE plans SET lease_owner = %s WHERE kind = 'plan'", (owner,))
+
+
+# -- an outcome recorded while other calls are in flight, after another runner took the plan --------------------
+@tool(effect="irreversible", name="charge")
+def charge(n: int) -> int:
+    """Charge; meanwhile another runner takes the plan over (its lease ran out while this runner was paused)."""
+    _take_over("intruder")
+    _state["returned"].set()
+    return n
+
+
+@tool(effect="irreversible", name="ship")
+def ship(n: int) -> int:
+    """Ship; returns once the run's transaction that recorded charge's outcome ended (committed or not)."""
+    _state["recorded"].wait(30)
+    return n
+
+
+@tool(name="receipt")
+def receipt(a: int, b: int) -> int:
+    return a + b
+
+
+def test_an_outcome_is_not_recorded_by_a_runner_whose_plan_was_taken_over_while_other_calls_run(db: str) -> None:
+    """Two steps run at once, a third waits for both. The plan is taken over during the first call; the
+    transaction that records its outcome starts nothing (the third step still waits for the second),
+    so it carried no fence and committed: the runner that had lost the plan wrote the step's outcome
+    and its event. Every transaction of a run that does not end it commits only under the runner's lease."""
+    _state.update(db=db, returned=threading.Event(), recorded=threading.Event())
+    rt = Runtime(Catalogue([charge, ship, receipt]), db=db)
+    real = rt.store._log_released  # type: ignore[attr-defined]
+
+    def released() -> None:  # each transaction's end: the one after charge returned recorded its outcome
+        real()
+        if _state["returned"].is_set():
+            _state["recorded"].set()
+
+    rt.store._log_released = released  # type: ignore[attr-defined]
+    try:
+        steps = (
+            {"id": 1, "tool": "charge", "params": {"n": 1}},
+            {"id": 2, "tool": "ship", "params": {"n": 2}},
+            {"id": 3, "tool": "receipt", "params": {"a": "${1}", "b": "${2}"}},
+        )
+        record = rt.submit({**plan(*steps), "order": "dataflow"}, "ann")  # 1 and 2 at once, whatever their effects
+        rt.approve(record.id, "ben", record.hash)
+        with pytest.raises(LeaseLostError, match="held by intruder"):
+            rt.execute(record.id)
+        assert rt.store.steps(record.id)[1].status == "started", "recorded by a runner that had lost the plan"
+        assert "step.succeeded" not in [e.kind for e in rt.trace(record.id)]
+        assert rt.store.verify_audit().ok
+    finally:
+        rt.close()
+        _state.clear()
+
+
+# -- an outcome recorded after the lease keeper found the plan taken over ----------------------------------------
+@tool(effect="irreversible", name="wire")
+def wire(n: int) -> int:
+    """Wire money; meanwhile the plan is taken over by another runner, and this one's keeper notices."""
+    plan_id = _state["plan_id"]
+    with psycopg.connect(_state["db"], autocommit=True) as conn:  # this runner looked dead: its lease ran out
+        conn.execute("UPDATE plans SET lease_until = '2000-01-01T00:00:00.000000Z' WHERE id = %s", (plan_id,))
+    _state["claim"] = _state["other"].start(plan_id, actor="other", owner="other#1@elsewhere:1")
+    assert _state["keepers"][-1].lost.wait(30), "the keeper never found the lease taken"
+    return n
+
+
+@tool(name="confirm")
+def confirm(n: int) -> int:
+    return n
+
+
+def test_an_outcome_is_not_recorded_after_the_keeper_found_the_plan_taken_over(
+    db: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The keeper's renewal finds the plan held by another runner, which has already claimed it and read its
+    steps (step 1 started, no outcome). The call then ends: its outcome was written over the started
+    record, with its event, after the other runner's claim; the other runner, going by what it read,
+    then wrote the step over as of unknown outcome, erasing the output. A runner that lost the plan
+    records nothing; the other runner decides from the started record."""
+    keepers: list[lifecycle.LeaseKeeper] = []
+    real_enter = lifecycle.LeaseKeeper.__enter__
+
+    def enter(self: lifecycle.LeaseKeeper) -> lifecycle.LeaseKeeper:
+        keepers.append(self)
+        return real_enter(self)
+
+    monkeypatch.setattr(lifecycle.LeaseKeeper, "__enter__", enter)
+    rt = Runtime(Catalogue([wire, confirm]), db=db, lease_seconds=0.9)
+    other = Runtime(Catalogue([wire, confirm]), db=db)
+    try:
+        steps = ({"id": 1, "tool": "wire", "params": {"n": 1}}, {"id": 2, "tool": "confirm", "params": {"n": "${1}"}})
+        record = rt.submit(plan(*steps), "ann")
+        rt.approve(record.id, "ben", record.hash)
+        _state.update(db=db, plan_id=record.id, other=other, keepers=keepers)
+        with pytest.raises(LeaseLostError):
+            rt.execute(record.id)
+        kinds = [e.kind for e in rt.trace(record.id)]
+        assert kinds[-2:] == ["step.started", "run.resumed"], "the first runner wrote after the plan was taken"
+        result = other.drive(_state["claim"])
+        assert result.status == "halted" and (result.error or "").startswith("outcome unknown")
+        assert rt.store.verify_audit().ok
+    finally:
+        rt.close()
+        other.close()
+        _state.clear()
