@@ -133,3 +133,42 @@ def test_an_outcome_is_not_recorded_after_the_keeper_found_the_plan_taken_over(
         rt.close()
         other.close()
         _state.clear()
+
+
+# -- a rollback's undo, recorded after the rollback was taken over ----------------------------------------------
+@tool(effect="write", compensate="unbook", idempotent=False, name="book")
+def book(room: int) -> dict[str, int]:
+    return {"room": room}
+
+
+@tool(effect="write", idempotent=False, name="unbook")
+def unbook(room: int) -> int:
+    """Cancel; meanwhile the rollback is taken over (its runner looked dead, its lease ran out)."""
+    _take_over("rollback#2@elsewhere:1")
+    return room
+
+
+@tool(name="refuse")
+def refuse(n: int) -> int:
+    raise RuntimeError("no")
+
+
+def test_an_undo_is_not_recorded_by_a_rollback_that_lost_its_lease(db: str) -> None:
+    """The undo's started record commits only under the rollback's lease (a fence), but its outcome did not:
+    a rollback whose lease was taken over wrote the undo as succeeded, with its event, over whatever
+    the rollback that took over had decided. Its outcome commits only while it holds the plan."""
+    _state.update(db=db)
+    rt = Runtime(Catalogue([book, unbook, refuse]), db=db)
+    try:
+        steps = ({"id": 1, "tool": "book", "params": {"room": 7}}, {"id": 2, "tool": "refuse", "params": {"n": 1}})
+        record = rt.submit(plan(*steps), "ann")
+        rt.approve(record.id, "ben", record.hash)
+        assert rt.execute(record.id).status == "halted"
+        with pytest.raises(LeaseLostError):
+            rt.compensate(record.id, actor="ben", reason="cancelled")
+        assert rt.store.steps(record.id)[-1].status == "started", "recorded by a rollback that had lost the plan"
+        assert "compensation.step_succeeded" not in [e.kind for e in rt.trace(record.id)]
+        assert rt.store.verify_audit().ok
+    finally:
+        rt.close()
+        _state.clear()
