@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from dataclasses import replace
 from typing import Any
 
 import psycopg
@@ -172,3 +173,26 @@ def test_an_undo_is_not_recorded_by_a_rollback_that_lost_its_lease(db: str) -> N
     finally:
         rt.close()
         _state.clear()
+
+
+# -- the newest event, read while recorded events and other writes wait ------------------------------------------
+def test_the_newest_event_read_in_a_transaction_counts_the_events_it_recorded(db: str) -> None:
+    """An event recorded (waiting for the log's lock) and a step's write waiting beside it: the read of the plan's
+    newest event went out with the waiting write alone, and named the event before the one just recorded
+    (SQLite, which writes events at once, named the new one). Any read of the log writes the events first."""
+    rt = Runtime(Catalogue([confirm]), db=db)
+    try:
+        record = rt.submit(plan({"id": 1, "tool": "confirm", "params": {"n": 1}}), "ann")
+        rt.approve(record.id, "ben", record.hash)
+        assert rt.execute(record.id).ok
+        row = rt.store.steps(record.id)[1]
+        with rt.store.transaction():
+            rt.store.record_event(
+                plan_id=record.id, version=1, step_id=None, kind="probe", actor="ann", at="t", data={}
+            )
+            rt.store.put_step(replace(row, step_id=2))
+            seen = rt.store.newest_event(record.id)
+        assert seen == list(rt.store.events(record.id))[-1].hash
+        assert rt.store.verify_audit().ok
+    finally:
+        rt.close()
