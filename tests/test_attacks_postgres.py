@@ -196,3 +196,35 @@ def test_the_newest_event_read_in_a_transaction_counts_the_events_it_recorded(db
         assert rt.store.verify_audit().ok
     finally:
         rt.close()
+
+
+# -- one step at a time (an orchestrator's activity): the retry's record --------------------------------------------
+@tool(idempotent=True, retries=2, name="lookup")
+def lookup(n: int) -> int:
+    """Fails; meanwhile the plan is taken over (the orchestrator's lease ran out)."""
+    _take_over("intruder")
+    raise RuntimeError("the service is busy")
+
+
+def test_a_step_run_alone_records_no_retry_after_the_plan_was_taken_over(db: str) -> None:
+    """A step run alone (Engine.one) whose call failed and may be retried: its retry was recorded (the event
+    step.retrying) with no fence, by a runner that had lost the plan, before the retry's own start
+    found the lease gone. Every transaction of the step commits only under the lease."""
+    from plangate.engine import Engine
+    from plangate.timeouts import Backoff
+
+    _state.update(db=db)
+    rt = Runtime(Catalogue([lookup]), db=db)
+    try:
+        record = rt.submit(plan({"id": 1, "tool": "lookup", "params": {"n": 1}}), "ann")
+        rt.approve(record.id, "ben", record.hash)
+        claim = rt.start(record.id, actor="orchestrator", owner="orchestrator#1@elsewhere")
+        now = Backoff(first=0.0, cap=0.0)
+        engine = Engine(store=rt.store, catalogue=Catalogue([lookup]), clock=rt.clock, owner=claim.owner, backoff=now)
+        with pytest.raises(LeaseLostError, match="held by intruder"):
+            engine.stepper(record.id, claim.plan.version, claim.body).one(1)
+        assert [e.kind for e in rt.trace(record.id)][-2:] == ["run.started", "step.started"]
+        assert rt.store.verify_audit().ok
+    finally:
+        rt.close()
+        _state.clear()

@@ -257,6 +257,7 @@ class _Run:
         while True:
             with self.store.transaction():
                 self._tick()
+                self._fence()  # the retry is recorded only while the runner holds the plan
                 delay = self._retry_delay(outcome)
             if delay is None:
                 return outcome
