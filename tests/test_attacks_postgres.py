@@ -228,3 +228,39 @@ def test_a_step_run_alone_records_no_retry_after_the_plan_was_taken_over(db: str
     finally:
         rt.close()
         _state.clear()
+
+
+# -- a ReAct run stopped as dead while its runner was still asking the model -------------------------------------
+@tool(effect="write", name="post")
+def post(text: str) -> str:
+    return "posted"
+
+
+def test_a_react_run_stopped_as_dead_is_not_revived_by_the_runner_that_lost_it(db: str) -> None:
+    """The runner looked dead while the model thought (its lease ran out), and a resume stopped the run (halted:
+    an action may or may not have happened). The model then asked for a write: the runner that had lost the
+    run recorded the action and moved the stopped run on to pending approval, a new version beside it; a
+    person's approval would then have run it. A runner that lost its run changes nothing of it."""
+    from plangate.models.test import FunctionModel
+    from plangate.react import ReActAgent
+    from plangate.store import open_store
+
+    store, other = open_store(db), open_store(db)
+
+    def think(request: Any) -> str:
+        with psycopg.connect(db, autocommit=True) as conn:
+            (run_id,) = conn.execute("SELECT id FROM plans WHERE kind = 'react'").fetchone()
+            conn.execute("UPDATE plans SET lease_until = '2000-01-01T00:00:00.000000Z' WHERE id = %s", (run_id,))
+        assert ReActAgent(FunctionModel(lambda _: "never"), Catalogue([post]), other).resume(run_id).status == "stopped"
+        return "Thought: post it.\nAction: post[hello]"
+
+    try:
+        with pytest.raises(LeaseLostError):
+            ReActAgent(FunctionModel(think), Catalogue([post]), store).run("post hello")
+        (row,) = store.list_plans()
+        assert (row.status, row.version) == ("halted", 0)
+        assert [e.kind for e in store.events(row.id)][-1] == "react.stopped"
+        assert store.verify_audit().ok
+    finally:
+        store.close()
+        other.close()
