@@ -130,9 +130,8 @@ class Compensation:
             params=params,
             started_at=previous.started_at if previous and previous.started_at else now,
         )
-        with self.store.transaction():  # only while this rollback holds the plan (a fence)
-            assert self.plan.lease_owner is not None
-            self.store.fence(self.plan_id, self.plan.lease_owner)
+        with self.store.transaction():
+            self._fence()
             self.store.put_step(started)
             self._event(
                 "compensation.step_started",
@@ -148,13 +147,22 @@ class Compensation:
         except (ValidationError, Exception) as exc:  # noqa: BLE001 - a failed undo is recorded and listed
             error = f"{type(exc).__name__}: {exc}"
             with self.store.transaction():
+                self._fence()
                 self.store.put_step(replace(started, status="failed", error=error, finished_at=iso(self.clock.now())))
                 self._event("compensation.step_failed", step.id, {"error": error})
             return error
         with self.store.transaction():
+            self._fence()
             self.store.put_step(replace(started, status="succeeded", output=output, finished_at=iso(self.clock.now())))
             self._event("compensation.step_succeeded", step.id, {"output": output})
         return None
+
+    def _fence(self) -> None:
+        """This transaction commits only while this rollback holds the plan: the undo's started record, and its
+        outcome too (a rollback taken over after its lease ran out records nothing; the one that took over
+        decides from the started record)."""
+        assert self.plan.lease_owner is not None
+        self.store.fence(self.plan_id, self.plan.lease_owner)
 
     def _event(self, kind: str, step_id: int | None, data: dict[str, Any]) -> None:
         with self.store.transaction():

@@ -186,14 +186,18 @@ class _Run:
                 self._sort_calls()
                 self._record_finished()
                 if not self.in_flight and (self.halt is not None or not self.waiting):
-                    return self._end()
+                    return self._end()  # the plan moves on only from the runner that holds it (_move)
+                # What this transaction records (the outcomes above, even with nothing to start, or after the
+                # renewals gave up) commits only while the runner still holds the plan: once another runner
+                # claimed it and read the step as started, a late outcome is that runner's to decide.
+                self._fence()
                 lost = self.e.lease_lost is not None and self.e.lease_lost.is_set()
                 if not lost:
                     self._check_lease()
                     launch = self._start_ready()
                     if not launch and not self.in_flight and self.waiting and self.halt is None:
                         raise RuntimeError(f"engine stalled: steps {sorted(self.waiting)} can never start")
-            if lost:  # the outcomes just recorded commit (each only over its own started record); nothing starts
+            if lost:  # the outcomes just recorded commit (over their own started records, fenced); nothing starts
                 raise self._lease_lost()
             if len(launch) == 1 and not self.in_flight and not self._tool(launch[0]).is_async:
                 self.finished.append(self._call_inline(launch[0]))  # nothing else to overlap with
@@ -253,6 +257,7 @@ class _Run:
         while True:
             with self.store.transaction():
                 self._tick()
+                self._fence()  # the retry is recorded only while the runner holds the plan
                 delay = self._retry_delay(outcome)
             if delay is None:
                 return outcome

@@ -40,7 +40,7 @@ from plangate import _aio, _input, approval, lifecycle, metrics, references, tra
 from plangate._clock import Clock, SystemClock, iso, parse_iso
 from plangate._reactstate import Act, Mode, ReActResult, ReActStep, RunState
 from plangate.costs import PriceTable
-from plangate.errors import ParamsError, RefusedInputError, StateError
+from plangate.errors import LeaseLostError, ParamsError, RefusedInputError, StateError
 from plangate.models import Message, Model, ModelError, ModelRequest, ModelResponse, ToolCall, ToolSpec, Usage
 from plangate.plan import Plan, canonical
 from plangate.planner import prompt
@@ -389,9 +389,10 @@ class ReActAgent:
         digest = _digest(body)
         now = iso(self.clock.now())
         with self.store.transaction():
+            self.store.lock_log()
+            row = self._held(state)
             if self.policy is not None:
                 self.store.save_policy(self.policy.hash, self.policy.name, self.policy.canonical_json())
-            row = self.store.get_plan(state.run_id) or _missing(state.run_id)
             version = row.version + 1
             self.store.insert_version(
                 VersionRow(
@@ -411,9 +412,15 @@ class ReActAgent:
                 "react.approval_needed",
                 act.number,
                 {"tool": tool.name, "effect": tool.effect, "arguments": act.arguments, "hash": digest, "needs": needs},
+                fenced=False,  # the move below holds the run
             )
             lifecycle.move(
-                self.store, replace(row, version=version, hash=digest), "pending_approval", actor=self.user, at=now
+                self.store,
+                replace(row, version=version, hash=digest),
+                "pending_approval",
+                actor=self.user,
+                at=now,
+                held_by=state.owner,
             )
         state.status, state.pending_hash = "paused", digest
         state.reason = f"paused: {tool.name} ({tool.effect}) needs approval by {' and by '.join(needs)}"
@@ -543,12 +550,38 @@ class ReActAgent:
         """The run's last event, and its status, in one transaction."""
         with self.store.transaction():
             self.store.lock_log()
-            row = self.store.get_plan(state.run_id) or _missing(state.run_id)
+            row = self._held(state)
             at = iso(self.clock.now())
-            lifecycle.move(self.store, row, status, actor=self.user, at=at, kind=kind, data=data, step_id=number)
+            lifecycle.move(
+                self.store,
+                row,
+                status,
+                actor=self.user,
+                at=at,
+                kind=kind,
+                data=data,
+                step_id=number,
+                held_by=state.owner,
+            )
 
-    def _event(self, state: RunState, kind: str, step: int | None, data: dict[str, Any]) -> None:
+    def _held(self, state: RunState) -> PlanRow:
+        """The run's row, read under the log's lock: only while this runner holds the run (else it stops here)."""
+        row = self.store.get_plan(state.run_id) or _missing(state.run_id)
+        if state.owner is not None and row.lease_owner != state.owner:
+            raise LeaseLostError(
+                f"{state.owner} lost its lease on ReAct run {state.run_id} ({row.status}, held by "
+                f"{row.lease_owner or 'nobody'}): it stops here"
+            )
+        return row
+
+    def _event(
+        self, state: RunState, kind: str, step: int | None, data: dict[str, Any], *, fenced: bool = True
+    ) -> None:
+        """One event of the run, recorded only while this runner holds it (``fenced``: unless the caller's
+        transaction holds it otherwise)."""
         with self.store.transaction():
+            if fenced and state.owner is not None:
+                self.store.fence(state.run_id, state.owner)
             self.store.append_event(
                 plan_id=state.run_id,
                 version=None,

@@ -168,6 +168,8 @@ class SQLStore(AuditLog, Store):
         return tuple(row[:width])
 
     def newest_event(self, plan_id: str) -> str | None:
+        if self._pending:  # events recorded in this transaction are the newest: written first, as any read of the log
+            self.lock_log()
         if self._head is not None:  # under the log's lock: known for the rest of the transaction
             digest = self._plan_head(plan_id)
             return None if digest == audit.GENESIS else digest
