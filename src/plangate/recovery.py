@@ -9,30 +9,42 @@ final, and whatever is later asked of a closed plan is refused with who closed i
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import replace
 from typing import Any
 
 from plangate import lifecycle
 from plangate.errors import StateError, UsageError
 from plangate.plan import Plan, Step, same_json
-from plangate.store import DONE, PlanRow, PlanStatus, Store, VersionRow
+from plangate.store import DONE, PlanRow, PlanStatus, StepRow, Store, VersionRow
 from plangate.tools import Catalogue
 
 
 def check_correction(store: Store, plan: PlanRow, old: VersionRow, corrected: Plan) -> None:
-    """A correction of a halted plan may change only what has not run: what ran is kept."""
+    """A correction of a plan that ran (halted, or its correction since) may change only what has not run."""
     before = {s.id: s for s in Plan.parse(old.body).steps}
     after = {s.id: s for s in corrected.steps}
     rows = sorted(store.steps(plan.id).items())
-    unknown = [step_id for step_id, row in rows if row.status in ("started", "outcome_unknown")]
-    if unknown:
-        raise StateError(f"step {unknown[0]}'s outcome is unknown: settle it first (plangate settle)")
+    refuse_unknown(rows)
     for step_id, row in rows:
         if row.status in DONE and step_id > 0 and not _same_step(after.get(step_id), before.get(step_id)):
             raise StateError(
                 f"step {step_id} already ran ({row.status}); a correction may change only steps "
                 "that have not succeeded, and keeps the others as they are"
             )
+
+
+def unknown(rows: Iterable[tuple[int, StepRow]]) -> list[int]:
+    """The plan's steps (not undos) that started with no outcome recorded: they may or may not have happened."""
+    return [step_id for step_id, row in rows if step_id > 0 and row.status in ("started", "outcome_unknown")]
+
+
+def refuse_unknown(rows: Iterable[tuple[int, StepRow]], then: str | None = None) -> None:
+    """Refuse while a step's outcome is unknown: a person settles it first."""
+    found = unknown(rows)
+    if found:
+        after = f", then {then}" if then else ""
+        raise StateError(f"step {found[0]}'s outcome is unknown: settle it first (plangate settle){after}")
 
 
 def _same_step(one: Step | None, other: Step | None) -> bool:

@@ -227,13 +227,16 @@ class Runtime:
             plan, old = self._locked(plan_id)
             _not_react(plan)
             recovery.refuse_closed(self.store, plan.id, plan.status, "be edited")
+            if plan.purged_at is not None:  # purged as finished for good: its evidence is gone, it never runs again
+                raise StateError(f"plan {plan.id}'s payloads were purged on {plan.purged_at}; it cannot be edited")
             if plan.status not in ("pending_approval", "approved", "rejected", "halted"):
                 raise StateError(
                     f"plan {plan.id} is {plan.status}; only a plan not yet executed, or halted, can be edited"
                 )
             lifecycle.require_idle(plan, self._now(), "an edit")
-            if plan.status == "halted":
-                recovery.check_correction(self.store, plan, old, parsed)
+            # Not only while halted: a correction waiting for approval (or sent back by a drift
+            # re-check) is a plan that ran too, and what succeeded there stays as it ran.
+            recovery.check_correction(self.store, plan, old, parsed)
             if parsed.hash == plan.hash:
                 raise StateError(f"the edit does not change plan {plan.id} (same hash {plan.hash[:12]}…)")
             policy = self._policy_now(old)
@@ -361,7 +364,9 @@ class Runtime:
             raise StateError(f"plan {plan.id} is {plan.status}; only a halted plan{what}")
         if person is not None:
             approval.check_may_decide(plan, self._authors(plan), person, self._policy_for(version), doing)
-        ledger.story(self.store, plan, "be rolled back" if doing == "compensate" else doing)
+        told = ledger.story(self.store, plan, "be rolled back" if doing == "compensate" else doing)
+        if doing == "compensate":  # an effect that may have happened is neither undone nor left unsaid
+            recovery.refuse_unknown((told.rows or {}).items(), "roll back")
 
     # -- execute ---------------------------------------------------------------------------
     def execute(
@@ -430,8 +435,8 @@ class Runtime:
                 body, told, policy, recheck = proved[1]  # nothing of the plan changed since: the proof holds
             else:
                 body, told, policy, recheck = self._right_to_run(plan, version)
+            recheck = self._held_by_register(body.category, recheck) if recheck else self._held_since(body, version)
             if recheck is not None:
-                recheck = self._held_by_register(body.category, recheck)
                 plan, version, refusal = self._apply_recheck(plan, version, recheck, policy)
             elif not version.check.ok:
                 refusal = f"plan {plan.id} may not run: it does not pass ({drift.first_violation(version.check)})"
@@ -506,7 +511,9 @@ class Runtime:
             result = engine.run(
                 claim.plan.id, claim.plan.version, claim.body, actor=claim.actor, rows=claim.rows, claimed=claim.plan
             )
-        unknown = (result.error or "").startswith("outcome unknown")
+        unknown = (result.error or "").startswith("outcome unknown") or recovery.unknown(
+            self.store.steps(claim.plan.id).items()
+        )
         policy = claim.policy
         if not result.ok and not unknown and policy is not None and policy.compensation.on_halt == "auto":
             self._roll_back(
@@ -843,6 +850,15 @@ class Runtime:
         from plangate.register import Register
 
         return Register(self.store, self.clock).hold(category, checked)
+
+    def _held_since(self, body: Plan, version: VersionRow) -> CheckRecord | None:
+        """The version's check again where the register has held its category since it was approved
+        automatically (its automatic approval then no longer lets it run); else None."""
+        held = self._held_by_register(body.category, version.check)
+        if held is version.check:
+            return None
+        why = f"the auto-approval register has held category {body.category!r} since v{version.version} was checked"
+        return replace(held, recheck=why)
 
     def _notified(self, record: PlanRecord) -> PlanRecord:
         """Tell reviewers about a plan that waits for them; record whether that worked."""
