@@ -162,3 +162,62 @@ def test_a_rollback_waits_until_every_unknown_outcome_is_settled(tmp_path: Path)
     rt.settle(record.id, 2, done=True, actor="dave", output="charged 5.0", note="seen on the statement")
     assert rt.compensate(record.id, actor="dave", reason="customer cancelled").status == "compensated"
     assert CHARGES == ["charge 3.0 to a", "charge 5.0 to slow", "refund 5.0 to slow", "refund 3.0 to a"]
+
+
+@tool(effect="write")
+def pay(amount: float) -> str:
+    CHARGES.append(f"pay {amount}")
+    return "paid"
+
+
+FINANCE = """
+version: 1
+name: finance
+roles:
+  support: {tools: ["*"], scopes: ["*"]}
+  approver: {tools: ["*"], scopes: ["*"]}
+  finance: {tools: ["*"], scopes: ["*"]}
+users: {alice: support, dave: approver, eve: finance}
+sequences:
+  - name: a-second-payment
+    after: {tools: [pay]}
+    forbid: {tools: [pay]}
+    unless_approved_by: finance
+"""
+
+
+def test_an_approver_moved_out_of_a_role_does_not_meet_that_roles_approval(tmp_path: Path) -> None:
+    """Eve leaves finance in the policy now in force: her sign-off no longer stands for finance's."""
+    CHARGES.clear()
+    db = f"sqlite:///{tmp_path}/r.db"
+    before = Runtime(Catalogue([pay]), Policy.from_yaml(FINANCE), db=db, clock=FixedClock())
+    two = plan({"id": 1, "tool": "pay", "params": {"amount": 1.0}}, {"id": 2, "tool": "pay", "params": {"amount": 2.0}})
+    record = before.submit(two, "alice")
+    assert record.needs == ("a person", "finance")
+    moved = Policy.from_yaml(FINANCE.replace("eve: finance", "eve: support, fred: finance"))
+    rt = Runtime(Catalogue([pay]), moved, db=db, clock=FixedClock())
+    rt.approve(record.id, "eve", record.hash)  # as finance, under the policy the version was checked against
+    with pytest.raises(GovernanceError, match="now needs approval by finance"):
+        rt.execute(record.id)
+    assert CHARGES == []
+    assert rt.approve(record.id, "dave", record.hash).needs == ("finance",), "eve counts as a person only"
+    assert rt.approve(record.id, "fred", record.hash).status == "approved"
+    assert rt.execute(record.id).ok and CHARGES == ["pay 1.0", "pay 2.0"]
+    assert ledger.verify(rt.store).ok
+
+
+def test_a_requester_moved_out_of_a_role_does_not_keep_its_tools_for_an_approved_plan(tmp_path: Path) -> None:
+    """The role a plan is held against is the one the policy in force gives its requester, not one recorded."""
+    CHARGES.clear()
+    db = f"sqlite:///{tmp_path}/r.db"
+    before = Runtime(Catalogue([pay]), Policy.from_yaml(FINANCE), db=db, clock=FixedClock())
+    record = before.submit(plan({"id": 1, "tool": "pay", "params": {"amount": 1.0}}), "alice")
+    before.approve(record.id, "dave", record.hash)
+    viewer = FINANCE.replace("roles:\n", 'roles:\n  viewer: {tools: ["look*"], scopes: []}\n')
+    moved = Policy.from_yaml(viewer.replace("alice: support", "alice: viewer"))
+    rt = Runtime(Catalogue([pay]), moved, db=db, clock=FixedClock())
+    with pytest.raises(GovernanceError, match=r"no longer passes: .*role 'viewer' may not use tool 'pay'"):
+        rt.execute(record.id)
+    assert CHARGES == []
+    edited = rt.edit(record.id, plan({"id": 1, "tool": "pay", "params": {"amount": 0.5}}), "alice")
+    assert edited.status == "rejected", "an edit is held against the requester's role now, too"

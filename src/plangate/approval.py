@@ -16,17 +16,21 @@ from plangate.store import ApprovalRow, PlanRow, PlanStatus
 A_PERSON = "a person"
 
 
-def missing(decision: dict[str, Any] | None, approvals: Sequence[ApprovalRow]) -> list[str]:
+def missing(
+    decision: dict[str, Any] | None, approvals: Sequence[ApprovalRow], policy: Policy | None = None
+) -> list[str]:
     """What the current version still needs: ``a person`` and any named approvals.
 
     Without a policy decision a person must approve; a decision of ``auto`` needs nobody.
-    Each name in ``required_approvals`` must be met by an approval from that role.
+    Each name in ``required_approvals`` must be met by an approval from that role; given
+    ``policy`` (the one in force), only by someone it still gives that role: an approver
+    moved out of a role since they decided counts as a person, no longer in the role.
     """
     standing = [a for a in approvals if not a.void and a.decision == "approved"]
     needs: list[str] = []
     if (decision is None or decision.get("approval") != "auto") and not any(a.kind == "person" for a in standing):
         needs.append(A_PERSON)
-    roles = {a.role for a in standing if a.kind == "person"}
+    roles = {a.role for a in standing if a.kind == "person" and (policy is None or role_of(policy, a.actor) == a.role)}
     needs.extend(name for name in (decision or {}).get("required_approvals", []) if name not in roles)
     return needs
 

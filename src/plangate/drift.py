@@ -46,7 +46,7 @@ def recheck(
     if same_tools and same_policy:
         return None
     changed = " and ".join(name for name, same in (("the tools", same_tools), ("the policy", same_policy)) if not same)
-    result = check(body, catalogue, policy, user=plan.requested_by, role=plan.role)
+    result = check(body, catalogue, policy, user=plan.requested_by)  # the role this policy gives them
     return record(result, catalogue, body, recheck=f"{changed} changed since v{version.version} was checked")
 
 

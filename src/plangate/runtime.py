@@ -176,10 +176,11 @@ class Runtime:
             approval.check_can_decide(plan, approver, plan_hash)
             approvals = self.store.approvals(plan.id, plan.version)
             approval.check_can_approve(plan, self._authors(plan), approver, approvals)
-            held = approval.held_role(self._policy_for(version), approver, role)
+            recorded = self._policy_for(version)
+            held = approval.held_role(recorded, approver, role)
             row = self._decision(plan, version, "approved", actor=approver, role=held, comment=comment)
             self.store.insert_approval(row)
-            needs = approval.missing(version.check.policy, [*approvals, row])
+            needs = approval.missing(version.check.policy, [*approvals, row], recorded)
             self._record(
                 plan,
                 "plan.approval",
@@ -240,7 +241,7 @@ class Runtime:
             if parsed.hash == plan.hash:
                 raise StateError(f"the edit does not change plan {plan.id} (same hash {plan.hash[:12]}…)")
             policy = self._policy_now(old)
-            result = check(parsed, self._catalogue(), policy, user=plan.requested_by, role=plan.role)
+            result = check(parsed, self._catalogue(), policy, user=plan.requested_by)  # the role policy gives them
             voided = self.store.void_approvals(plan.id)
             number = plan.version + 1
             self.store.update_plan(
@@ -542,7 +543,7 @@ class Runtime:
         if not checked.ok:  # not a decision to take back: it may not run while the tools or policy are so
             reason = f"{why}, and it no longer passes: {drift.first_violation(checked)}"
             return plan, version, f"plan {plan.id} may not run: {reason}"
-        needs = approval.missing(checked.policy, self.store.approvals(plan.id, plan.version))
+        needs = approval.missing(checked.policy, self.store.approvals(plan.id, plan.version), policy)
         if needs and plan.status in ("approved", "running", "halted"):
             reason = f"{why}, and it now needs approval by {' and by '.join(needs)}"
             plan = lifecycle.move(
@@ -578,7 +579,8 @@ class Runtime:
         """The record of a plan from the rows already read (approvals only while it waits for them)."""
         waiting = plan.status == "pending_approval"
         approvals = self.store.approvals(plan.id, plan.version) if waiting else []
-        return PlanRecord.of(plan, version, approval.missing(version.check.policy, approvals) if waiting else ())
+        same = self.policy if self.policy is not None and self.policy.hash == version.policy_hash else None
+        return PlanRecord.of(plan, version, approval.missing(version.check.policy, approvals, same) if waiting else ())
 
     def diff(self, plan_id: str, from_version: int | None = None, to_version: int | None = None) -> PlanDiff:
         """What changed between two versions (default: the one before the latest, and the latest)."""
