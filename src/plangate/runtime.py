@@ -512,11 +512,14 @@ class Runtime:
             result = engine.run(
                 claim.plan.id, claim.plan.version, claim.body, actor=claim.actor, rows=claim.rows, claimed=claim.plan
             )
+        policy = claim.policy
+        if result.ok or policy is None or policy.compensation.on_halt != "auto":
+            return result
+        # A rollback waits while any step's outcome is unknown: a person settles it first.
         unknown = (result.error or "").startswith("outcome unknown") or recovery.unknown(
             self.store.steps(claim.plan.id).items()
         )
-        policy = claim.policy
-        if not result.ok and not unknown and policy is not None and policy.compensation.on_halt == "auto":
+        if not unknown:
             self._roll_back(
                 claim.plan.id,
                 actor=f"policy:{policy.name}",
