@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -244,3 +245,114 @@ def test_a_closed_plan_is_stored_and_listed_on_every_store(any_db: str, catalogu
     assert [row.id for row in rt.list_plans("closed")] == [plan_id]
     assert ledger.verify(rt.store).ok
     rt.close()
+
+
+# -- an undo cut off with no outcome ------------------------------------------------------------
+_CHARGE_TOOLS = """
+from contextlib import closing
+from pathlib import Path
+from plangate import tool
+
+CALLS = Path(__file__).with_name("calls.txt")
+
+
+def _said(line):
+    with CALLS.open("a") as f:
+        f.write(line + "\\n")
+
+
+@tool(effect="write", compensate="refund_charge")
+def charge(amount: int) -> dict:
+    _said(f"charge {amount}")
+    return {"charge_id": f"c{amount}"}
+
+
+@tool(effect="write")  # not idempotent: a cut-off call is a person's to check
+def refund_charge(charge_id: str) -> str:
+    _said(f"refund {charge_id}")
+    return f"refunded {charge_id}"
+
+
+@tool(effect="write")
+def fail(n: int) -> int:
+    raise RuntimeError("the second call fails")
+"""
+
+
+def _calls(folder: Path) -> list[str]:
+    return (folder / "calls.txt").read_text().splitlines()
+
+
+def _undo_cut_off(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str = "u.db") -> tuple[Runtime, str, str]:
+    """A halted plan whose rollback called the undo of step 1 and died before recording its outcome,
+    then was run again: the undo (not idempotent) left for a person. The runtime, the plan, the store."""
+    import sqlite3
+
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    tools = tmp_path / "charges.py"
+    tools.write_text(_CHARGE_TOOLS)
+    db = f"sqlite:///{tmp_path}/{name}"
+    rt = Runtime(Catalogue.from_module(tools), db=db, clock=FixedClock(), tools=str(tools))
+    record = rt.submit(
+        plan({"id": 1, "tool": "charge", "params": {"amount": 5}}, {"id": 2, "tool": "fail", "params": {"n": 1}}),
+        "bob",
+    )
+    rt.approve(record.id, "dave", record.hash)
+    assert rt.execute(record.id).status == "halted"
+    put_step = rt.store.put_step
+
+    def cut_off(row: Any) -> None:  # the undo's call returns, and the process dies before its outcome
+        if row.step_id < 0 and row.status == "succeeded":
+            raise SystemExit("killed")
+        put_step(row)
+
+    with monkeypatch.context() as patched:
+        patched.setattr(rt.store, "put_step", cut_off)
+        with pytest.raises(SystemExit):
+            rt.compensate(record.id, actor="dave", reason="the customer cancelled")
+    assert _calls(tmp_path) == ["charge 5", "refund c5"]
+    with sqlite3.connect(f"{tmp_path}/{name}") as conn:  # the dead rollback's lease runs out
+        conn.execute("UPDATE plans SET lease_until = '2000-01-01T00:00:00.000000Z' WHERE id = ?", (record.id,))
+    again = rt.compensate(record.id, actor="dave", reason="again")
+    assert again.status == "compensation_incomplete" and "--undo" in again.failed[0][1]
+    assert _calls(tmp_path) == ["charge 5", "refund c5"], "the undo is not called again on its own"
+    return rt, record.id, db
+
+
+def test_an_undo_cut_off_with_no_outcome_is_settled_as_done_then_the_rollback_ends(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A rollback's call that stopped before its outcome was recorded (its undo tool not idempotent)
+    left the rollback incomplete for good: the undo could not be settled (a raw KeyError), and
+    closing waited for its outcome for ever. A person now settles it, on the command line too."""
+    rt, plan_id, db = _undo_cut_off(tmp_path, monkeypatch)
+    with closing(rt):
+        with pytest.raises(StateError, match="outcome is unknown"):
+            rt.close_plan(plan_id, actor="dave", reason="done with it")
+        with pytest.raises(StateError, match=r"the undo of step 2 .* no unknown outcome"):
+            rt.settle(plan_id, -2, done=True, actor="dave")
+        args = ["settle", plan_id, "1", "--undo", "--done", "--output", '"refunded c5"', "--as", "dave", "--db", db]
+        args += ["--tools", str(tmp_path / "charges.py")]
+        out = CliRunner().invoke(main, args, catch_exceptions=False)
+        assert out.exit_code == 0, out.output
+        assert "the undo of step 1 settled as done" in out.output
+        assert rt.store.steps(plan_id)[-1].status == "succeeded"
+        assert any("the undo of step 1 (refund_charge) SETTLED" in line for line in tell(rt.trace(plan_id)))
+        assert rt.compensate(plan_id, actor="dave", reason="finish it").status == "compensated"
+        assert _calls(tmp_path) == ["charge 5", "refund c5"], "undone once"
+        assert rt.store.verify_audit().ok
+
+
+def test_an_undo_settled_as_not_done_is_called_again_and_a_settled_rollback_may_close(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rt, plan_id, _ = _undo_cut_off(tmp_path, monkeypatch)
+    with closing(rt):
+        rt.settle(plan_id, -1, done=False, actor="dave", note="the bank shows no refund")
+        assert rt.compensate(plan_id, actor="dave", reason="once more").status == "compensated"
+        assert _calls(tmp_path) == ["charge 5", "refund c5", "refund c5"], "called again: it did not happen"
+        assert rt.store.verify_audit().ok
+    rt, plan_id, _ = _undo_cut_off(tmp_path / "second", monkeypatch)
+    with closing(rt):
+        rt.settle(plan_id, -1, done=True, actor="dave", output="refunded c5")
+        assert rt.close_plan(plan_id, actor="dave", reason="checked by hand").status == "closed"

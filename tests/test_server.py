@@ -251,3 +251,29 @@ def test_what_a_plan_touches_counts_a_write_as_undoable_only_with_a_compensating
         "2 step(s) that change something that nothing undoes (no compensating tool): stamp",
         "1 step(s) that cannot be undone",
     ]
+
+
+def test_the_undo_of_a_step_cut_off_is_settled_from_the_dashboard(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A rollback's call cut off with no outcome (its undo tool not idempotent): the run page offers
+    a person to settle it, and the plan may then be rolled back to its end."""
+    from tests.test_recovery import _calls, _undo_cut_off
+
+    rt, plan_id, _ = _undo_cut_off(tmp_path, monkeypatch, name="server.db")
+    rt.close()
+    setup = serverkit.setup(tmp_path, Catalogue.from_module(tmp_path / "charges.py"), None)
+    client, csrf = browser(setup, "carol")
+    page = client.get(f"/plans/{plan_id}/run").text
+    assert 'id="settle-undo-1"' in page and "<code>refund_charge</code>" in page
+    settled = client.post(
+        f"/plans/{plan_id}/settle",
+        data={"step": "-1", "done": "yes", "output": '"refunded c5"', "note": "the bank shows it", "csrf": csrf},
+        follow_redirects=False,
+    )
+    assert settled.status_code == 303, settled.text
+    assert 'id="settle-undo-1"' not in client.get(f"/plans/{plan_id}/run").text
+    reason = {"reason": "finish it", "csrf": csrf}
+    done = client.post(f"/plans/{plan_id}/compensate", data=reason, follow_redirects=False)
+    assert done.status_code == 303 and "compensated" in urllib.parse.unquote_plus(done.headers["location"])
+    assert _calls(tmp_path) == ["charge 5", "refund c5"], "undone once"

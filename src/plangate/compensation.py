@@ -112,7 +112,8 @@ class Compensation:
         if previous is not None and previous.status == "started" and not undo.idempotent:
             return (
                 f"the undo started at {previous.started_at} with no recorded outcome, and {undo.name} is not "
-                "idempotent: a person must check it"
+                f"idempotent: a person must check it, then settle it (plangate settle {self.plan_id[:8]} {step.id}"
+                " --undo --done or --not-done)"
             )
         params = undo_params(row.params, row.output, undo)
         try:

@@ -166,14 +166,17 @@ _STEP_STATUS = {
 }
 
 
-_STEP_WHILE = {"step.settled": ("halted", "compensation_incomplete")}
+_STEP_WHILE = {
+    "step.settled": ("halted", "compensation_incomplete"),
+    "compensation.step_settled": ("halted", "compensation_incomplete"),
+}
 """Where a step event may happen other than during a run (undo steps: during a rollback)."""
 
 
 def _apply_step(ledger: PlanLedger, event: Event) -> None:
     assert event.step_id is not None
     status = _STEP_STATUS.get(event.kind)
-    if event.kind == "step.settled":
+    if event.kind in ("step.settled", "compensation.step_settled"):
         status = "succeeded" if event.data.get("done") else "failed"
     if status is None:
         return

@@ -99,14 +99,21 @@ def settle(
 
     Done: the output they observed, checked against the tool's declared type, becomes the
     step's output (the event shows it beside their name). Not done: the step is failed, so
-    ``resume`` runs it again.
+    ``resume`` runs it again. A negative ``step_id`` names the undo of step ``-step_id`` (a
+    rollback's compensating call cut off with no outcome): done, it counts as undone; not
+    done, the next rollback calls it again.
     """
     row = store.steps(plan.id).get(step_id)
+    what = f"step {step_id}" if step_id > 0 else f"the undo of step {-step_id}"
     if row is None or row.status not in ("outcome_unknown", "started"):
-        raise StateError(f"step {step_id} of plan {plan.id} has no unknown outcome to settle")
-    step = Plan.parse(version.body).step(step_id)
+        raise StateError(f"{what} of plan {plan.id} has no unknown outcome to settle")
+    step = Plan.parse(version.body).step(abs(step_id))  # a row of the plan's: of one of its steps
+    tool = catalogue.get(step.tool)
+    if step_id < 0:  # the undo's tool: the one the step's tool names to compensate it
+        tool = catalogue.get(tool.compensate) if tool is not None and tool.compensate else None
     if done:
-        tool = catalogue[step.tool]
+        if tool is None:
+            raise UsageError(f"the tool of {what} is not in the catalogue, so the output cannot be checked (--tools)")
         try:
             output = tool.dump_output(output)
         except ValueError as exc:
@@ -116,12 +123,18 @@ def settle(
         error = f"settled as not done by {actor}" + (f": {note}" if note else "")
         store.put_step(replace(row, status="failed", error=error, finished_at=at))
     lifecycle.hold(store, plan, at)
-    store.append_event(
+    store.append_event(  # an undo's events name the step it undoes, as the rollback's own do
         plan_id=plan.id,
         version=plan.version,
-        step_id=step_id,
-        kind="step.settled",
+        step_id=abs(step_id),
+        kind="step.settled" if step_id > 0 else "compensation.step_settled",
         actor=actor,
         at=at,
-        data={"step": step_id, "tool": step.tool, "done": done, "output": output, "note": note},
+        data={
+            "step": abs(step_id),
+            "tool": tool.name if tool else step.tool,
+            "done": done,
+            "output": output,
+            "note": note,
+        },
     )

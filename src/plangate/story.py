@@ -136,6 +136,11 @@ _TELLERS: dict[str, Teller] = {
         + "".join(f"; step {s} cannot be undone: {why}" for s, why in d["not_undoable"])
         + "".join(f"; step {s}'s undo failed: {error}" for s, error in d["failed"])
     ),
+    "compensation.step_settled": lambda d, step: (
+        f"the undo of step {step} ({d.get('tool')}) SETTLED by a person as "
+        + (f"done, with the output they saw: {_short(d.get('output'))}" if d["done"] else "not done")
+        + (f" ({d['note']})" if d.get("note") else "")
+    ),
     "step.settled": lambda d, step: (
         f"step {step} ({d.get('tool')}) SETTLED by a person as "
         + (f"done, with the output they saw: {_short(d.get('output'))}" if d["done"] else "not done")

@@ -117,6 +117,7 @@ def resume(**options: Any) -> None:
 @click.option("--done/--not-done", required=True, help="Whether the step's effect happened.")
 @click.option("--output", "output_json", metavar="JSON", help="With --done: the output you observed, as JSON.")
 @click.option("--note", help="What you checked (recorded).")
+@click.option("--undo", is_flag=True, help="Settle the undo of STEP (a rollback's call cut off), not the step.")
 @identity_options
 @recorded_tools_option
 @db_option
@@ -125,6 +126,7 @@ def settle_command(
     *,
     plan_id: str,
     step: int,
+    undo: bool,
     done: bool,
     output_json: str | None,
     note: str | None,
@@ -136,8 +138,13 @@ def settle_command(
 ) -> None:
     """Settle a step whose outcome is unknown: it happened (--done) or it did not (--not-done, safe to run again).
 
-    Then `plangate resume ID` carries on.
+    Then `plangate resume ID` carries on. With --undo, the undo of STEP: a rollback's
+    compensating call cut off with no outcome; done, it counts as undone; not done, the next
+    `plangate compensate` calls it again.
     """
+    if step < 1:
+        raise UsageError(f"STEP is a step's id, a positive number, not {step} (its undo: STEP --undo)")
+    step = -step if undo else step
     try:
         output = json.loads(output_json) if output_json else None
     except json.JSONDecodeError as exc:
@@ -145,13 +152,20 @@ def settle_command(
     if server:
         body = {"step": step, "done": done, "output": output, "note": note}
         record = _remote.decide(_remote.client(server, token), plan_id, "settle", body)
-        click.echo(f"step {step} settled as {'done' if done else 'not done'}; now: plangate resume {record.id[:8]}")
+        click.echo(_settled(step, done, record.id))
         return
     runtime = open_runtime(db)
     record = with_tools(runtime, plan_id, tools_spec, required=False)
     person = acting(runtime, user, token, "decide", category=record.category)
     record = runtime.settle(record.id, step, done=done, actor=person, output=output, note=note)
-    click.echo(f"step {step} settled as {'done' if done else 'not done'}; now: plangate resume {record.id[:8]}")
+    click.echo(_settled(step, done, record.id))
+
+
+def _settled(step: int, done: bool, plan_id: str) -> str:
+    said = "done" if done else "not done"
+    if step > 0:
+        return f"step {step} settled as {said}; now: plangate resume {plan_id[:8]}"
+    return f"the undo of step {-step} settled as {said}; now: plangate compensate {plan_id[:8]} (or close it)"
 
 
 @click.command("compensate")

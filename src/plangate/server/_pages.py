@@ -140,7 +140,8 @@ def run_page(request: Request, plan_id: str, *, rt: Rt, caller: Reader, config: 
         [{"id": s.id, "tool": s.tool, **progress["steps"][str(s.id)]} for s in record.plan.steps] if record.plan else []
     )
     answer = views.answer(rt.store, record, config.catalogue)  # once the run succeeded: what it said, marked
-    return render(request, "run.html", caller, record=record, steps=steps, answer=answer)
+    undos = views.unsettled_undos(rt, record, config.catalogue)
+    return render(request, "run.html", caller, record=record, steps=steps, answer=answer, undos=undos)
 
 
 @router.get("/plans/{plan_id}/trace", response_class=HTMLResponse)

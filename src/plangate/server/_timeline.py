@@ -60,6 +60,7 @@ _MARKS = {
     "compensation.finished": ("undo", "↶"),
     "step.skipped": ("wait", "–"),
     "step.settled": ("settle", "S"),
+    "compensation.step_settled": ("settle", "S"),
     "step.retrying": ("retry", "↻"),
     "react.started": ("run", "▶"),
     "react.resumed": ("run", "↻"),
@@ -342,7 +343,14 @@ class _Builder:
         self.lanes[key] = replace(self.lanes[key], state=state)
 
     def mark(self, event: Event, at: datetime) -> None:
-        if event.kind in ("step.skipped", "step.settled", "step.retrying", "react.refused", "react.approval_needed"):
+        if event.kind in (
+            "step.skipped",
+            "step.settled",
+            "compensation.step_settled",
+            "step.retrying",
+            "react.refused",
+            "react.approval_needed",
+        ):
             lane = self.step_lane(event)
         elif event.kind in _RUN_LANE:
             lane = self.lane(RUN, "the run")

@@ -167,6 +167,18 @@ def pretty_plan(plan: Plan) -> str:
     return json.dumps(body, indent=2, ensure_ascii=False)
 
 
+def unsettled_undos(rt: Runtime, record: PlanRecord, catalogue: Catalogue) -> list[dict[str, Any]]:
+    """A rollback's calls cut off with no outcome: each the undo of a step, for a person to settle."""
+    if record.plan is None or record.status not in ("halted", "compensation_incomplete"):
+        return []
+    found = []
+    for step_id, row in sorted(rt.store.steps(record.id).items(), reverse=True):
+        if step_id < 0 and row.status in ("started", "outcome_unknown"):
+            tool = catalogue.get(record.plan.step(-step_id).tool)
+            found.append({"id": step_id, "of": -step_id, "tool": tool.compensate if tool else None})
+    return found
+
+
 def progress(rt: Runtime, record: PlanRecord) -> dict[str, Any]:
     steps = review.progress(record, rt.store.steps(record.id), rt.trace(record.id))
     return {"status": rt.get(record.id).status, "steps": steps}
