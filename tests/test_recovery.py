@@ -356,3 +356,60 @@ def test_an_undo_settled_as_not_done_is_called_again_and_a_settled_rollback_may_
     with closing(rt):
         rt.settle(plan_id, -1, done=True, actor="dave", output="refunded c5")
         assert rt.close_plan(plan_id, actor="dave", reason="checked by hand").status == "closed"
+
+
+def _rolled_back(tmp_path: Path, undo_source: str) -> tuple[Runtime, str, Any]:
+    """A halted plan whose step 1 (``charge``) is undone by the ``undo`` tool written in ``undo_source``,
+    rolled back once: the runtime, the plan, and the rollback's result."""
+    tools = tmp_path / "undo_tools.py"
+    tools.write_text(
+        "import asyncio, time\nfrom plangate import tool\n\n"
+        "@tool(effect='write', compensate='undo')\ndef charge(amount: int) -> dict:\n"
+        "    return {'charge_id': f'c{amount}'}\n\n"
+        "@tool(effect='write')\ndef fail(n: int) -> int:\n    raise RuntimeError('no')\n\n" + undo_source
+    )
+    rt = Runtime(Catalogue.from_module(tools), db=f"sqlite:///{tmp_path}/c.db", clock=FixedClock(), tools=str(tools))
+    record = rt.submit(
+        plan({"id": 1, "tool": "charge", "params": {"amount": 3}}, {"id": 2, "tool": "fail", "params": {"n": 1}}),
+        "bob",
+    )
+    rt.approve(record.id, "dave", record.hash)
+    assert rt.execute(record.id).status == "halted"
+    return rt, record.id, rt.compensate(record.id, actor="dave", reason="cancelled")
+
+
+def test_an_async_compensating_tool_is_awaited(tmp_path: Path) -> None:
+    """A compensating tool written async (as an MCP server's tools are) was called and never awaited:
+    its coroutine failed the output's type, and the step was never undone."""
+    rt, plan_id, result = _rolled_back(
+        tmp_path,
+        "@tool(effect='write')\nasync def undo(charge_id: str) -> str:\n"
+        "    await asyncio.sleep(0)\n    return f'refunded {charge_id}'\n",
+    )
+    with closing(rt):
+        assert result.status == "compensated" and result.undone == (1,)
+        assert rt.store.steps(plan_id)[-1].output == "refunded c3"
+
+
+def test_a_compensating_tool_that_raises_system_exit_fails_its_undo_and_ends_nothing_else(tmp_path: Path) -> None:
+    rt, plan_id, result = _rolled_back(
+        tmp_path, "@tool(effect='write')\ndef undo(charge_id: str) -> str:\n    raise SystemExit(3)\n"
+    )
+    with closing(rt):
+        assert result.status == "compensation_incomplete" and "SystemExit" in result.failed[0][1]
+        assert rt.store.steps(plan_id)[-1].status == "failed"
+        assert rt.store.verify_audit().ok
+
+
+def test_a_compensating_call_that_overruns_its_limit_is_left_for_a_person_to_settle(tmp_path: Path) -> None:
+    """Not idempotent: it may have happened. Its outcome is left unknown, and a person settles it."""
+    rt, plan_id, result = _rolled_back(
+        tmp_path,
+        "@tool(effect='write', timeout=0.2)\ndef undo(charge_id: str) -> str:\n    time.sleep(5)\n    return 'late'\n",
+    )
+    with closing(rt):
+        assert result.status == "compensation_incomplete"
+        assert "timed out after 0.2 s" in result.failed[0][1] and "--undo" in result.failed[0][1]
+        assert rt.store.steps(plan_id)[-1].status == "started"
+        rt.settle(plan_id, -1, done=False, actor="dave", note="the bank shows nothing")
+        assert rt.store.steps(plan_id)[-1].status == "failed"

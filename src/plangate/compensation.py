@@ -6,7 +6,10 @@ refund's ``refund_id``), then in the step's own parameters (the ``invoice_id``).
 undo is recorded as ``started`` before its call, under the idempotency key
 ``plan_id:undo:step_id``, and its outcome after, so a crash never undoes a step twice:
 an undo that started with no outcome runs again only if the compensating tool is
-idempotent. Steps that only read need no undo; steps that write but declare no
+idempotent. An undo is called as the engine calls a tool (sync or async, under its time
+limit, whatever it raises its failure); one that overran, or whose tool said its outcome is
+unknown, is left without an outcome when its tool is not idempotent, for a person to settle
+(``plangate settle ID STEP --undo``). Steps that only read need no undo; steps that write but declare no
 compensating tool are listed for a person. The plan ends ``compensated`` or
 ``compensation_incomplete`` (run it again once a person has dealt with what is listed).
 """
@@ -16,9 +19,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
-from pydantic import ValidationError
-
-from plangate import lifecycle
+from plangate import _calls as calls
+from plangate import lifecycle, timeouts
 from plangate._clock import Clock, iso
 from plangate.errors import LeaseLostError, ParamsError
 from plangate.plan import Plan, Step
@@ -143,10 +145,18 @@ class Compensation:
             kwargs[undo.ctx_param] = RunContext(
                 plan_id=f"{self.plan_id}:undo", step_id=step.id, now=self.clock.now(), attempt=started.attempt
             )
-        try:
-            output = undo.dump_output(undo.fn(**kwargs))
-        except (ValidationError, Exception) as exc:  # noqa: BLE001 - a failed undo is recorded and listed
-            error = f"{type(exc).__name__}: {exc}"
+        # As the engine calls a tool: sync or async, under its time limit, whatever it raises its failure.
+        called = step.model_copy(update={"tool": undo.name, "expected_output": "any"})
+        seconds = timeouts.call_limit(undo, None)
+        outcome = calls.bounded(called, undo, kwargs, seconds, timeouts.shared("plangate-step"))
+        may_have = outcome.unknown or (f"it timed out after {seconds:g} s" if outcome.timed_out is not None else None)
+        if may_have is not None and not undo.idempotent:  # no outcome recorded: a person checks, and settles it
+            return (
+                f"the undo may have happened ({may_have}), and {undo.name} is not idempotent: a person must check "
+                f"it, then settle it (plangate settle {self.plan_id[:8]} {step.id} --undo --done or --not-done)"
+            )
+        if not outcome.ok:
+            error = outcome.error or "failed"
             with self.store.transaction():
                 self._fence()
                 self.store.put_step(replace(started, status="failed", error=error, finished_at=iso(self.clock.now())))
@@ -154,8 +164,9 @@ class Compensation:
             return error
         with self.store.transaction():
             self._fence()
-            self.store.put_step(replace(started, status="succeeded", output=output, finished_at=iso(self.clock.now())))
-            self._event("compensation.step_succeeded", step.id, {"output": output})
+            finished = replace(started, status="succeeded", output=outcome.output, finished_at=iso(self.clock.now()))
+            self.store.put_step(finished)
+            self._event("compensation.step_succeeded", step.id, {"output": outcome.output})
         return None
 
     def _fence(self) -> None:
