@@ -255,7 +255,7 @@ def test_a_workflow_input_naming_other_tools_runs_the_hosts_own(tmp_path: Path) 
 
 
 def test_a_workflow_started_by_hand_under_another_id_runs_no_step(temporal: str, tmp_path: Path) -> None:
-    """plangate starts a plan's workflow under the plan's id, once (REJECT_DUPLICATE); a workflow
+    """plangate starts a plan's workflow under the plan's id, one at a time; a workflow
     started by hand under another id, with a running plan's input copied, is refused at its first step."""
     import concurrent.futures
 

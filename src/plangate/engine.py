@@ -228,10 +228,16 @@ class _Run:
         with self.store.transaction():
             self._tick()
             self._fence()
+            # The log's lock before the step's record is read: two attempts of the step under one claim (an
+            # orchestrator's retry beside an attempt it gave up on) pass the same fence, and on PostgreSQL
+            # both would read the step as never started and both call its tool. Now one reads the other's start.
+            self.store.lock_log()
             self._reload()
             row = self.rows.get(step_id)
             if row is not None and row.status in DONE:
                 return row.status  # already done: the same answer again
+            if row is not None and row.status == "failed" and self._failed_in_this_run(step_id):
+                return row.status  # an attempt whose answer was lost, made again: the same answer again
             if row is not None and row.status in ("started", "outcome_unknown"):
                 self._unknown_outcome(row)
                 if self.halt is not None:
@@ -251,6 +257,21 @@ class _Run:
             self._record_finished()
         return self.rows[step_id].status
 
+    def _failed_in_this_run(self, step_id: int) -> bool:
+        """Whether the step's failure was recorded since the run was claimed, not before it.
+
+        A step that failed before (a halt, a step a person settled as not done) runs again when a person
+        resumes or corrects the plan; one that failed in this run is never called again on its own: its
+        tool may not be idempotent, and the orchestrator that asks again only lost the first answer.
+        """
+        failed = False
+        for event in self.store.events(self.plan_id):
+            if event.kind in ("run.started", "run.resumed"):
+                failed = False
+            elif event.kind == "step.failed" and event.step_id == step_id:
+                failed = True
+        return failed
+
     def _one_call(self, step_id: int) -> Outcome:
         """The call and its retries, in this thread: an orchestrator's activity may block."""
         outcome = self._call_bounded(step_id)
@@ -258,6 +279,7 @@ class _Run:
             with self.store.transaction():
                 self._tick()
                 self._fence()  # the retry is recorded only while the runner holds the plan
+                self._hold(step_id)  # and while the step is still this attempt's
                 delay = self._retry_delay(outcome)
             if delay is None:
                 return outcome
@@ -581,11 +603,29 @@ class _Run:
         return await self._call(last.step_id)
 
     def _restart(self, step_id: int) -> bool:
-        """A new ``started`` record (attempt + 1, the same key), under the lease, as for any step."""
+        """A new ``started`` record (attempt + 1, the same key), under the lease, as for any step, in place of
+        this attempt's own record only."""
         if self.e.owner is not None:
             self.store.fence(self.plan_id, self.e.owner)
         self._check_lease()
+        self._hold(step_id)
         return self._prepare(step_id)
+
+    def _hold(self, step_id: int) -> None:
+        """This transaction commits only while the step's record is still the ``started`` one this run made.
+
+        An orchestrator may run one step in two attempts at once (Temporal runs an activity again once
+        its heartbeats stop, while the first may still run): one that completed the step, or took it
+        over, is never undone by the other's retry, which would call the tool again and record over it.
+        """
+        attempt = self.rows[step_id].attempt
+        self.store.hold_step(
+            self.plan_id,
+            step_id,
+            attempt=attempt,
+            lost=f"step {step_id}'s record changed while its call (attempt {attempt}) ran: another attempt "
+            "completed it or took it over, or a person settled it; this attempt makes no retry, and stops here",
+        )
 
     # -- ending --------------------------------------------------------------------------
     def _end(self) -> RunResult:

@@ -5,8 +5,9 @@ whose inputs are done, several at once where the plan allows; the activity's id 
 step's idempotency key, ``plan_id:step_id``. Each activity runs exactly one step through
 plangate's own engine, so the audit events, the durable ``started`` record, and the rules
 for halting and for unknown outcomes are the same as on the embedded engine: when
-Temporal retries an activity whose worker died, a completed step is not run again, an
-idempotent one runs again under the same key, and any other ends the run for a person.
+Temporal retries an activity whose worker died, a completed step is not run again, nor one
+whose failure this run recorded, an idempotent one runs again under the same key, and any
+other ends the run for a person.
 
 A step's time limit and retries are the engine's: ``one()`` waits for the call up to its
 limit and makes the retries itself, and each activity's ``start_to_close_timeout`` is that
@@ -19,7 +20,7 @@ is alive, and once they stop for the heartbeat timeout (seconds, not the step's 
 Temporal runs the activity again on a worker that is.
 
 ``plangate worker --temporal HOST:PORT`` hosts the workflow and the activities and starts
-a workflow (id = plan id, so never twice) for each approved plan it claims; its timeouts
+a workflow (id = plan id, never two at once) for each approved plan it claims; its timeouts
 and how many activities and workflow tasks it runs at once are :class:`Settings`.
 Install with ``pip install 'plangate[temporal]'``.
 """
@@ -33,6 +34,7 @@ import contextvars
 import functools
 import json
 import logging
+import secrets
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -59,6 +61,7 @@ TASK_QUEUE = "plangate"
 _log = logging.getLogger("plangate.temporal")
 _LEASE_SECONDS = 3600.0  # a workflow's lease: Temporal itself keeps the run going, not this process
 _MARGIN_SECONDS = 60.0  # over a step's own budget: the engine's limit, not Temporal's, ends a hung call
+_MOST_SECONDS = 365 * 86400.0  # a timeout of the Settings: a year, well within what a workflow's durations hold
 _LOCAL_ACTIVITIES = 2  # plangate's own bookkeeping (a plan's end), on threads of its own beside the steps'
 
 
@@ -85,8 +88,13 @@ class Settings:
 
     def check(self) -> None:
         """Refuse settings under which a step could be lost or never start."""
-        if self.heartbeat_seconds <= 0 or self.margin_seconds <= 0:
-            raise ValueError("the heartbeat timeout and the start-to-close margin must be more than 0 seconds")
+        for seconds in (self.heartbeat_seconds, self.margin_seconds):
+            # Not a number, infinite or beyond a duration: each workflow task would fail making the timeout.
+            if not (0 < seconds <= _MOST_SECONDS):
+                raise ValueError(
+                    "the heartbeat timeout and the start-to-close margin must be more than 0 seconds "
+                    f"and at most {_MOST_SECONDS:g} seconds"
+                )
         if self.max_activities < 1 or self.max_workflow_tasks < 2:
             raise ValueError("a Temporal worker needs at least 1 activity and 2 workflow tasks at once")
         if self.threads <= self.max_activities:
@@ -311,11 +319,14 @@ def workflow_args(
     """The workflow's input for a claimed run: the approved text and hash travel in Temporal's history,
     with the activities' timeouts, so an activity retried on another worker keeps them.
 
-    The steps' order is the engine's (:func:`plangate.graph.run_deps`): data flow, and effects as barriers.
+    The steps' order is the engine's (:func:`plangate.graph.run_deps`): data flow, and effects as barriers,
+    each tool's effect as the claim's policy says it is, as the engine holds it.
     """
     from plangate import timeouts
+    from plangate._overrides import governed
     from plangate.graph import run_deps
 
+    catalogue = governed(catalogue, claim.policy)
     deps = run_deps(claim.body, lambda name: catalogue[name].effect if name in catalogue else None)
     budgets = {
         str(s.id): timeouts.budget(catalogue[s.tool], claim.policy) for s in claim.body.steps if s.tool in catalogue
@@ -392,31 +403,34 @@ async def serve(
 
 
 def _claim(db: str, catalogue: Catalogue, name: str, refused: list[str]) -> Claim | None:
-    """The same claim as any runner: the exact approved text, under this worker's lease."""
+    """The same claim as any runner: the exact approved text, under a lease of this worker's that names this
+    claim alone. The run's activities are fenced by it; were it the worker's name, an attempt of an earlier
+    run of the same plan (a corrected version claimed again by this worker) would pass the new run's fence."""
     while True:
+        owner = f"{name}/{secrets.token_hex(4)}"
         store = open_store(db)
         try:
-            plan_id = store.claim(name, _now(), _now(minutes=60), skip=refused)
+            plan_id = store.claim(owner, _now(), _now(minutes=60), skip=refused)
             if plan_id is None:
                 return None
             try:
                 return Runtime(catalogue, db=store, lease_seconds=_LEASE_SECONDS).start(
-                    plan_id, actor="temporal", owner=name, leased=True
+                    plan_id, actor="temporal", owner=owner, leased=True
                 )
             except PlangateError as exc:  # refused, or a record that cannot be read: not this process's to run
                 refused.append(plan_id)
                 _log.error("plan %s: not run by this worker: %s", plan_id, exc)
-                store.release(plan_id, name)
+                store.release(plan_id, owner)
             except BaseException:  # the store failed (waited out by serve): the lease would hide the plan an hour
                 with contextlib.suppress(Exception):
-                    store.release(plan_id, name)
+                    store.release(plan_id, owner)
                 raise
         finally:
             store.close()
 
 
 async def _run(client: Any, claim: Claim, args: dict[str, Any], refused: list[str]) -> int:
-    """Start the plan's workflow (id = plan id, so never twice) and wait for its end; 1 if it ended."""
+    """Start the plan's workflow (id = plan id, never two at once) and wait for its end; 1 if it ended."""
     from temporalio.client import WorkflowFailureError
     from temporalio.common import WorkflowIDReusePolicy
     from temporalio.exceptions import WorkflowAlreadyStartedError
@@ -431,12 +445,15 @@ async def _run(client: Any, claim: Claim, args: dict[str, Any], refused: list[st
                 {**args, "traceparent": spans.run_traceparent()},
                 id=plan_id,
                 task_queue=TASK_QUEUE,
-                id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
+                # Temporal never starts a second workflow under the id while one runs; once the plan's last one
+                # ended (halted, or failed and its lease run out), the claim, which only one runner holds,
+                # decides: a plan corrected after a halt (a new version, approved) runs under the same id.
+                id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
             )
         except (WorkflowAlreadyStartedError, WorkflowFailureError) as failed:
             spans.close(failed)
-            # It stays running under this worker's lease for a person to look at, and is
-            # not claimed again by this worker (a workflow id is never reused).
+            # It stays running under this worker's lease for a person to look at, and is not
+            # claimed again by this worker; once the lease runs out, another runner resumes it.
             refused.append(plan_id)
             return 0
         spans.end(status)

@@ -105,6 +105,16 @@ class Store(abc.ABC):
         """
 
     @abc.abstractmethod
+    def hold_step(self, plan_id: str, step_id: int, *, attempt: int, lost: str) -> None:
+        """Inside a transaction: let it commit only while the step's record is still ``started`` at ``attempt``.
+
+        Locks the row until the commit, so what the transaction then writes of the step (a retry's new
+        ``started`` record) replaces that attempt's record and no other: when the row moved on (another
+        attempt completed the step, a person settled it), the transaction fails with
+        :class:`~plangate.errors.LeaseLostError` saying ``lost``, at the latest as it commits.
+        """
+
+    @abc.abstractmethod
     def on_commit(self, fn: Callable[..., object], /, *args: Any) -> None:
         """Call ``fn(*args)`` once the open transaction commits (never, if it rolls back); at once outside one."""
 

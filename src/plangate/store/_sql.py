@@ -387,6 +387,16 @@ class SQLStore(AuditLog, Store):
             lost=lost,
         )
 
+    def hold_step(self, plan_id: str, step_id: int, *, attempt: int, lost: str) -> None:
+        self._require_tx()
+        self._write(
+            "UPDATE steps SET attempt = attempt"
+            " WHERE plan_id = ? AND step_id = ? AND status = 'started' AND attempt = ?",
+            (plan_id, step_id, attempt),
+            key=("step", plan_id, step_id),
+            lost=lost,
+        )
+
     def save_policy(self, policy_hash: str, name: str, body: str) -> None:
         self._require_tx()
         self._exec(
