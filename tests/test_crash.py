@@ -9,6 +9,7 @@ import sys
 import time
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -105,3 +106,92 @@ def test_killed_in_a_non_idempotent_step_halts_for_a_person(crash_env: Path) -> 
     assert sends == {4: 1}
     assert rt.get(plan_id).status == "halted"
     assert rt.store.verify_audit().ok
+
+
+# -- a run that died between a step's failure and its halt ------------------------------------------
+def _failed_then_died(store: Any, plan_id: str) -> None:
+    """What a run leaves that recorded step 1's failure while step 2's call was still out, and died
+    before it recorded its halt: the plan running under a lease that has run out."""
+    from plangate import lifecycle
+    from plangate.plan import Plan
+    from plangate.store import StepRow
+
+    at = "2026-01-01T00:00:00.000000Z"
+    body = Plan.parse(store.get_version(plan_id, 1).body)
+    with store.transaction():
+        store.lock_log()
+        row = store.get_plan(plan_id)
+        gone = "gone#0@elsewhere:1"
+        lifecycle.claim(store, row, owner=gone, at=at, until=at, actor="engine", kind="run.started", data={"steps": 2})
+        for step in body.steps:
+            key = f"{plan_id}:{step.id}"
+            store.put_step(
+                StepRow(
+                    plan_id=plan_id,
+                    step_id=step.id,
+                    version=1,
+                    status="started",
+                    attempt=1,
+                    idempotency_key=key,
+                    params=step.params,
+                    started_at=at,
+                )
+            )
+            data = {"tool": step.tool, "params": step.params, "attempt": 1, "idempotency_key": key}
+            store.append_event(
+                plan_id=plan_id, version=1, step_id=step.id, kind="step.started", actor="engine", at=at, data=data
+            )
+    with store.transaction():
+        error = "RuntimeError: the card was declined"
+        store.finish_step(plan_id, 1, attempt=1, status="failed", output=None, error=error, at=at, lost="lost")
+        store.append_event(
+            plan_id=plan_id,
+            version=1,
+            step_id=1,
+            kind="step.failed",
+            actor="engine",
+            at=at,
+            data={"error": error, "ms": 1.0},
+        )
+
+
+def test_a_run_taken_over_halts_on_the_failure_its_predecessor_recorded_and_never_calls_the_step_again(
+    tmp_path: Path,
+) -> None:
+    """The run that died had recorded step 1's failure, and would have halted once step 2's call came
+    back. The run that takes it over called step 1 again, on its own, as if a person had resumed it
+    (a charge that failed, tried again unasked). It now halts on that failure, as the first would
+    have; a person's resume still runs the step again."""
+    from plangate import tool
+    from plangate.replay import replay
+
+    calls: list[str] = []
+
+    @tool(effect="write")
+    def charge(amount: int) -> str:
+        calls.append("charge")
+        return "charged"
+
+    @tool
+    def look(n: int) -> int:
+        calls.append("look")
+        return n
+
+    catalogue = Catalogue([charge, look])
+    rt = Runtime(catalogue, db=f"sqlite:///{tmp_path}/t.db")
+    try:
+        steps = ({"id": 1, "tool": "charge", "params": {"amount": 5}}, {"id": 2, "tool": "look", "params": {"n": 1}})
+        record = rt.submit(plan(*steps, category="ops") | {"order": "dataflow"}, "alice")
+        rt.approve(record.id, "reviewer", record.hash)
+        _failed_then_died(rt.store, record.id)
+        result = rt.execute(record.id)
+        assert result.status == "halted" and result.failed_step == 1
+        assert result.error == "RuntimeError: the card was declined"
+        assert calls == [], "nothing called again: step 1 failed, and step 2 waits behind the halt"
+        assert rt.store.verify_audit().ok
+        assert replay(rt.store, record.id, catalogue).ok
+        resumed = rt.resume(record.id)  # a person's decision: the failed step runs again
+        assert resumed.ok and sorted(calls) == ["charge", "look"]
+        assert replay(rt.store, record.id, catalogue).ok
+    finally:
+        rt.close()

@@ -37,7 +37,7 @@ from functools import cached_property
 from typing import Any, Literal
 
 from plangate import _calls as calls
-from plangate import answer, lifecycle, metrics, provenance, results, timeouts, tracing
+from plangate import answer, ledger, lifecycle, metrics, provenance, results, timeouts, tracing
 from plangate._calls import Outcome
 from plangate._clock import Clock, iso, parse_iso
 from plangate._decide import SKIPPED, decide
@@ -85,6 +85,7 @@ class Engine:
         actor: str = "engine",
         rows: Mapping[int, StepRow] | None = None,
         claimed: PlanRow | None = None,
+        failed: tuple[int, ...] = (),
     ) -> RunResult:
         """Run (or continue) the plan to its end or to a halt.
 
@@ -92,11 +93,14 @@ class Engine:
         a sync call made on that thread overruns its limit (see :class:`plangate.timeouts.Watch`).
         ``rows``: the plan's step rows as its claim read them (and held against its audit log), which
         the run then does not read again; else it reads them as it begins. ``claimed``: the plan's
-        row as the run's owner claimed it, which its end moves on without reading it again.
+        row as the run's owner claimed it, which its end moves on without reading it again. ``failed``:
+        steps whose failure the run this one takes over recorded before it died, with no halt after it;
+        this run halts on the first of them (as that run would have) and calls none of them again.
         """
         run = _Run(self, plan_id, version, plan, actor)
         run.known = None if rows is None else dict(rows)
         run.claimed = claimed
+        run.unhalted = failed
         return run.watched()
 
     def stepper(
@@ -123,6 +127,7 @@ class _Run:
         self.rows: dict[int, StepRow] = {}
         self.known: dict[int, StepRow] | None = None  # the step rows as the claim read them, for _load
         self.claimed: PlanRow | None = None  # the plan's row as the owner claimed it, for _move
+        self.unhalted: tuple[int, ...] = ()  # failures of the run this one takes over, never halted on, for _load
         self.position = {step_id: index for index, step_id in enumerate(self.order)}
         self.waiting: set[int] = set()  # not started yet in this run
         self.blockers: dict[int, set[int]] = {}  # what each waiting step still waits for
@@ -258,19 +263,13 @@ class _Run:
         return self.rows[step_id].status
 
     def _failed_in_this_run(self, step_id: int) -> bool:
-        """Whether the step's failure was recorded since the run was claimed, not before it.
+        """Whether the step's failure was recorded in this run (or the run it took over), with no halt since.
 
         A step that failed before (a halt, a step a person settled as not done) runs again when a person
         resumes or corrects the plan; one that failed in this run is never called again on its own: its
         tool may not be idempotent, and the orchestrator that asks again only lost the first answer.
         """
-        failed = False
-        for event in self.store.events(self.plan_id):
-            if event.kind in ("run.started", "run.resumed"):
-                failed = False
-            elif event.kind == "step.failed" and event.step_id == step_id:
-                failed = True
-        return failed
+        return step_id in ledger.unhalted(self.store.events(self.plan_id))
 
     def _one_call(self, step_id: int) -> Outcome:
         """The call and its retries, in this thread: an orchestrator's activity may block."""
@@ -320,6 +319,8 @@ class _Run:
                 self._report("reused", step_id, row.status)
             elif row is not None and row.status in ("started", "outcome_unknown"):
                 self._unknown_outcome(row)
+            elif row is not None and row.status == "failed" and step_id in self.unhalted:
+                self.halt = self.halt or (step_id, row.error or "failed", None)  # the halt its run did not record
             else:
                 self.waiting.add(step_id)
         for step_id in self.waiting:

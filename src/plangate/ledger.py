@@ -92,6 +92,28 @@ class PlanLedger:
         return approval.missing(version.check.policy, self.standing())
 
 
+def unhalted(events: Iterable[Event]) -> tuple[int, ...]:
+    """The steps whose failure the plan's current run recorded with no halt after it, in order.
+
+    A run that dies between a step's failure and its halt (other calls still in flight) leaves
+    the plan running; whoever takes it over must halt on that failure, not call the step again.
+    A run a person began (from approved or halted) starts afresh: what failed before it is theirs
+    to run again.
+    """
+    failed: dict[int, None] = {}
+    for event in events:
+        transition = event.data.get("transition") if isinstance(event.data, dict) else None
+        taken_over = isinstance(transition, dict) and transition.get("from") == "running"
+        begun = event.kind in ("run.started", "run.resumed") and not taken_over  # a run a person (or worker) began
+        if begun or event.kind in ("run.halted", "run.refused"):
+            failed.clear()
+        elif event.kind == "step.failed" and event.step_id is not None:
+            failed[event.step_id] = None
+        elif event.kind in ("step.started", "step.settled") and event.step_id is not None:
+            failed.pop(event.step_id, None)
+    return tuple(failed)
+
+
 def fold(plan_id: str, events: Iterable[Event]) -> PlanLedger:
     """Replay a plan's events into its state (events of other plans are ignored)."""
     ledger = PlanLedger(plan_id=plan_id)

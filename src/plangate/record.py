@@ -131,3 +131,6 @@ class Claim:
     actor: str
     rows: Mapping[int, StepRow] | None = None
     """The plan's step rows as the claim read them and held against its audit log (None: not read)."""
+    failed: tuple[int, ...] = ()
+    """Steps whose failure the run this claim takes over recorded before it died, with no halt after it:
+    the run halts on them, as that run would have, and does not call them again (see :func:`ledger.unhalted`)."""

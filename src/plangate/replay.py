@@ -208,7 +208,9 @@ class _Replay:
         self.run_policy = self.policy or Policy.recorded(self.store, policy_hash)
         self.flows = provenance.analyse(self.plan, governed(self.catalogue, self.run_policy))  # trust as it ran
         self.deps = run_deps(self.plan, lambda name: self.catalogue[name].effect if name in self.catalogue else None)
-        self.halt = None
+        transition = event.data.get("transition") or {}
+        if transition.get("from") != "running":  # a run taken over halts on what its predecessor failed
+            self.halt = None
 
     def _end(self, event: Event) -> None:
         if self.plan is None:

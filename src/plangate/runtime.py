@@ -443,6 +443,7 @@ class Runtime:
                 refusal = f"plan {plan.id} may not run: it does not pass ({drift.first_violation(version.check)})"
             if refusal is not None and plan.status == "running":
                 self._halt_cut_off(plan, refusal, owner if leased else None)
+            taken_over = plan.status == "running"  # its runner died (or gave its lease back) mid-run
             if refusal is None:
                 resumed = bool(told.steps)
                 plan = lifecycle.claim(
@@ -457,7 +458,8 @@ class Runtime:
                 )
         if refusal is not None:
             raise GovernanceError(refusal)
-        return Claim(plan=plan, body=body, policy=policy, owner=owner, actor=actor, rows=told.rows)
+        failed = ledger.unhalted(told.events) if taken_over else ()
+        return Claim(plan=plan, body=body, policy=policy, owner=owner, actor=actor, rows=told.rows, failed=failed)
 
     def _halt_cut_off(self, plan: PlanRow, refusal: str, claimed_by: str | None) -> None:
         """A run cut off (its runner died, or gave its lease back at a drain) that the tools or the policy
@@ -510,7 +512,13 @@ class Runtime:
         )
         with keeper:
             result = engine.run(
-                claim.plan.id, claim.plan.version, claim.body, actor=claim.actor, rows=claim.rows, claimed=claim.plan
+                claim.plan.id,
+                claim.plan.version,
+                claim.body,
+                actor=claim.actor,
+                rows=claim.rows,
+                claimed=claim.plan,
+                failed=claim.failed,
             )
         policy = claim.policy
         if result.ok or policy is None or policy.compensation.on_halt != "auto":
