@@ -283,7 +283,9 @@ def _calls(folder: Path) -> list[str]:
     return (folder / "calls.txt").read_text().splitlines()
 
 
-def _undo_cut_off(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str = "u.db") -> tuple[Runtime, str, str]:
+def _undo_cut_off(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str = "u.db", *, again: bool = True
+) -> tuple[Runtime, str, str]:
     """A halted plan whose rollback called the undo of step 1 and died before recording its outcome,
     then was run again: the undo (not idempotent) left for a person. The runtime, the plan, the store."""
     import sqlite3
@@ -313,8 +315,10 @@ def _undo_cut_off(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str = "
     assert _calls(tmp_path) == ["charge 5", "refund c5"]
     with sqlite3.connect(f"{tmp_path}/{name}") as conn:  # the dead rollback's lease runs out
         conn.execute("UPDATE plans SET lease_until = '2000-01-01T00:00:00.000000Z' WHERE id = ?", (record.id,))
-    again = rt.compensate(record.id, actor="dave", reason="again")
-    assert again.status == "compensation_incomplete" and "--undo" in again.failed[0][1]
+    if not again:
+        return rt, record.id, db
+    second = rt.compensate(record.id, actor="dave", reason="again")
+    assert second.status == "compensation_incomplete" and "--undo" in second.failed[0][1]
     assert _calls(tmp_path) == ["charge 5", "refund c5"], "the undo is not called again on its own"
     return rt, record.id, db
 
@@ -413,3 +417,71 @@ def test_a_compensating_call_that_overruns_its_limit_is_left_for_a_person_to_set
         assert rt.store.steps(plan_id)[-1].status == "started"
         rt.settle(plan_id, -1, done=False, actor="dave", note="the bank shows nothing")
         assert rt.store.steps(plan_id)[-1].status == "failed"
+
+
+def test_a_worker_carries_on_a_rollback_the_policy_began_once_its_runner_stopped(
+    tmp_path: Path, catalogue: Catalogue, policy: Policy, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``compensation.on_halt: auto``: the policy's rollback was cut off (its process stopped after an
+    undo's call, before its outcome) and stayed ``compensating`` until a person ran it again. A worker
+    now carries it on once its lease ran out: the undo, idempotent, again under the same key."""
+    import sqlite3
+
+    from examples import business
+
+    from plangate.worker import Worker
+
+    rolling = policy.model_copy(update={"compensation": policy.compensation.model_copy(update={"on_halt": "auto"})})
+    db = f"sqlite:///{tmp_path}/w.db"
+    rt = Runtime(catalogue, rolling, db=db, clock=FixedClock())
+    put_step = rt.store.put_step
+
+    def cut_off(row: Any) -> None:
+        if row.step_id < 0 and row.status == "succeeded":
+            raise SystemExit("killed")
+        put_step(row)
+
+    with closing(rt), monkeypatch.context() as patched:
+        patched.setattr(rt.store, "put_step", cut_off)
+        record = rt.submit(REFUND_THEN_FAIL, "bob")
+        rt.approve(record.id, "dave", record.hash)
+        with pytest.raises(SystemExit):
+            rt.execute(record.id)
+    with sqlite3.connect(f"{tmp_path}/w.db") as conn:
+        status, owner = conn.execute("SELECT status, lease_owner FROM plans WHERE id = ?", (record.id,)).fetchone()
+        assert status == "compensating" and owner.startswith(f"policy:{rolling.name}#")
+        conn.execute("UPDATE plans SET lease_until = '2000-01-01T00:00:00.000000Z' WHERE id = ?", (record.id,))
+    assert business.effect_counts() == {"refund": 1, "void": 1}
+    worker = Worker(catalogue, db=db, policy=rolling)
+    try:
+        worker.serve(drain=True, poll=0.05)
+    finally:
+        worker.close()
+    check = Runtime(catalogue, rolling, db=db, clock=FixedClock())
+    with closing(check):
+        assert check.get(record.id).status == "compensated"
+        assert business.effect_counts() == {"refund": 1, "void": 1}, "called again under the same key: voided once"
+        starts = [e for e in check.trace(record.id) if e.kind == "compensation.started"]
+        assert [e.actor for e in starts] == [f"policy:{rolling.name}"] * 2
+        assert check.store.verify_audit().ok
+
+
+def test_a_worker_leaves_a_rollback_a_person_began_to_them(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A rollback a person began and whose runner stopped is theirs to run again: the policy does not
+    carry it on, and a worker does not touch it."""
+    from plangate.worker import Worker
+
+    rt, plan_id, db = _undo_cut_off(tmp_path, monkeypatch, again=False)  # dave's rollback, cut off
+    with closing(rt):
+        assert rt.get(plan_id).status == "compensating"
+        with pytest.raises(GovernanceError, match="begun by dave"):
+            rt.carry_on_rollback(plan_id)
+    worker = Worker(Catalogue.from_module(tmp_path / "charges.py"), db=db)
+    try:
+        worker.serve(drain=True, poll=0.05)
+    finally:
+        worker.close()
+    check = Runtime(Catalogue.from_module(tmp_path / "charges.py"), db=db, clock=FixedClock())
+    with closing(check):
+        assert check.get(plan_id).status == "compensating"
+    assert _calls(tmp_path) == ["charge 5", "refund c5"], "the undo is not called again"

@@ -306,6 +306,28 @@ class Runtime:
         _aio.refuse_in_loop("Runtime.compensate", "runtime.acompensate")
         return self._roll_back(plan_id, actor=actor, reason=reason, by_person=True)
 
+    def carry_on_rollback(self, plan_id: str) -> CompensationResult:
+        """Carry on a rollback the policy began (``compensation.on_halt: auto``) whose runner stopped, once its
+        lease has run out: as the policy, under the rules of any rollback (nothing undone twice). A rollback
+        a person began is theirs to run again (``plangate compensate``), and so is one the policy in force no
+        longer begins on its own. Workers call this for the rollbacks they find cut off."""
+        _aio.refuse_in_loop("Runtime.carry_on_rollback", "runtime.acompensate")
+        with self.store.snapshot():
+            plan, version = self._current(plan_id)
+            told = ledger.story(self.store, plan, "be rolled back")
+        began = [event for event in told.events if event.kind == "compensation.started"]
+        if plan.status != "compensating" or not began:
+            raise StateError(f"plan {plan_id} is {plan.status}: it has no rollback to carry on")
+        actor, policy = began[-1].actor, self._policy_now(version)
+        if not actor.startswith("policy:") or policy is None or policy.compensation.on_halt != "auto":
+            raise GovernanceError(
+                f"the rollback of plan {plan_id} was begun by {actor}, and the policy in force does not roll back "
+                "on its own: a person runs it again (plangate compensate)"
+            )
+        return self._roll_back(
+            plan_id, actor=actor, reason="the policy's rollback, carried on after its runner stopped", by_person=False
+        )
+
     def close_plan(self, plan_id: str, *, actor: str, reason: str) -> PlanRecord:
         """End a halted plan that will not be resumed: ``closed``, for good, with who and why.
 

@@ -33,7 +33,7 @@ from datetime import timedelta
 
 from plangate import lifecycle, timeouts
 from plangate._clock import Clock, SystemClock, iso
-from plangate.errors import GovernanceError, LeaseLostError, PlangateError
+from plangate.errors import GovernanceError, LeaseLostError, PlangateError, StateError
 from plangate.policy import Policy
 from plangate.results import RunResult
 from plangate.runtime import Runtime
@@ -49,6 +49,14 @@ TOLD_KEPT = 1000
 ASIDE_SECONDS = (1.0, 60.0)
 """How long a plan that could not run (refused, or failed before its run could begin or end) is left
 before it is claimed again: the first wait, doubled each time it fails again, up to the second."""
+ROLLBACK_POLL = 5.0
+"""How often a worker looks for rollbacks the policy began whose runner stopped (at most, in seconds)."""
+_CUT_OFF_ROLLBACKS = (
+    "SELECT id FROM plans WHERE kind = 'plan' AND status = 'compensating' AND lease_owner LIKE 'policy:%'"
+    " AND (lease_until IS NULL OR lease_until < ?) ORDER BY created_at, id LIMIT 8"
+)
+"""The rollbacks the policy began (its runner is named for it) whose lease ran out. The owner's name only
+picks them: each is proven the policy's from the audit log (:meth:`Runtime.carry_on_rollback`)."""
 
 
 @dataclass
@@ -96,6 +104,7 @@ class Worker:
         self._clock_due = 0.0  # when to compare the clocks again (time.monotonic)
         self._ran = 0  # runs that came to an end or a halt
         self._ended = 0  # runs that ended in any way: capacity freed
+        self._rollbacks_due = 0.0  # when to look for rollbacks to carry on again (time.monotonic)
 
     # -- the loop ------------------------------------------------------------------------
     def serve(
@@ -115,6 +124,7 @@ class Worker:
                 if self._stopping.is_set():  # stopped during the claim: what it took is given back, not started
                     self._give_back(claimed)
                     break
+                self._carry_on_rollbacks()
                 with self._cond:
                     if not claimed and drain and not self._running:
                         break
@@ -282,6 +292,39 @@ class Worker:
         if claims is not made:
             self._dropped_store(made)  # another thread made one first
         return claims
+
+    # -- rollbacks the policy began, cut off -----------------------------------------------
+    def _carry_on_rollbacks(self) -> None:
+        """Carry on the rollbacks the policy began whose runner stopped, once their lease ran out (looked for
+        every ROLLBACK_POLL seconds at most, a few at a time, here in the claiming loop: they are rare, and
+        each undo is held to its time limit). A person's rollback is left to them."""
+        if time.monotonic() < self._rollbacks_due:
+            return
+        self._rollbacks_due = time.monotonic() + ROLLBACK_POLL
+        try:
+            rows = self._claiming().query(_CUT_OFF_ROLLBACKS, (iso(self.clock.now()),))
+        except Exception as exc:  # noqa: BLE001 - a store out of reach: the next claim says so, and waits it out
+            _log.debug("looking for rollbacks to carry on failed: %s", exc)
+            return
+        aside = set(self._left_aside())
+        for (plan_id,) in rows:
+            if plan_id in aside or self._stopping.is_set():
+                continue
+            runtime: Runtime | None = None
+            try:
+                runtime = self._runtime()
+                result = runtime.carry_on_rollback(plan_id)
+                _log.warning("plan %s: the policy's rollback carried on: %s", plan_id, result.status)
+            except (StateError, LeaseLostError):
+                pass  # another runner carries it on now
+            except PlangateError as exc:
+                self._set_aside(plan_id, str(exc), self.refused)
+            except Exception as exc:  # noqa: BLE001 - a broken connection must not end the worker
+                self._set_aside(plan_id, str(exc), self.failed)
+                runtime = self._dropped(runtime)
+            if runtime is not None:
+                with self._cond:
+                    self._idle.append(runtime)
 
     # -- runs ----------------------------------------------------------------------------
     def _start(self, plan_id: str, owner: str, on_result: Callable[[RunResult], object] | None) -> None:
