@@ -11,7 +11,7 @@ from plangate import ledger
 from plangate.errors import StateError
 from plangate.models import Message, ToolCall, Usage
 from plangate.plan import canonical
-from plangate.store import Event, PlanRow, Store
+from plangate.store import ApprovalRow, Event, PlanRow, Store
 
 Mode = Literal["text", "native"]
 
@@ -86,6 +86,7 @@ class RunState:
     pending: dict[str, Any] | None = None
     pending_call: str | None = None  # the provider's id of the pending action's call, in native mode
     queue: list[Act] = field(default_factory=list)  # the calls of the last turn not taken yet, in order
+    approved_by: list[ApprovalRow] = field(default_factory=list)  # the approvals the pending action holds
     mode: Mode | None = None  # as the run started: a run keeps its protocol when it is resumed
     started: float = field(default_factory=time.perf_counter)
 
@@ -113,7 +114,8 @@ class RunState:
         version = store.get_version(row.id, row.version)
         if version is None or version.check.action is None:
             raise StateError(f"ReAct run {row.id} has no pending action")
-        events = ledger.right_to_resume(store, row)
+        told = ledger.right_to_resume(store, row)
+        events, state.approved_by = told.events, told.standing()
         state.pending = json.loads(version.body)
         turn: Event | None = None
         taken: set[int | None] = set()

@@ -161,8 +161,9 @@ def _apply_react(ledger: PlanLedger, event: Event) -> None:
     """A ReAct run: who asked, which action waits for approval, which approved actions were carried out."""
     if event.kind == "react.started":
         ledger.kind, ledger.requested_by = "react", event.actor
-    elif event.kind == "react.approval_needed":
-        ledger.pending = {"hash": event.data["hash"], "needs": list(event.data.get("needs", []))}
+    elif event.kind == "react.approval_needed":  # its author: who carried the run on to it (older runs: "react")
+        data = event.data
+        ledger.pending = {"hash": data["hash"], "needs": list(data.get("needs", [])), "author": data.get("author")}
     elif event.kind == "react.resumed":
         ledger.resumed.add(str(event.data.get("action_hash")))
 
@@ -172,7 +173,8 @@ def _react_version(ledger: PlanLedger, number: int) -> None:
     named = [need for need in ledger.pending["needs"] if need != approval.A_PERSON]
     check = CheckRecord(ok=True, policy={"approval": "human", "required_approvals": named})
     ledger.current = number
-    ledger.versions[number] = Version(number=number, hash=ledger.pending["hash"], author="react", check=check)
+    author = ledger.pending["author"] or "react"
+    ledger.versions[number] = Version(number=number, hash=ledger.pending["hash"], author=author, check=check)
 
 
 _STEP_STATUS = {
@@ -280,8 +282,9 @@ def _react_problems(store: Store, row: PlanRow, ledger: PlanLedger) -> list[str]
     return found + _approval_problems(store, ledger)
 
 
-def right_to_resume(store: Store, run: PlanRow) -> list[Event]:
-    """A ReAct run's events, if its pending action may be carried out now; else a refusal saying why."""
+def right_to_resume(store: Store, run: PlanRow) -> PlanLedger:
+    """A ReAct run's story (its events, and the approvals that stand), if its pending action may be carried out
+    now; else a refusal saying why."""
     told = story(store, run, "go on")
     version = told.version
     if told.status != "approved" or version is None:
@@ -293,7 +296,7 @@ def right_to_resume(store: Store, run: PlanRow) -> list[Event]:
         raise GovernanceError(
             f"ReAct run {run.id}: its pending action still needs approval by {' and by '.join(needs)}"
         )
-    return told.events
+    return told
 
 
 def _step_problems(store: Store, ledger: PlanLedger) -> list[str]:

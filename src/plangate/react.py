@@ -36,7 +36,7 @@ from typing import Any, Literal
 
 from pydantic import ValidationError
 
-from plangate import _aio, _input, approval, lifecycle, metrics, references, tracing
+from plangate import _aio, _input, approval, lifecycle, metrics, provenance, references, tracing
 from plangate._clock import Clock, SystemClock, iso, parse_iso
 from plangate._reactstate import Act, Mode, ReActResult, ReActStep, RunState
 from plangate.costs import PriceTable
@@ -44,10 +44,11 @@ from plangate.errors import LeaseLostError, ParamsError, RefusedInputError, Stat
 from plangate.models import Message, Model, ModelError, ModelRequest, ModelResponse, ToolCall, ToolSpec, Usage
 from plangate.plan import Plan, canonical
 from plangate.planner import prompt
-from plangate.policy import Policy
+from plangate.policy import Policy, SinkHit
 from plangate.store import CallRow, CheckRecord, PlanRow, Store, VersionRow
 from plangate.tools import Catalogue, RunContext, Tool, render_tool
 from plangate.tracing import Traces
+from plangate.violations import Violation
 
 _ACTION = re.compile(r"^\s*Action\s*:\s*(?P<tool>[A-Za-z_][\w.\-]*)\s*(?P<rest>.*)$", re.MULTILINE | re.DOTALL)
 _ACTION_INPUT = re.compile(r"^\s*Action Input\s*:\s*(?P<input>.*)$", re.MULTILINE | re.DOTALL)
@@ -346,19 +347,25 @@ class ReActAgent:
         """The policy's word on this action: refused (a step to observe), paused, or None (go).
 
         ``approved``: a person approved this exact action; it is still refused by what the
-        policy forbids, but not paused again.
+        policy forbids, and by a named approval the policy asks for now that the approvals on
+        record do not give, but not paused again.
         """
         if self.policy is None:
             return self._pause(state, act, tool, ["a person"], {}) if tool.effect != "read" and not approved else None
-        steps = [
-            *state.actions,
-            {"number": act.number, "tool": act.tool, "arguments": act.arguments, "thought": act.thought},
-        ]
+        current = {"number": act.number, "tool": act.tool, "arguments": act.arguments, "thought": act.thought}
         plan = Plan.model_construct(
-            task=state.question, category=self.category, steps=[_step(s) for s in steps], schema_version=1
+            task=state.question,
+            category=self.category,
+            steps=[_step(s) for s in [*state.actions, current]],
+            schema_version=1,
         )
         decision = self.policy.evaluate(plan, self.catalogue, user=self.user, role=self.role)
-        mine = [v for v in decision.violations if v.step in (act.number, None)]
+        hits = self._sink_hits(state, plan.steps[-1], tool)
+        mine = [v for v in decision.violations if v.step in (act.number, None)] + [
+            Violation(rule=f"sink:{hit.rule.name}", message=hit.text(), step=act.number, source="policy")
+            for hit in hits
+            if hit.rule.outcome == "deny"
+        ]
         if mine:
             metrics.violations(mine)
             state.violations += len(mine)
@@ -368,14 +375,54 @@ class ReActAgent:
                 kind="refused",
                 observation="Error: refused by the policy: " + "; ".join(str(v) for v in mine),
             )
+        held = [hit.rule for hit in hits if hit.rule.outcome == "approve"]
+        named = [role for step, role in decision.step_approvals if step == act.number]
+        required = list(dict.fromkeys([*named, *(rule.approve for rule in held if rule.approve is not None)]))
         if approved:
-            return None
-        required = list(dict.fromkeys(role for step, role in decision.step_approvals if step == act.number))
-        cleared = decision.approval == "auto" or self.policy.auto_approves(self.category, tool)
-        needs = (["a person"] if tool.effect != "read" and not cleared else []) + required
+            return self._lacking(state, act, required)
+        cleared = not held and (decision.approval == "auto" or self.policy.auto_approves(self.category, tool))
+        person = not cleared and (tool.effect != "read" or any(rule.approve is None for rule in held))
+        needs = (["a person"] if person else []) + required
         if needs:
             return self._pause(state, act, tool, needs, {"approval": "human", "required_approvals": required})
         return None
+
+    def _sink_hits(self, state: RunState, step: Any, tool: Tool) -> list[SinkHit]:
+        """The sink rules this action's parameters meet. The model chose every one of them, and the action
+        itself, after reading what the actions taken so far returned: once one of them gave untrusted
+        text, each parameter (and whether the action runs at all) takes data from it."""
+        assert self.policy is not None
+        read = provenance.union(
+            (provenance.Origin(a["number"], a["tool"], True),)
+            for a in state.actions
+            if (taken := self.catalogue.get(a["tool"])) is not None and taken.untrusted_output
+        )
+        if not read:
+            return []
+        through = ("the model's turns, which read it",)
+        flow = provenance.StepFlow(
+            params={name: provenance.ParamFlow(name, read, literal=True, refs=through) for name in step.params},
+            control=read,
+        )
+        return self.policy.sink_hits(step, tool, flow)
+
+    def _lacking(self, state: RunState, act: Act, required: list[str]) -> ReActStep | None:
+        """An approved action, held to the named approvals the policy in force asks for: the approvals on
+        record must give each, by someone that policy still gives the role (as a plan held against a changed
+        policy). Else it does not run, and the model reads why."""
+        decision = {"approval": "human", "required_approvals": required}
+        missing = approval.missing(decision, state.approved_by, self.policy)
+        if not missing:
+            return None
+        self._event(state, "react.refused", act.number, {"violations": [], "needs": missing})
+        return ReActStep(
+            number=act.number,
+            kind="refused",
+            observation=(
+                f"Error: refused by the policy: it now needs approval by {' and by '.join(missing)}, which the "
+                "approval of this action does not give"
+            ),
+        )
 
     def _pause(self, state: RunState, act: Act, tool: Tool, needs: list[str], decision: dict[str, Any]) -> ReActStep:
         action = {
@@ -400,7 +447,7 @@ class ReActAgent:
                     version=version,
                     hash=digest,
                     body=body,
-                    author="react",
+                    author=self.user,  # who carried the run on to it: it may not approve it
                     created_at=now,
                     check=CheckRecord(ok=True, policy=decision or {"approval": "human"}, action=action),
                     policy_hash=self.policy.hash if self.policy else None,
@@ -411,7 +458,14 @@ class ReActAgent:
                 state,
                 "react.approval_needed",
                 act.number,
-                {"tool": tool.name, "effect": tool.effect, "arguments": act.arguments, "hash": digest, "needs": needs},
+                {
+                    "tool": tool.name,
+                    "effect": tool.effect,
+                    "arguments": act.arguments,
+                    "hash": digest,
+                    "needs": needs,
+                    "author": self.user,
+                },
                 fenced=False,  # the move below holds the run
             )
             lifecycle.move(

@@ -396,7 +396,13 @@ _REACT_SAYS: dict[str, Callable[[dict[str, Any], int | None], str]] = {
         f"action {step} {d.get('tool')} ({d.get('effect')}) waits for approval by {' and by '.join(d.get('needs', []))}"
     ),
     "react.refused": lambda d, step: (
-        f"action {step} REFUSED by the policy: " + "; ".join(str(v.get("rule")) for v in d.get("violations", []))
+        f"action {step} REFUSED by the policy: "
+        + "; ".join(
+            [
+                *(str(v.get("rule")) for v in d.get("violations", [])),
+                *(f"it needs approval by {n}" for n in d.get("needs", [])),
+            ]
+        )
     ),
     "react.answered": lambda d, _: f"ANSWERED: {d.get('answer')}",
     "react.stopped": lambda d, _: f"STOPPED: {d.get('reason')}",
