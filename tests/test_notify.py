@@ -16,7 +16,7 @@ from fastapi.testclient import TestClient
 
 from plangate import Catalogue, Policy
 from plangate.accounts import Accounts
-from plangate.notify import SlackNotifier, sign, verify
+from plangate.notify import SlackNotifier, button_value, sign, verify
 from plangate.runtime import Runtime
 from plangate.server import create_app
 from plangate.store import open_store
@@ -59,7 +59,7 @@ def test_a_waiting_plan_is_announced_with_a_link_and_buttons(
     assert f"http://127.0.0.1:8420/plans/{record.id}" in message["text"]
     buttons = message["blocks"][2]["elements"]
     assert [b["action_id"] for b in buttons] == ["plangate_approve", "plangate_reject", "plangate_open"]
-    assert buttons[0]["value"] == f"{record.id}:{record.hash}"
+    assert buttons[0]["value"] == f"{record.id}:{record.version}:{record.hash}"
     assert "needs approval by a person and by privacy-officer" in message["blocks"][0]["text"]["text"]
     assert runtime.trace(record.id)[-1].kind == "plan.notified"
 
@@ -86,10 +86,11 @@ def test_signatures() -> None:
 
 def click(app: Any, record: Any, user: str, action: str, *, secret: str = SECRET, name: str = "") -> Any:
     """A click on a button by the chat user with id ``user`` (whose changeable user name is ``name``)."""
+    value = button_value(record.id, record.version, record.hash)
     payload = {
         "type": "block_actions",
         "user": {"id": user, "username": name or user, "name": name or user},
-        "actions": [{"action_id": action, "value": f"{record.id}:{record.hash}", "type": "button"}],
+        "actions": [{"action_id": action, "value": value, "type": "button"}],
     }
     body = urllib.parse.urlencode({"payload": json.dumps(payload)}).encode()
     stamp = str(int(time.time()))

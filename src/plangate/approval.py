@@ -59,10 +59,20 @@ def role_of(policy: Policy | None, user: str) -> str | None:
 _AFTER_A_RUN = frozenset(get_args(PlanStatus)) - {"pending_approval", "approved", "rejected"}
 
 
-def check_can_decide(plan: PlanRow, actor: str, plan_hash: str | None) -> None:
-    """Refuse a decision on a plan that is not waiting for one, or on a version that is not current."""
+def check_can_decide(plan: PlanRow, actor: str, plan_hash: str | None, version: int | None = None) -> None:
+    """Refuse a decision on a plan that is not waiting for one, or on a version that is not current.
+
+    ``version``, when given, must be the current one too: an edit that restores an earlier
+    version's text gives it that version's hash again, and a decision sent for the earlier
+    version (a chat button) is not one on the new version.
+    """
     if plan.status in _AFTER_A_RUN:
         raise StateError(f"plan {plan.id} is {plan.status}: it was already executed, there is nothing to decide")
+    if version is not None and version != plan.version:
+        raise StaleHashError(
+            f"the decision was sent for version v{version} of plan {plan.id}, whose current version is "
+            f"v{plan.version}: review v{plan.version} and decide on it"
+        )
     if plan_hash is not None and plan_hash != plan.hash:
         given, current = apart(plan_hash, plan.hash)
         if plan.hash.startswith(plan_hash):

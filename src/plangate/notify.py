@@ -1,11 +1,12 @@
 """Telling reviewers: a Slack-compatible incoming-webhook message with approve/reject buttons.
 
 The message links to the plan's page and carries Block Kit buttons whose value is
-``plan_id:hash``: a click comes back to ``/slack/actions`` on the plangate server, which
-checks Slack's request signature (``v0=`` HMAC-SHA256 of ``v0:timestamp:body`` with the
-signing secret, at most five minutes old), maps the Slack user to the plangate account of
-the same name, and approves or rejects exactly that version, with the same rules as
-everywhere else.
+``plan_id:version:hash``: a click comes back to ``/slack/actions`` on the plangate server,
+which checks Slack's request signature (``v0=`` HMAC-SHA256 of ``v0:timestamp:body`` with
+the signing secret, at most five minutes old), maps the Slack user to the plangate account
+linked to the chat user's id, and approves or rejects exactly that version (its number and
+its hash: an edit back to the same text is a new version, which the button does not
+decide), with the same rules as everywhere else.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ class SlackNotifier:
     def message(self, record: Any) -> dict[str, Any]:
         link = f"{self.base_url.rstrip('/')}/plans/{record.id}"
         needs = " and by ".join(record.needs) or "a person"
-        value = f"{record.id}:{record.hash}"
+        value = button_value(record.id, record.version, record.hash)
         return {
             "text": f"Plan waiting for approval: {record.task} ({record.category}) {link}",
             "blocks": [
@@ -88,6 +89,19 @@ class SlackNotifier:
         except OSError as exc:
             return f"the webhook failed: {exc}"
         return None
+
+
+def button_value(plan_id: str, version: int, plan_hash: str) -> str:
+    """What an approve or reject button carries: the plan, and the version it was sent for (number and hash)."""
+    return f"{plan_id}:{version}:{plan_hash}"
+
+
+def decided_by(value: str) -> tuple[str, int, str] | None:
+    """The plan id, version and hash a button's value names; None for a value of another shape."""
+    parts = value.split(":")
+    if len(parts) != 3 or not all(parts) or not (parts[1].isascii() and parts[1].isdigit()) or len(parts[1]) > 10:
+        return None
+    return parts[0], int(parts[1]), parts[2]
 
 
 def sign(secret: str, timestamp: str, body: bytes) -> str:

@@ -163,9 +163,17 @@ class Runtime:
 
     @traced_decision("approved")
     def approve(
-        self, plan_id: str, approver: str, plan_hash: str, comment: str | None = None, role: str | None = None
+        self,
+        plan_id: str,
+        approver: str,
+        plan_hash: str,
+        comment: str | None = None,
+        role: str | None = None,
+        *,
+        plan_version: int | None = None,
     ) -> PlanRecord:
-        """Approve the current version, named by its hash. Nobody approves a plan they asked for or wrote."""
+        """Approve the current version, named by its hash (and by its number, when ``plan_version`` is given).
+        Nobody approves a plan they asked for or wrote."""
         if not plan_hash:
             raise UsageError("an approval names the hash of the version you reviewed; none was given")
         if comment is not None:
@@ -173,7 +181,7 @@ class Runtime:
         with self.store.transaction():
             plan, version = self._locked(plan_id)
             recovery.refuse_closed(self.store, plan.id, plan.status, "be approved")
-            approval.check_can_decide(plan, approver, plan_hash)
+            approval.check_can_decide(plan, approver, plan_hash, plan_version)
             approvals = self.store.approvals(plan.id, plan.version)
             approval.check_can_approve(plan, self._authors(plan), approver, approvals)
             recorded = self._policy_for(version)
@@ -194,14 +202,22 @@ class Runtime:
         return self._record_of(plan, version)
 
     @traced_decision("rejected")
-    def reject(self, plan_id: str, approver: str, comment: str, plan_hash: str | None = None) -> PlanRecord:
-        """Reject the current version, with the reason why."""
+    def reject(
+        self,
+        plan_id: str,
+        approver: str,
+        comment: str,
+        plan_hash: str | None = None,
+        *,
+        plan_version: int | None = None,
+    ) -> PlanRecord:
+        """Reject the current version (the one named by ``plan_hash`` and ``plan_version``, when given), saying why."""
         if comment is None or not _input.check_text(comment, "comment", what="rejection").strip():
             raise UsageError("a rejection needs a comment saying why")
         with self.store.transaction():
             plan, version = self._locked(plan_id)
             recovery.refuse_closed(self.store, plan.id, plan.status, "be rejected")
-            approval.check_can_decide(plan, approver, plan_hash)
+            approval.check_can_decide(plan, approver, plan_hash, plan_version)
             role = approval.role_of(self._policy_for(version), approver)
             self.store.insert_approval(
                 self._decision(plan, version, "rejected", actor=approver, role=role, comment=comment)

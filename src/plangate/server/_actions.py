@@ -12,7 +12,7 @@ from starlette.exceptions import HTTPException
 from plangate import recovery
 from plangate.accounts import User
 from plangate.compensation import CompensationResult
-from plangate.errors import GovernanceError, NotPermittedError
+from plangate.errors import GovernanceError, NotFoundError, NotPermittedError
 from plangate.identity import permit
 from plangate.policy import Policy
 from plangate.record import PlanRecord
@@ -29,13 +29,30 @@ def may_decide(user: User, record: PlanRecord) -> None:
 
 def visible(rt: Runtime, user: User, plan_id: str) -> PlanRecord:
     """The plan, if ``user`` may see it: requesters their own, approvers the categories they decide,
-    auditors and governance all. Its steps' outputs and its trace are shown only to them."""
+    auditors and governance all. Its steps' outputs and its trace are shown only to them.
+
+    A short id is looked for only among the plans ``user`` may see: guessing prefixes tells
+    nobody another plan's id, or its category (a refusal names them only to whoever gave the whole id).
+    """
+    if rt.store.get_plan(plan_id) is None:
+        plan_id = _seen_prefix(rt, user, plan_id)
     record = rt.get(plan_id)
     if not user.may_read(category=record.category, requested_by=record.requested_by):
         raise NotPermittedError(
             f"{user.name} ({user.role}) may not see plan {record.id} of category {record.category!r}"
         )
     return record
+
+
+def _seen_prefix(rt: Runtime, user: User, prefix: str) -> str:
+    """The one plan ``user`` may see whose id starts with ``prefix`` (at least 6 characters)."""
+    rows = [rt.store.get_plan(found) for found in (rt.store.find_plans(prefix) if len(prefix) >= 6 else [])]
+    seen = [r.id for r in rows if r is not None and user.may_read(category=r.category, requested_by=r.requested_by)]
+    if len(seen) > 1:
+        raise NotFoundError(f"{prefix!r} matches several plans ({', '.join(i[:13] for i in seen)}); give more")
+    if not seen:
+        raise NotFoundError(f"no plan {prefix!r}")
+    return seen[0]
 
 
 def change_register(rt: Runtime, user: User, category: str, *, on: bool, reason: str, force: bool = False) -> Any:
@@ -55,30 +72,41 @@ def may_audit(user: User) -> None:
 
 
 def decide(
-    rt: Runtime, user: User, plan_id: str, plan_hash: str | None, comment: str | None, *, approve: bool
+    rt: Runtime,
+    user: User,
+    plan_id: str,
+    plan_hash: str | None,
+    comment: str | None,
+    *,
+    approve: bool,
+    version: int | None = None,
 ) -> PlanRecord:
+    """Approve or reject the version named by ``plan_hash`` (and ``version``, when given: a chat button's)."""
     record = visible(rt, user, plan_id)
     may_decide(user, record)
     if approve:
-        return rt.approve(record.id, user.name, plan_hash or "", comment=comment)
-    return rt.reject(record.id, user.name, comment or "", plan_hash=plan_hash or None)
+        return rt.approve(record.id, user.name, plan_hash or "", comment=comment, plan_version=version)
+    return rt.reject(record.id, user.name, comment or "", plan_hash=plan_hash or None, plan_version=version)
 
 
 def settle(
     rt: Runtime, user: User, plan_id: str, step: int, *, done: bool, output: Any, note: str | None
 ) -> PlanRecord:
-    may_decide(user, visible(rt, user, plan_id))
-    return rt.settle(plan_id, step, done=done, actor=user.name, output=output, note=note or None)
+    record = visible(rt, user, plan_id)
+    may_decide(user, record)
+    return rt.settle(record.id, step, done=done, actor=user.name, output=output, note=note or None)
 
 
 def compensate(rt: Runtime, user: User, plan_id: str, reason: str) -> CompensationResult:
-    may_decide(user, visible(rt, user, plan_id))
-    return rt.compensate(plan_id, actor=user.name, reason=reason)
+    record = visible(rt, user, plan_id)
+    may_decide(user, record)
+    return rt.compensate(record.id, actor=user.name, reason=reason)
 
 
 def close(rt: Runtime, user: User, plan_id: str, reason: str) -> PlanRecord:
-    may_decide(user, visible(rt, user, plan_id))
-    return rt.close_plan(plan_id, actor=user.name, reason=reason)
+    record = visible(rt, user, plan_id)
+    may_decide(user, record)
+    return rt.close_plan(record.id, actor=user.name, reason=reason)
 
 
 def edit(rt: Runtime, user: User, plan_id: str, plan: Any) -> PlanRecord:

@@ -20,6 +20,7 @@ from starlette.exceptions import HTTPException
 
 from plangate.accounts import Accounts
 from plangate.errors import GovernanceError, NotFoundError
+from plangate.notify import decided_by
 from plangate.server import _actions
 from plangate.server._bodies import read_json, validated
 from plangate.server._deps import Config, Rt
@@ -41,7 +42,7 @@ class SlackUser(_Lax):
 
 class SlackAction(_Lax):
     action_id: str
-    value: str | None = Field(None, pattern=r"^[^:]+:.+$")  # plan_id:hash on the approve and reject buttons
+    value: str | None = Field(None, pattern=r"^[^:]+:.+$")  # plan_id:version:hash on the approve and reject buttons
 
 
 class Interaction(_Lax):
@@ -74,17 +75,20 @@ def slack_actions(interaction: Annotated[Interaction, Depends(signed)], rt: Rt) 
     if action.action_id not in _DECISIONS:
         raise HTTPException(400, f"unknown action {action.action_id[:40]!r}: only plangate's own buttons decide")
     if action.value is None:
-        raise HTTPException(400, "not an interaction payload: the button carries no plan_id:hash")
-    plan_id, plan_hash = action.value.split(":", 1)
+        raise HTTPException(400, "not an interaction payload: the button carries no plan_id:version:hash")
+    sent_for = decided_by(action.value)
+    if sent_for is None:  # a button that names no version (an earlier plangate's) decides nothing
+        text = "Refused: this button does not say which version of the plan it was sent for: decide on its page"
+        return {"response_type": "ephemeral", "text": text}
+    plan_id, version, plan_hash = sent_for
     user = Accounts(rt.store).by_slack_id(person.id)
     if user is None or user.read_only:
         text = f"chat user {person.id} is linked to no account that may decide (users add NAME --slack-id ID)"
         return {"response_type": "ephemeral", "text": text}
     approve = action.action_id == "plangate_approve"
     try:
-        record = _actions.decide(
-            rt, user, plan_id, plan_hash, None if approve else "rejected from chat", approve=approve
-        )
+        comment = None if approve else "rejected from chat"
+        record = _actions.decide(rt, user, plan_id, plan_hash, comment, approve=approve, version=version)
     except (GovernanceError, NotFoundError) as exc:
         return {"response_type": "ephemeral", "text": f"Refused: {exc}"}
     except HTTPException as exc:

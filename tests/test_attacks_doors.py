@@ -1,0 +1,106 @@
+"""The server's doors against a chat button sent for an earlier version, and ids guessed by prefix."""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.parse
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from plangate import Catalogue, Policy
+from plangate.accounts import Accounts
+from plangate.notify import SlackNotifier, sign
+from plangate.runtime import Runtime
+from plangate.store import open_store
+from tests import serverkit
+from tests.serverkit import MAIL, api, state
+
+SECRET = "8f742231b10e8888abcd99yyyzzz85a5"
+AGAIN = {**MAIL, "task": "Tell the customer, once more"}
+
+
+@pytest.fixture
+def setup(tmp_path: Path, catalogue: Catalogue, policy: Policy) -> dict[str, Any]:
+    made = serverkit.setup(tmp_path, catalogue, policy, slack_signing_secret=SECRET)
+    store = open_store(made["db"])
+    Accounts(store).add("dave", "approver", categories=("refunds",), slack_id="U0DAVE")
+    store.close()
+    return made
+
+
+def buttons(setup: dict[str, Any], plan_id: str) -> dict[str, str]:
+    """The values of the approve and reject buttons the chat message for the plan's current version carries."""
+    runtime = Runtime(db=setup["db"])
+    try:
+        message = SlackNotifier(webhook_url="http://127.0.0.1:9/hook", base_url="http://x").message(
+            runtime.get(plan_id)
+        )
+    finally:
+        runtime.close()
+    elements = message["blocks"][2]["elements"]
+    return {e["action_id"]: e["value"] for e in elements if "value" in e}
+
+
+def click(setup: dict[str, Any], action: str, value: str) -> dict[str, Any]:
+    payload = {"type": "block_actions", "user": {"id": "U0DAVE"}, "actions": [{"action_id": action, "value": value}]}
+    body = urllib.parse.urlencode({"payload": json.dumps(payload)}).encode()
+    stamp = str(int(time.time()))
+    headers = {
+        "x-slack-request-timestamp": stamp,
+        "x-slack-signature": sign(SECRET, stamp, body),
+        "content-type": "application/x-www-form-urlencoded",
+    }
+    reply = TestClient(setup["app"]).post("/slack/actions", content=body, headers=headers)
+    assert reply.status_code == 200, reply.text
+    answer: dict[str, Any] = reply.json()
+    return answer
+
+
+@pytest.mark.parametrize("action", ["plangate_approve", "plangate_reject"])
+def test_a_chat_button_does_not_decide_a_later_version_with_the_same_text(setup: dict[str, Any], action: str) -> None:
+    alice = api(setup, "alice")
+    first = alice.post("/api/plans", json=MAIL).json()
+    sent = buttons(setup, first["id"])[action]
+    alice.post(f"/api/plans/{first['id']}/edit", json={"plan": AGAIN})
+    back = alice.post(f"/api/plans/{first['id']}/edit", json={"plan": MAIL}).json()
+    assert (back["version"], back["hash"], back["status"]) == (3, first["hash"], "pending_approval")
+    before = state(setup)
+    answer = click(setup, action, sent)
+    assert answer["text"].startswith("Refused") and "v3" in answer["text"], answer
+    assert state(setup) == before, "the button was sent for version 1, not for version 3"
+    assert click(setup, action, buttons(setup, first["id"])[action])["text"].startswith("dave: ")
+
+
+def test_a_chat_button_for_a_rejected_version_does_not_approve_its_text_restored(setup: dict[str, Any]) -> None:
+    alice = api(setup, "alice")
+    first = alice.post("/api/plans", json=MAIL).json()
+    sent = buttons(setup, first["id"])["plangate_approve"]
+    rejected = api(setup, "carol").post(f"/api/plans/{first['id']}/reject", json={"comment": "no"})
+    assert rejected.json()["status"] == "rejected"
+    alice.post(f"/api/plans/{first['id']}/edit", json={"plan": AGAIN})
+    alice.post(f"/api/plans/{first['id']}/edit", json={"plan": MAIL})
+    before = state(setup)
+    assert click(setup, "plangate_approve", sent)["text"].startswith("Refused")
+    assert state(setup) == before
+
+
+def test_a_button_that_names_no_version_decides_nothing(setup: dict[str, Any]) -> None:
+    plan = api(setup, "alice").post("/api/plans", json=MAIL).json()
+    before = state(setup)
+    assert click(setup, "plangate_approve", f"{plan['id']}:{plan['hash']}")["text"].startswith("Refused")
+    assert state(setup) == before
+
+
+def test_a_guessed_prefix_tells_nothing_of_a_plan_the_caller_may_not_see(setup: dict[str, Any]) -> None:
+    refund = api(setup, "alice").post("/api/plans", json=MAIL).json()
+    erin = api(setup, "erin")  # decides maintenance, not refunds
+    for path in ("", "/trace", "/progress", "/review"):
+        guessed = erin.get(f"/api/plans/{refund['id'][:6]}{path}")
+        assert guessed.status_code == 404, guessed.text
+        assert refund["id"] not in guessed.text and "refunds" not in guessed.text, guessed.text
+    assert erin.get(f"/api/plans/{refund['id']}").status_code == 403, "the whole id: refused, as before"
+    assert api(setup, "dave").get(f"/api/plans/{refund['id'][:6]}").json()["id"] == refund["id"]
