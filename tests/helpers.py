@@ -37,37 +37,38 @@ def plan(*steps: dict[str, Any], category: str = "ops", task: str = "test") -> d
     return {"task": task, "category": category, "steps": [{"rationale": "needed", **s} for s in steps]}
 
 
-def died_during(store: Any, plan_id: str, step_id: int, *, version: int = 1) -> None:
-    """What a runner that died during step ``step_id``'s call leaves, recorded as the engine records it:
-    the plan running under a lease that has run out, the step started, and no outcome."""
+def died_during(store: Any, plan_id: str, step_id: int, *also: int, version: int = 1) -> None:
+    """What a runner that died during step ``step_id``'s call (and those of ``also``) leaves, recorded as the
+    engine records it: the plan running under a lease that has run out, the steps started, and no outcome."""
     from plangate import lifecycle
     from plangate.plan import Plan
     from plangate.store import StepRow
 
     at = "2026-01-01T00:00:00.000000Z"
-    step = Plan.parse(store.get_version(plan_id, version).body).step(step_id)
-    key = f"{plan_id}:{step_id}"
+    body = Plan.parse(store.get_version(plan_id, version).body)
     with store.transaction():
         store.lock_log()
         plan = store.get_plan(plan_id)
         gone = "gone#0@elsewhere:1"
         lifecycle.claim(store, plan, owner=gone, at=at, until=at, actor="engine", kind="run.started", data={"steps": 1})
-        store.put_step(
-            StepRow(
-                plan_id=plan_id,
-                step_id=step_id,
-                version=version,
-                status="started",
-                attempt=1,
-                idempotency_key=key,
-                params=step.params,
-                started_at=at,
+        for step in (body.step(one) for one in (step_id, *also)):
+            key = f"{plan_id}:{step.id}"
+            store.put_step(
+                StepRow(
+                    plan_id=plan_id,
+                    step_id=step.id,
+                    version=version,
+                    status="started",
+                    attempt=1,
+                    idempotency_key=key,
+                    params=step.params,
+                    started_at=at,
+                )
             )
-        )
-        data = {"tool": step.tool, "params": step.params, "attempt": 1, "idempotency_key": key}
-        store.append_event(
-            plan_id=plan_id, version=version, step_id=step_id, kind="step.started", actor="engine", at=at, data=data
-        )
+            data = {"tool": step.tool, "params": step.params, "attempt": 1, "idempotency_key": key}
+            store.append_event(
+                plan_id=plan_id, version=version, step_id=step.id, kind="step.started", actor="engine", at=at, data=data
+            )
 
 
 def wait_until_up(url: str, process: Any, log: Any, *, seconds: float) -> None:

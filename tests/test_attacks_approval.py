@@ -16,14 +16,9 @@ from plangate.register import Register
 from plangate.runtime import Runtime
 from tests.conftest import EXAMPLES
 from tests.helpers import FixedClock, plan
+from tests.test_recovery import REFUND_THEN_FAIL, halted
 
 OLD = datetime(2020, 1, 1, 9, 0, tzinfo=UTC)
-REFUND_THEN_FAIL = plan(
-    {"id": 1, "tool": "get_invoice", "params": {"invoice_id": "42"}},
-    {"id": 2, "tool": "issue_refund", "params": {"invoice_id": "42", "amount": 20.0}},
-    {"id": 3, "tool": "issue_refund", "params": {"invoice_id": "43", "amount": 5000.0}},
-    category="refunds",
-)
 
 
 @pytest.fixture
@@ -31,13 +26,6 @@ def rt(tmp_path: Path, catalogue: Catalogue, policy: Policy) -> Runtime:
     return Runtime(
         catalogue, policy, db=f"sqlite:///{tmp_path}/r.db", clock=FixedClock(), tools=str(EXAMPLES / "business.py")
     )
-
-
-def halted(rt: Runtime, data: dict[str, Any]) -> str:
-    record = rt.submit(data, "bob")
-    rt.approve(record.id, "dave", record.hash)
-    assert rt.execute(record.id).status == "halted"
-    return record.id
 
 
 def with_step(data: dict[str, Any], index: int, **changes: Any) -> dict[str, Any]:

@@ -14,22 +14,7 @@ from plangate.react import ReActAgent
 from plangate.runtime import Runtime
 from plangate.store import Store, open_store
 from tests.helpers import FixedClock
-
-SENT: list[str] = []
-
-
-@tool(effect="irreversible", external=True, scopes=["mail:send"])
-def send_note(to: str, text: str) -> str:
-    """Send a short note."""
-    SENT.append(f"{to}: {text}")
-    return "sent"
-
-
-@tool(tags=["pii"])
-def find_person(name: str) -> str:
-    """Find a person's email."""
-    return f"{name.lower()}@example.com"
-
+from tests.test_react import SENT, find_person, send_note
 
 CAT = Catalogue([send_note, find_person])
 

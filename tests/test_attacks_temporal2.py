@@ -15,6 +15,7 @@ from plangate.errors import PlangateError
 from plangate.runtime import Runtime
 from plangate.testing import temporal_server
 from tests.helpers import plan
+from tests.test_temporal_attacks import late_attempt
 
 TOOLS = """
 import time
@@ -214,36 +215,12 @@ def test_an_attempt_left_over_from_an_earlier_claim_changes_nothing_once_the_sam
     which was approved and claimed again by the same Temporal worker. Its lease named the worker, not the
     claim, so the first attempt, waking, passed the new run's fence: it recorded its outcome unknown over
     the person's settlement, and the corrected plan halted on it."""
-    from plangate import engine as engine_module
-
     tools, db, rt, plan_id = _setup(tmp_path, {"id": 1, "tool": "slow", "params": {"to": "ann"}})
     catalogue = Catalogue.from_spec(tools)
     first = temporal_module._claim(db, catalogue, "t-same", [])
     assert first is not None
     args = {**temporal_module.workflow_args(db, tools, first, catalogue), "heartbeat_seconds": None, "step_id": 1}
-    real = engine_module._Run._one_call
-    called, wake = threading.Event(), threading.Event()
-
-    def paused(self: Any, step_id: int) -> Any:
-        outcome = real(self, step_id)
-        if threading.current_thread().name == "late":
-            called.set()
-            wake.wait(30)
-        return outcome
-
-    monkeypatch.setattr(engine_module._Run, "_one_call", paused)
-    raised: list[BaseException] = []
-
-    def late() -> None:
-        try:
-            temporal_module.run_step(args)
-        except BaseException as exc:  # what the late attempt ends with
-            raised.append(exc)
-
-    attempt = threading.Thread(target=late, name="late", daemon=True)
-    attempt.start()
-    try:
-        assert called.wait(10)
+    with late_attempt(monkeypatch, args) as raised:
         assert temporal_module.run_step(args) == "outcome_unknown", "Temporal's retry: never called twice"
         assert temporal_module.finish(args) == "halted"
         rt.settle(plan_id, 1, done=False, actor="ben", note="it never went out")
@@ -253,9 +230,6 @@ def test_an_attempt_left_over_from_an_earlier_claim_changes_nothing_once_the_sam
         assert again is not None and again.plan.version == 2
         settled = rt.store.steps(plan_id)[1]
         events = len(rt.trace(plan_id))
-    finally:
-        wake.set()
-        attempt.join(timeout=10)
     assert raised and isinstance(raised[0], PlangateError), raised
     assert rt.store.steps(plan_id)[1] == settled and settled.status == "failed"
     assert len(rt.trace(plan_id)) == events, "the attempt of the earlier claim wrote nothing"

@@ -112,37 +112,11 @@ def test_killed_in_a_non_idempotent_step_halts_for_a_person(crash_env: Path) -> 
 def _failed_then_died(store: Any, plan_id: str) -> None:
     """What a run leaves that recorded step 1's failure while step 2's call was still out, and died
     before it recorded its halt: the plan running under a lease that has run out."""
-    from plangate import lifecycle
-    from plangate.plan import Plan
-    from plangate.store import StepRow
+    from tests.helpers import died_during
 
-    at = "2026-01-01T00:00:00.000000Z"
-    body = Plan.parse(store.get_version(plan_id, 1).body)
+    died_during(store, plan_id, 1, 2)
+    at, error = "2026-01-01T00:00:00.000000Z", "RuntimeError: the card was declined"
     with store.transaction():
-        store.lock_log()
-        row = store.get_plan(plan_id)
-        gone = "gone#0@elsewhere:1"
-        lifecycle.claim(store, row, owner=gone, at=at, until=at, actor="engine", kind="run.started", data={"steps": 2})
-        for step in body.steps:
-            key = f"{plan_id}:{step.id}"
-            store.put_step(
-                StepRow(
-                    plan_id=plan_id,
-                    step_id=step.id,
-                    version=1,
-                    status="started",
-                    attempt=1,
-                    idempotency_key=key,
-                    params=step.params,
-                    started_at=at,
-                )
-            )
-            data = {"tool": step.tool, "params": step.params, "attempt": 1, "idempotency_key": key}
-            store.append_event(
-                plan_id=plan_id, version=1, step_id=step.id, kind="step.started", actor="engine", at=at, data=data
-            )
-    with store.transaction():
-        error = "RuntimeError: the card was declined"
         store.finish_step(plan_id, 1, attempt=1, status="failed", output=None, error=error, at=at, lost="lost")
         store.append_event(
             plan_id=plan_id,

@@ -176,16 +176,13 @@ def _direct(db: str, tools: str, name: str) -> dict[str, Any]:
     return {**temporal_module.workflow_args(db, tools, claim, catalogue), "heartbeat_seconds": None}
 
 
-def test_a_late_attempt_of_a_step_never_overwrites_what_a_person_settled(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """An attempt of a step that is not idempotent, paused past the heartbeat timeout: Temporal's retry
-    finds the step started and halts the plan, and a person settles the step. When the paused attempt
-    wakes, its call having overrun, it used to record the outcome unknown over the person's settlement."""
+@contextlib.contextmanager
+def late_attempt(monkeypatch: pytest.MonkeyPatch, args: dict[str, Any]) -> Iterator[list[BaseException]]:
+    """An attempt of the step ``args`` names, on a thread of its own, paused once its call has come back (as
+    one whose heartbeats stopped) until the block ends; the block runs once it is paused. Yields what the
+    attempt raised as it ended (after the block)."""
     from plangate import engine as engine_module
 
-    tools, db, rt, plan_id = _setup(tmp_path, "send")
-    args = {**_direct(db, tools, "t-late"), "step_id": 1}
     real = engine_module._Run._one_call
     called, wake = threading.Event(), threading.Event()
 
@@ -209,14 +206,28 @@ def test_a_late_attempt_of_a_step_never_overwrites_what_a_person_settled(
     attempt.start()
     try:
         assert called.wait(10)
-        assert temporal_module.run_step(args) == "outcome_unknown", "Temporal's retry: never called twice"
-        assert temporal_module.finish(args) == "halted"
-        rt.settle(plan_id, 1, done=True, actor="ben", output="sent", note="it went out")
-        settled = rt.store.steps(plan_id)[1]
-        events = len(rt.trace(plan_id))
+        yield raised
     finally:
         wake.set()
         attempt.join(timeout=10)
+
+
+def test_a_late_attempt_of_a_step_never_overwrites_what_a_person_settled(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An attempt of a step that is not idempotent, paused past the heartbeat timeout: Temporal's retry
+    finds the step started and halts the plan, and a person settles the step. When the paused attempt
+    wakes, its call having overrun, it used to record the outcome unknown over the person's settlement."""
+    tools, db, rt, plan_id = _setup(tmp_path, "send")
+    args = {**_direct(db, tools, "t-late"), "step_id": 1}
+    try:
+        with late_attempt(monkeypatch, args) as raised:
+            assert temporal_module.run_step(args) == "outcome_unknown", "Temporal's retry: never called twice"
+            assert temporal_module.finish(args) == "halted"
+            rt.settle(plan_id, 1, done=True, actor="ben", output="sent", note="it went out")
+            settled = rt.store.steps(plan_id)[1]
+            events = len(rt.trace(plan_id))
+    finally:
         (tmp_path / "go").touch()
     assert raised and isinstance(raised[0], PlangateError), raised
     assert rt.store.steps(plan_id)[1] == settled and settled.status == "succeeded"
