@@ -107,15 +107,7 @@ def test_an_idempotent_tool_that_raises_a_base_exception_is_called_once_and_the_
     if parallel:
         steps.append({"id": 2, "tool": "fine", "params": {"n": 2}, "rationale": "r"})
     plan_id = approved(db, catalogue, steps)
-    w = Worker(catalogue, db=db, concurrency=2, drain_timeout=1.0)
-    results: list[RunResult] = []
-    thread = serve(w, results)
-    # Drained, the worker returns once the plan has ended; a second call of the step is already wrong.
-    until("the worker drained, or the step ran again", lambda: not thread.is_alive() or len(made) > 1, limit=60)
-    w.stop()
-    thread.join(30)
-    w.close()
-    assert not thread.is_alive() and not died, died[:3]
+    results = drained(catalogue, db, died)
     store = open_store(db)
     try:
         row = store.get_plan(plan_id)
@@ -129,6 +121,20 @@ def test_an_idempotent_tool_that_raises_a_base_exception_is_called_once_and_the_
         made.clear()
 
 
+def drained(catalogue: Catalogue, db: str, died: list[str]) -> list[RunResult]:
+    """Serve the store's plans with a worker until it drains (or a step runs a second time, which is
+    already wrong); the worker must still be alive. What its runs came back with."""
+    w = Worker(catalogue, db=db, concurrency=2, drain_timeout=1.0)
+    results: list[RunResult] = []
+    thread = serve(w, results)
+    until("the worker drained, or the step ran again", lambda: not thread.is_alive() or len(made) > 1, limit=60)
+    w.stop()
+    thread.join(30)
+    w.close()
+    assert not thread.is_alive() and not died, died[:3]
+    return results
+
+
 @pytest.mark.parametrize(("kind", "is_async"), CASES)
 def test_a_tool_that_is_not_idempotent_raising_a_base_exception_halts_the_run_at_once(
     tmp_path: Path, kind: str, is_async: bool, died: list[str]
@@ -138,15 +144,7 @@ def test_a_tool_that_is_not_idempotent_raising_a_base_exception_halts_the_run_at
     db = f"sqlite:///{tmp_path}/plangate.db"
     catalogue = Catalogue([make(kind, is_async=is_async, idempotent=False), fine])
     plan_id = approved(db, catalogue, [{"id": 1, "tool": "quits", "params": {"n": 1}, "rationale": "r"}])
-    w = Worker(catalogue, db=db, concurrency=2, drain_timeout=1.0)
-    results: list[RunResult] = []
-    thread = serve(w, results)
-    # Drained, the worker returns once the plan has ended; a second call of the step is already wrong.
-    until("the worker drained, or the step ran again", lambda: not thread.is_alive() or len(made) > 1, limit=60)
-    w.stop()
-    thread.join(30)
-    w.close()
-    assert not thread.is_alive() and not died, died[:3]
+    results = drained(catalogue, db, died)
     store = open_store(db)
     try:
         assert made == [(plan_id, 1)]
