@@ -104,7 +104,7 @@ class Worker:
         self._clock_due = 0.0  # when to compare the clocks again (time.monotonic)
         self._ran = 0  # runs that came to an end or a halt
         self._ended = 0  # runs that ended in any way: capacity freed
-        self._rollbacks_due = 0.0  # when to look for rollbacks to carry on again (time.monotonic)
+        self._rollbacks_due = time.monotonic()  # when to look for rollbacks to carry on again (if idle)
 
     # -- the loop ------------------------------------------------------------------------
     def serve(
@@ -124,7 +124,7 @@ class Worker:
                 if self._stopping.is_set():  # stopped during the claim: what it took is given back, not started
                     self._give_back(claimed)
                     break
-                self._carry_on_rollbacks()
+                self._carry_on_rollbacks(idle=not claimed)
                 with self._cond:
                     if not claimed and drain and not self._running:
                         break
@@ -294,13 +294,15 @@ class Worker:
         return claims
 
     # -- rollbacks the policy began, cut off -----------------------------------------------
-    def _carry_on_rollbacks(self) -> None:
-        """Carry on the rollbacks the policy began whose runner stopped, once their lease ran out (looked for
-        every ROLLBACK_POLL seconds at most, a few at a time, here in the claiming loop: they are rare, and
-        each undo is held to its time limit). A person's rollback is left to them."""
-        if time.monotonic() < self._rollbacks_due:
+    def _carry_on_rollbacks(self, *, idle: bool) -> None:
+        """Carry on the rollbacks the policy began whose runner stopped, once their lease ran out: looked for
+        when the worker claimed nothing (``idle``), every ROLLBACK_POLL seconds at most, and by a busy worker
+        once a minute; a few at a time, here in the claiming loop (they are rare, and each undo is held to
+        its time limit). A person's rollback is left to them."""
+        now = time.monotonic()
+        if now < self._rollbacks_due or (not idle and now < self._rollbacks_due + 60.0 - ROLLBACK_POLL):
             return
-        self._rollbacks_due = time.monotonic() + ROLLBACK_POLL
+        self._rollbacks_due = now + ROLLBACK_POLL
         try:
             rows = self._claiming().query(_CUT_OFF_ROLLBACKS, (iso(self.clock.now()),))
         except Exception as exc:  # noqa: BLE001 - a store out of reach: the next claim says so, and waits it out
