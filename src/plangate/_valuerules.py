@@ -154,15 +154,15 @@ def _texts(value: Any, path: tuple[Any, ...], resolved: bool) -> Iterator[tuple[
     Before the run (not ``resolved``) a string is plan text: its ``$${`` escapes are read as the
     ``${`` the tool will be given, its references as written. Keys are never resolved.
     """
-    if isinstance(value, Mapping):
+    if isinstance(value, str):  # the usual value first
+        yield path, value if resolved or "$${" not in value else references.unescaped(value)
+    elif isinstance(value, Mapping):
         for key, item in value.items():
             yield (*path, key), str(key)
             yield from _texts(item, (*path, key), resolved)
     elif isinstance(value, list | tuple):
         for index, item in enumerate(value):
             yield from _texts(item, (*path, index), resolved)
-    elif isinstance(value, str):
-        yield path, value if resolved or "$${" not in value else references.unescaped(value)
 
 
 def plan_meter(characters: Callable[[], int], rules: int) -> Meter:

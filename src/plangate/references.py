@@ -119,7 +119,9 @@ def takes_refs(value: str) -> bool:
 
     Text whose every ``${`` is escaped is known before the run: the literal text :func:`unescaped` gives.
     """
-    return "${" in value and any(match.group(0) != "$${" for match in _TOKEN.finditer(value))
+    if "$${" not in value:  # no escape: any "${" is a reference (or a malformed one)
+        return "${" in value
+    return any(match.group(0) != "$${" for match in _TOKEN.finditer(value))
 
 
 def unescaped(value: str) -> str:
