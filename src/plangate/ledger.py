@@ -48,6 +48,8 @@ class PlanLedger:
     decisions: list[ApprovalRow] = field(default_factory=list)
     steps: dict[int, tuple[str, Any]] = field(default_factory=dict)
     """Each step's last recorded status and, once it succeeded, its output (undo steps: negative ids)."""
+    params: dict[int, Any] = field(default_factory=dict)
+    """The parameters each step (undo steps: negative ids) was last called with; a rollback undoes with them."""
     pending: dict[str, Any] | None = None
     """A ReAct run's action waiting for approval: its hash and what it needs."""
     resumed: set[str] = field(default_factory=set)
@@ -210,6 +212,10 @@ def _apply_step(ledger: PlanLedger, event: Event) -> None:
         ledger.broken.append(f"event {event.seq} ({event.kind}) happened while the plan was {ledger.status}")
     step = -event.step_id if undo else event.step_id
     ledger.steps[step] = (status, event.data.get("output") if status == "succeeded" else None)
+    if status == "started":  # the values the call was made with, as resolved
+        ledger.params[step] = event.data.get("params")
+    elif event.kind == "step.skipped" or event.data.get("before_call"):  # no call made: its row keeps none
+        ledger.params.pop(step, None)
 
 
 def _decision(event: Event) -> ApprovalRow:
@@ -315,6 +321,8 @@ def _step_problems(store: Store, ledger: PlanLedger) -> list[str]:
             found.append(f"{where}: steps.status is {row.status!r}, but the audit log says {told[0]!r}")
         elif not same_json(row.output, told[1]):  # only a success has one: a failure, optional or not, gives none
             found.append(f"{where}: steps.output differs from the output the audit log recorded")
+        elif not same_json(row.params, ledger.params.get(step_id)):  # what a rollback undoes with
+            found.append(f"{where}: steps.params differs from the parameters the audit log recorded")
     return found
 
 

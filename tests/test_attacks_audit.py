@@ -1,0 +1,70 @@
+"""Rows the runtime acts on, changed in the database by someone without the audit key."""
+
+from __future__ import annotations
+
+import sqlite3
+from contextlib import closing
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from plangate import Catalogue, Policy, tool
+from plangate.errors import GovernanceError
+from plangate.ledger import verify
+from plangate.runtime import Runtime
+from tests.helpers import FixedClock, plan
+
+CALLS: list[str] = []
+
+
+@tool(effect="write", compensate="release")
+def hold(account: str) -> str:
+    """Put a hold on an account."""
+    CALLS.append(f"hold:{account}")
+    return "held"
+
+
+@tool(effect="write")
+def release(account: str) -> str:
+    """Release a hold."""
+    CALLS.append(f"release:{account}")
+    return "released"
+
+
+@tool(effect="write")
+def boom(cmd: str) -> str:
+    """Fail."""
+    raise RuntimeError("it failed")
+
+
+RULES = Policy.from_data({"version": 1, "name": "rules", "approval": {"human": ["ops"]}})
+CAT = Catalogue([hold, release, boom])
+MODULE = "tests.test_attacks_audit"
+
+
+def tamper(db: Path, query: str, params: tuple[Any, ...] = ()) -> None:
+    with closing(sqlite3.connect(db)) as conn, conn:
+        assert conn.execute(query, params).rowcount >= 1
+
+
+def halted(tmp_path: Path) -> tuple[Runtime, str, Path]:
+    CALLS.clear()
+    db = tmp_path / "audit.db"
+    rt = Runtime(CAT, RULES, db=f"sqlite:///{db}", clock=FixedClock(), tools=MODULE)
+    record = rt.submit(plan({"id": 1, "tool": "hold", "params": {"account": "acct-bob"}},
+                            {"id": 2, "tool": "boom", "params": {"cmd": "x"}}), "ann")
+    rt.approve(record.id, "ben", record.hash)
+    assert not rt.execute(record.id).ok
+    assert CALLS == ["hold:acct-bob"]
+    return rt, record.id, db
+
+
+def test_the_parameters_a_step_was_called_with_are_held_against_its_events(tmp_path: Path) -> None:
+    rt, plan_id, db = halted(tmp_path)
+    tamper(db, "UPDATE steps SET params = ? WHERE plan_id = ? AND step_id = 1", ('{"account":"acct-eve"}', plan_id))
+    report = verify(rt.store)
+    assert not report.ok and any("params" in t for t in report.tables), report
+    with pytest.raises(GovernanceError):
+        rt.compensate(plan_id, actor="ben", reason="undo it")
+    assert "release:acct-eve" not in CALLS
