@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import sqlite3
 from contextlib import closing
 from pathlib import Path
@@ -52,8 +53,13 @@ def halted(tmp_path: Path) -> tuple[Runtime, str, Path]:
     CALLS.clear()
     db = tmp_path / "audit.db"
     rt = Runtime(CAT, RULES, db=f"sqlite:///{db}", clock=FixedClock(), tools=MODULE)
-    record = rt.submit(plan({"id": 1, "tool": "hold", "params": {"account": "acct-bob"}},
-                            {"id": 2, "tool": "boom", "params": {"cmd": "x"}}), "ann")
+    record = rt.submit(
+        plan(
+            {"id": 1, "tool": "hold", "params": {"account": "acct-bob"}},
+            {"id": 2, "tool": "boom", "params": {"cmd": "x"}},
+        ),
+        "ann",
+    )
     rt.approve(record.id, "ben", record.hash)
     assert not rt.execute(record.id).ok
     assert CALLS == ["hold:acct-bob"]
@@ -68,3 +74,28 @@ def test_the_parameters_a_step_was_called_with_are_held_against_its_events(tmp_p
     with pytest.raises(GovernanceError):
         rt.compensate(plan_id, actor="ben", reason="undo it")
     assert "release:acct-eve" not in CALLS
+
+
+def test_a_requester_made_to_look_like_another_may_not_approve(tmp_path: Path) -> None:
+    db = tmp_path / "audit.db"
+    rt = Runtime(CAT, RULES, db=f"sqlite:///{db}", clock=FixedClock(), tools=MODULE)
+    record = rt.submit(plan({"id": 1, "tool": "hold", "params": {"account": "acct-bob"}}), "ann")
+    tamper(db, "UPDATE plans SET requested_by = 'zed' WHERE id = ?", (record.id,))
+    with pytest.raises(GovernanceError):
+        rt.approve(record.id, "ann", record.hash)
+    assert rt.store.get_plan(record.id).status == "pending_approval"  # type: ignore[union-attr]
+
+
+def test_a_plan_text_changed_with_its_hash_is_not_approved(tmp_path: Path) -> None:
+    db = tmp_path / "audit.db"
+    rt = Runtime(CAT, RULES, db=f"sqlite:///{db}", clock=FixedClock(), tools=MODULE)
+    record = rt.submit(plan({"id": 1, "tool": "hold", "params": {"account": "acct-bob"}}), "ann")
+    version = rt.store.get_version(record.id, 1)
+    assert version is not None
+    body = version.body.replace("acct-bob", "acct-eve")
+    digest = hashlib.sha256(body.encode()).hexdigest()
+    tamper(db, "UPDATE plan_versions SET body = ?, hash = ? WHERE plan_id = ?", (body, digest, record.id))
+    tamper(db, "UPDATE plans SET hash = ? WHERE id = ?", (digest, record.id))
+    with pytest.raises(GovernanceError):
+        rt.approve(record.id, "ben", digest)
+    assert rt.store.approvals(record.id) == []

@@ -182,6 +182,9 @@ class Runtime:
             plan, version = self._locked(plan_id)
             recovery.refuse_closed(self.store, plan.id, plan.status, "be approved")
             approval.check_can_decide(plan, approver, plan_hash, plan_version)
+            if "approved" not in lifecycle.TRANSITIONS.get(plan.status, frozenset()):
+                raise StateError(f"plan {plan.id} is {plan.status}; it cannot become approved")
+            ledger.story(self.store, plan, "be approved", version)  # who asked, who wrote, what: from the log
             approvals = self.store.approvals(plan.id, plan.version)
             approval.check_can_approve(plan, self._authors(plan), approver, approvals)
             recorded = self._policy_for(version)
