@@ -99,3 +99,23 @@ def test_a_plan_text_changed_with_its_hash_is_not_approved(tmp_path: Path) -> No
     with pytest.raises(GovernanceError):
         rt.approve(record.id, "ben", digest)
     assert rt.store.approvals(record.id) == []
+
+
+@pytest.mark.parametrize("column", ["data", "kind", "actor", "plan_prev", "data_hash"])
+def test_an_event_column_stored_as_bytes_is_named_not_crashed_on(tmp_path: Path, column: str) -> None:
+    rt, plan_id, db = halted(tmp_path)
+    tamper(db, f"UPDATE events SET {column} = CAST({column} AS BLOB) WHERE seq = 3")
+    report = rt.store.verify_audit()
+    assert not report.ok and report.bad_seq == 3, report
+    with pytest.raises(GovernanceError):
+        rt.compensate(plan_id, actor="ben", reason="undo it")
+    assert "release:acct-bob" not in CALLS
+
+
+def test_a_seal_stored_as_bytes_is_named_not_crashed_on(tmp_path: Path) -> None:
+    rt, plan_id, db = halted(tmp_path)
+    tamper(db, "UPDATE plans SET tail = CAST(tail AS BLOB) WHERE id = ?", (plan_id,))
+    report = verify(rt.store)
+    assert not report.ok and any("seal" in t for t in report.tables), report
+    with pytest.raises(GovernanceError):
+        rt.compensate(plan_id, actor="ben", reason="undo it")
