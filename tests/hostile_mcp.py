@@ -66,7 +66,12 @@ def tools(state: str) -> list[types.Tool]:
 
 def main(state: Path, log: Path) -> None:
     async def list_tools(ctx: Any, params: Any) -> types.ListToolsResult:
-        return types.ListToolsResult(tools=tools(state.read_text().strip()))
+        now = state.read_text().strip()
+        if now == "list-hangs":  # answers initialize, never tools/list
+            await anyio.sleep(3600)
+        if now == "endless":  # page after empty page, a new cursor each time
+            return types.ListToolsResult(tools=[], next_cursor=f"c{int(time.monotonic() * 1e6)}")
+        return types.ListToolsResult(tools=tools(now))
 
     async def call_tool(ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
         meta = dict(params.meta or {})

@@ -17,6 +17,7 @@ import json
 import shlex
 import tempfile
 import threading
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -26,6 +27,8 @@ from plangate.errors import CatalogueError
 
 PREFIX = "mcp:"
 CONNECT_SECONDS = 30.0
+MAX_PAGES = 1_000  # of a tool list: a server that hands out cursor after cursor is not listing tools
+MAX_TOOLS = 10_000
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -158,13 +161,20 @@ class McpConnection:
         assert self._loop is not None
         found: list[Any] = []
         cursor: str | None = None
-        while True:
+        deadline = time.monotonic() + self.connect_seconds  # the whole listing, every page, as for initialize
+        for _ in range(MAX_PAGES):
             params = types.PaginatedRequestParams(cursor=cursor) if cursor else None
-            page = asyncio.run_coroutine_threadsafe(held.session.list_tools(params=params), self._loop).result()
+            asked = asyncio.run_coroutine_threadsafe(held.session.list_tools(params=params), self._loop)
+            try:
+                page = asked.result(timeout=max(deadline - time.monotonic(), 0.0))
+            except concurrent.futures.TimeoutError:
+                asked.cancel()
+                raise TimeoutError(f"no whole tool list within {self.connect_seconds:g} s") from None
             found.extend(page.tools)
             cursor = page.next_cursor
-            if not cursor or len(found) > 10_000:
+            if not cursor or len(found) > MAX_TOOLS:
                 return found
+        raise ValueError(f"the tool list goes on past {MAX_PAGES} pages")
 
     def _same_as_pinned(self, held: _Held) -> None:
         """A reopened session (the server restarted) must offer what the catalogue was made of, else it is drift."""
