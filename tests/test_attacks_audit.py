@@ -15,22 +15,7 @@ from plangate.errors import GovernanceError
 from plangate.ledger import verify
 from plangate.runtime import Runtime
 from tests.helpers import FixedClock, plan
-
-CALLS: list[str] = []
-
-
-@tool(effect="write", compensate="release")
-def hold(account: str) -> str:
-    """Put a hold on an account."""
-    CALLS.append(f"hold:{account}")
-    return "held"
-
-
-@tool(effect="write")
-def release(account: str) -> str:
-    """Release a hold."""
-    CALLS.append(f"release:{account}")
-    return "released"
+from tests.test_attacks_escapes import CALLS, hold, release
 
 
 @tool(effect="write")
