@@ -33,6 +33,7 @@ from plangate.budget import Budget, BudgetAllocator
 from plangate.costs import PriceTable
 from plangate.errors import PlanError, PlangateError, RefusedInputError
 from plangate.models import Message, Model, ModelError, ModelRequest, ModelResponse, Usage
+from plangate.models._base import token_count
 from plangate.plan import SCHEMA_VERSION, Plan, plan_json_schema
 from plangate.policy import Envelope, Policy
 from plangate.store import CallRow, Store
@@ -228,10 +229,10 @@ class Planner:
         )
         try:
             response = (self.traces or tracing.default()).complete(model, request, purpose=purpose)
+            usage = _checked_usage(model.name, response.usage)
         except ModelError as exc:
             self._record(calls, replace(row, error=str(exc)))
             raise PlanningError(f"planning failed: {exc}", calls=tuple(calls)) from None
-        usage = response.usage
         self._record(
             calls,
             replace(
@@ -297,6 +298,16 @@ class Planner:
             return prompt("plan_schema").substitute(schema_version=SCHEMA_VERSION)
         schema = json.dumps(plan_json_schema(), separators=(",", ":"))
         return f"The plan's JSON Schema (version {SCHEMA_VERSION}):\n\n{schema}\n"
+
+
+def _checked_usage(model: str, usage: Usage) -> Usage:
+    """The response's usage, refused when a count is not a whole number of tokens (the ledger
+    would record a negative or made-up cost, and a cap would count it)."""
+    return Usage(
+        input=token_count(model, "input", usage.input),
+        output=token_count(model, "output", usage.output),
+        thinking=token_count(model, "thinking", usage.thinking),
+    )
 
 
 def _limits(policy: Policy | None) -> str:

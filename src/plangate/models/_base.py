@@ -88,6 +88,24 @@ class Model(Protocol):
     def complete(self, request: ModelRequest) -> ModelResponse: ...
 
 
+MAX_TOKEN_COUNT = 1_000_000_000
+"""More tokens than any context holds: a count over this is a malformed response, not a bill."""
+
+
+def token_count(model: str, what: str, value: object, *, absent: int | None = None) -> int:
+    """A provider's token count, checked: a whole number from 0 to :data:`MAX_TOKEN_COUNT`.
+
+    ``None`` becomes ``absent`` where the provider may leave the count out; anything else
+    (negative, fractional, a string, huge) is a malformed response, refused plainly, so the
+    cost ledger never records a negative, non-finite or made-up cost.
+    """
+    if value is None and absent is not None:
+        return absent
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_TOKEN_COUNT:
+        raise ModelError(f"{model}: malformed response: usage {what} is {value!r}, not a count of tokens")
+    return value
+
+
 def http_error(model: str, status: int, exc: Any) -> ModelError:
     """A provider's HTTP error in plain words; timeouts, conflicts, rate limits and 5xx may pass on retry."""
     body = getattr(exc, "body", None)

@@ -9,7 +9,16 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from plangate.models._base import Message, ModelError, ModelRequest, ModelResponse, ToolCall, Usage, http_error
+from plangate.models._base import (
+    Message,
+    ModelError,
+    ModelRequest,
+    ModelResponse,
+    ToolCall,
+    Usage,
+    http_error,
+    token_count,
+)
 
 try:
     import anthropic
@@ -87,27 +96,48 @@ def _message(message: Message) -> dict[str, Any]:
 
 
 def _response(name: str, message: Any, seconds: float) -> ModelResponse:
+    content = getattr(message, "content", None)
+    if not isinstance(content, list):
+        raise ModelError(f"{name}: malformed response: no list of content blocks")
     texts, thoughts, calls = [], [], []
-    for block in message.content:
-        if block.type == "text":
-            texts.append(block.text)
-        elif block.type == "thinking":
-            thoughts.append(block.thinking)
-        elif block.type == "redacted_thinking":
+    for index, block in enumerate(content):
+        kind = getattr(block, "type", None)
+        if kind == "text":
+            texts.append(_text(name, index, "text", getattr(block, "text", None)))
+        elif kind == "thinking":
+            thoughts.append(_text(name, index, "thinking", getattr(block, "thinking", None)))
+        elif kind == "redacted_thinking":
             thoughts.append("[redacted thinking]")
-        elif block.type == "tool_use":
-            calls.append(ToolCall(id=block.id, name=block.name, arguments=dict(block.input)))
+        elif kind == "tool_use":
+            arguments, tool = getattr(block, "input", None), getattr(block, "name", None)
+            if not isinstance(tool, str) or not isinstance(arguments, dict):
+                raise ModelError(
+                    f"{name}: malformed response: content[{index}] is a tool_use without a name and an input object"
+                )
+            calls.append(ToolCall(id=str(getattr(block, "id", "")), name=tool, arguments=dict(arguments)))
     if message.stop_reason == "refusal":
         raise ModelError(f"{name} refused to answer", retryable=False)
-    usage = message.usage
+    usage = getattr(message, "usage", None)
+    if usage is None:
+        raise ModelError(f"{name}: malformed response: no usage (the cost of the call is unknown)")
     details = getattr(usage, "output_tokens_details", None)
-    thinking = getattr(details, "thinking_tokens", None) or 0
+    thinking = getattr(details, "thinking_tokens", None)
     return ModelResponse(
         text="".join(texts),
         thinking="\n\n".join(thoughts),
         tool_calls=tuple(calls),
-        usage=Usage(input=usage.input_tokens, output=usage.output_tokens, thinking=thinking),
+        usage=Usage(
+            input=token_count(name, "input_tokens", getattr(usage, "input_tokens", None)),
+            output=token_count(name, "output_tokens", getattr(usage, "output_tokens", None)),
+            thinking=token_count(name, "thinking_tokens", thinking, absent=0),
+        ),
         model=message.model,
         stop_reason=message.stop_reason,
         seconds=seconds,
     )
+
+
+def _text(name: str, index: int, field: str, value: object) -> str:
+    if not isinstance(value, str):
+        raise ModelError(f"{name}: malformed response: content[{index}].{field} is {type(value).__name__}, not text")
+    return value

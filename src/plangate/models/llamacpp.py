@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from plangate.models._base import ModelError, ModelRequest, ModelResponse, Usage
+from plangate.models._base import ModelError, ModelRequest, ModelResponse, Usage, token_count
 
 try:
     import llama_cpp
@@ -51,11 +51,18 @@ class LlamaCppModel:
             result: Any = self.llm.create_chat_completion(**params)
         except (ValueError, RuntimeError) as exc:
             raise ModelError(f"{self.name}: {exc}") from None
-        choice = result["choices"][0]
+        choices = result.get("choices") if isinstance(result, dict) else None
+        message = choices[0].get("message") if isinstance(choices, list) and choices else None
+        if not isinstance(message, dict) or not isinstance(message.get("content") or "", str):
+            raise ModelError(f"{self.name}: malformed response: no message with text content")
+        choice = choices[0]  # type: ignore[index]
         usage = result.get("usage") or {}
         return ModelResponse(
-            text=choice["message"].get("content") or "",
-            usage=Usage(input=usage.get("prompt_tokens", 0), output=usage.get("completion_tokens", 0)),
+            text=message.get("content") or "",
+            usage=Usage(
+                input=token_count(self.name, "prompt_tokens", usage.get("prompt_tokens"), absent=0),
+                output=token_count(self.name, "completion_tokens", usage.get("completion_tokens"), absent=0),
+            ),
             model=self.name,
             stop_reason=choice.get("finish_reason"),
             seconds=time.perf_counter() - start,

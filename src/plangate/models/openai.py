@@ -14,7 +14,16 @@ from typing import Any, Literal
 
 from plangate import _input
 from plangate.errors import RefusedInputError
-from plangate.models._base import Message, ModelError, ModelRequest, ModelResponse, ToolCall, Usage, http_error
+from plangate.models._base import (
+    Message,
+    ModelError,
+    ModelRequest,
+    ModelResponse,
+    ToolCall,
+    Usage,
+    http_error,
+    token_count,
+)
 
 try:
     import openai
@@ -112,19 +121,26 @@ def _message(message: Message) -> dict[str, Any]:
 
 
 def _response(name: str, completion: Any, seconds: float) -> ModelResponse:
-    if not completion.choices:
+    if not getattr(completion, "choices", None):
         raise ModelError(f"{name} answered with no choices")
     choice = completion.choices[0]
-    message = choice.message
+    message = getattr(choice, "message", None)
+    if message is None:
+        raise ModelError(f"{name}: malformed response: choices[0] has no message (a streaming chunk?)")
     if getattr(message, "refusal", None):
         raise ModelError(f"{name} refused to answer: {message.refusal}")
+    if choice.finish_reason == "content_filter":
+        raise ModelError(f"{name}: the provider's content filter stopped the answer")
+    if message.content is not None and not isinstance(message.content, str):
+        raise ModelError(
+            f"{name}: malformed response: the message content is {type(message.content).__name__}, not text"
+        )
     calls = []
-    for call in message.tool_calls or ():
-        try:
-            arguments = _input.loads_strict(call.function.arguments or "{}", what="tool call arguments")
-        except RefusedInputError:
-            arguments = {"__unparsed__": call.function.arguments}
-        calls.append(ToolCall(id=call.id, name=call.function.name, arguments=arguments))
+    for index, call in enumerate(message.tool_calls or ()):
+        function: Any = getattr(call, "function", None)
+        if not isinstance(getattr(function, "name", None), str):
+            raise ModelError(f"{name}: malformed response: tool_calls[{index}] names no function")
+        calls.append(ToolCall(id=str(call.id), name=function.name, arguments=_arguments(function.arguments)))
     usage = completion.usage
     details = getattr(usage, "completion_tokens_details", None) if usage else None
     thinking_text = (
@@ -132,14 +148,28 @@ def _response(name: str, completion: Any, seconds: float) -> ModelResponse:
     )
     return ModelResponse(
         text=message.content or "",
-        thinking=thinking_text,
+        thinking=thinking_text if isinstance(thinking_text, str) else "",
         tool_calls=tuple(calls),
         usage=Usage(
-            input=usage.prompt_tokens if usage else 0,
-            output=usage.completion_tokens if usage else 0,
-            thinking=(getattr(details, "reasoning_tokens", None) or 0) if details else 0,
+            input=token_count(name, "prompt_tokens", usage.prompt_tokens) if usage else 0,
+            output=token_count(name, "completion_tokens", usage.completion_tokens) if usage else 0,
+            thinking=token_count(name, "reasoning_tokens", getattr(details, "reasoning_tokens", None), absent=0),
         ),
         model=completion.model or name,
         stop_reason=choice.finish_reason,
         seconds=seconds,
     )
+
+
+def _arguments(raw: object) -> dict[str, Any]:
+    """A tool call's arguments: the JSON object the API sends as text. Anything else (not JSON, a JSON
+    string of JSON, an array) is kept whole under ``__unparsed__`` for the tool's validation to refuse."""
+    if isinstance(raw, dict):  # some compatible servers send the object itself
+        return raw
+    if raw is None or raw == "":
+        return {}
+    try:
+        arguments = _input.loads_strict(raw, what="tool call arguments") if isinstance(raw, str) else None
+    except RefusedInputError:
+        arguments = None
+    return arguments if isinstance(arguments, dict) else {"__unparsed__": raw if isinstance(raw, str) else repr(raw)}
