@@ -174,3 +174,8 @@ HTTP_STATUS = (  # what the JSON API answers for each refusal; the most specific
     (InputError, 422),
     (UsageError, 422),
 )
+
+
+def quoted_id(text: str) -> str:
+    """A plan id as typed, quoted for an error line: cut short when it is far longer than any id."""
+    return repr(text) if len(text) <= 64 else f"{text[:40]!r}... ({len(text)} characters)"

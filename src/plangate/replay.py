@@ -26,7 +26,7 @@ from plangate import answer, drift, ledger, provenance, results
 from plangate._decide import SKIPPED, Decision, decide
 from plangate._overrides import governed
 from plangate.compensation import undo_params
-from plangate.errors import GovernanceError, NotFoundError, UsageError
+from plangate.errors import GovernanceError, NotFoundError, UsageError, quoted_id
 from plangate.graph import run_deps
 from plangate.plan import Plan
 from plangate.policy import Policy
@@ -118,7 +118,7 @@ def replay(
     """
     row = store.get_plan(plan_id)
     if row is None:
-        raise NotFoundError(f"no plan {plan_id!r}")
+        raise NotFoundError(f"no plan {quoted_id(plan_id)}")
     if row.kind == "react":
         raise UsageError(f"{plan_id} is a ReAct run, not a plan: replay runs over plans")
     ledger.confirm_purge(store, row)  # only a purge the audit log records excuses a plan from replay

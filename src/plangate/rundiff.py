@@ -10,7 +10,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from plangate.errors import NotFoundError
+from plangate.errors import NotFoundError, quoted_id
 from plangate.plan import Plan
 from plangate.store import Store
 
@@ -129,7 +129,7 @@ def _run(store: Store, plan_id: str) -> tuple[str, dict[int, StepRun]]:
     plan = store.get_plan(plan_id)
     version = store.get_version(plan_id, plan.version) if plan else None
     if plan is None or version is None:
-        raise NotFoundError(f"no plan {plan_id!r}")
+        raise NotFoundError(f"no plan {quoted_id(plan_id)}")
     ms: dict[int, float] = {}
     for event in store.events(plan_id):
         if event.kind in _OUTCOMES and event.step_id is not None and "ms" in event.data:

@@ -34,7 +34,15 @@ from plangate._overrides import governed
 from plangate.check import CheckResult, check
 from plangate.compensation import Compensation, CompensationResult
 from plangate.engine import DEFAULT_CONCURRENCY, Engine
-from plangate.errors import GovernanceError, LeaseLostError, NotFoundError, PlangateError, StateError, UsageError
+from plangate.errors import (
+    GovernanceError,
+    LeaseLostError,
+    NotFoundError,
+    PlangateError,
+    StateError,
+    UsageError,
+    quoted_id,
+)
 from plangate.plan import Plan
 from plangate.plandiff import PlanDiff
 from plangate.planner import PlanningResult
@@ -618,7 +626,7 @@ class Runtime:
     def get(self, plan_id: str) -> PlanRecord:
         row = self.store.get_plan(self.resolve_id(plan_id))
         if row is None:
-            raise NotFoundError(f"no plan {plan_id!r}")
+            raise NotFoundError(f"no plan {quoted_id(plan_id)}")
         ledger.confirm_purge(self.store, row)  # a row made to look purged must not hide the plan's text
         if row.kind == "react" and row.version == 0:  # a ReAct run with no pending action
             return PlanRecord.of(row, None)
@@ -670,7 +678,7 @@ class Runtime:
         """
         plan = self.store.get_plan(self.resolve_id(plan_id))
         if plan is None:
-            raise NotFoundError(f"no plan {plan_id!r}")
+            raise NotFoundError(f"no plan {quoted_id(plan_id)}")
         events, broken = self.store.plan_events(plan.id)
         if broken is not None:
             raise GovernanceError(f"plan {plan.id}'s audit events do not verify ({broken}); nothing was imported")
@@ -691,7 +699,7 @@ class Runtime:
             return matches[0]
         if len(matches) > 1:
             raise NotFoundError(f"{text!r} matches several plans ({', '.join(m[:13] for m in matches)}); give more")
-        raise NotFoundError(f"no plan {text!r}")
+        raise NotFoundError(f"no plan {quoted_id(text)}")
 
     def close(self) -> None:
         """Close the store, and the connections the catalogue holds to MCP servers."""
@@ -818,7 +826,7 @@ class Runtime:
         if found is None:
             found = self.store.get_plan_version(self.resolve_id(plan_id))
         if found is None:
-            raise NotFoundError(f"no plan {plan_id!r}")
+            raise NotFoundError(f"no plan {quoted_id(plan_id)}")
         plan, version = found
         if version is None:
             raise NotFoundError(f"plan {plan.id} has no version {plan.version}")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 from collections.abc import Callable
@@ -34,6 +35,16 @@ from plangate.tools import Catalogue
 
 if TYPE_CHECKING:
     from plangate.worker import Worker
+
+MOST_SECONDS = 365 * 24 * 3600.0
+"""The longest lease or drain a worker takes: a year (a longer one is a mistake, not a length of time)."""
+
+
+def finite(value: float) -> float:
+    """A number of seconds that is a number: NaN passes every range check, so it is refused here."""
+    if math.isnan(value):
+        raise click.BadParameter("not a number of seconds")
+    return value
 
 
 def _run_command(
@@ -238,9 +249,11 @@ def close_command(
 @click.option(
     "--lease",
     "lease_seconds",
+    type=click.FloatRange(min=0, min_open=True, max=MOST_SECONDS),
+    callback=lambda _ctx, _param, value: finite(value),
     default=30.0,
     show_default=True,
-    help="Seconds a claimed plan stays this worker's without renewal.",
+    help="Seconds a claimed plan stays this worker's without renewal (more than 0).",
 )
 @click.option(
     "--drain",
@@ -256,7 +269,8 @@ def close_command(
 )
 @click.option(
     "--drain-timeout",
-    type=click.FloatRange(0),
+    type=click.FloatRange(0, MOST_SECONDS),
+    callback=lambda _ctx, _param, value: finite(value),
     default=30.0,
     show_default=True,
     help="On SIGTERM: stop claiming and let running plans go on this many seconds; then release their leases.",

@@ -12,7 +12,7 @@ from starlette.exceptions import HTTPException
 from plangate import recovery
 from plangate.accounts import User
 from plangate.compensation import CompensationResult
-from plangate.errors import GovernanceError, NotFoundError, NotPermittedError
+from plangate.errors import GovernanceError, NotFoundError, NotPermittedError, quoted_id
 from plangate.identity import permit
 from plangate.policy import Policy
 from plangate.record import PlanRecord
@@ -51,7 +51,7 @@ def _seen_prefix(rt: Runtime, user: User, prefix: str) -> str:
     if len(seen) > 1:
         raise NotFoundError(f"{prefix!r} matches several plans ({', '.join(i[:13] for i in seen)}); give more")
     if not seen:
-        raise NotFoundError(f"no plan {prefix!r}")
+        raise NotFoundError(f"no plan {quoted_id(prefix)}")
     return seen[0]
 
 

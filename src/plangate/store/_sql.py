@@ -46,6 +46,10 @@ _MOST_PARAMETERS = 20_000
 """More parameters than this in the waiting writes: they go out one by one (PostgreSQL takes 65,535 a statement)."""
 
 
+# The longest text taken as a prefix of a plan id: ids are UUIDs (36 characters), so a longer one matches none.
+_LONGEST_ID = 255
+
+
 class _Write(NamedTuple):
     query: str
     params: tuple[Any, ...]
@@ -508,6 +512,8 @@ class SQLStore(AuditLog, Store):
         return None if row is None else _plan(row)
 
     def find_plans(self, prefix: str) -> list[str]:
+        if len(prefix) > _LONGEST_ID:  # no id is this long (and SQLite refuses LIKE patterns past 50,000 bytes)
+            return []
         escaped = prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
         rows = self._exec("SELECT id FROM plans WHERE id LIKE ? ESCAPE '\\' LIMIT 10", (escaped + "%",))
         return [r[0] for r in rows.fetchall()]
