@@ -9,11 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 from plangate.cli import main
-from tests.conftest import EXAMPLES
-
-TOOLS = str(EXAMPLES / "business.py")
-POLICY = str(EXAMPLES / "policy.yaml")
-PLANS = EXAMPLES / "plans"
+from tests.test_cli_runtime import PLANS, POLICY, TOOLS
 
 
 @pytest.fixture
