@@ -86,11 +86,10 @@ class RequireRule(ValueRule):
         """Why ``value`` fails this rule; None when it passes, or when it takes a reference not resolved yet."""
         if not isinstance(value, str):
             return "must be one SQL statement, as text"
-        if not resolved and "${" in value:
-            if references.takes_refs(value):
-                return None  # checked once the engine has resolved it, before the call
-            value = references.unescaped(value)  # the statement as the tool will be given it
-        return self.checker.problem(value)
+        known = value if resolved else references.known_text(value)  # the statement as the tool is given it
+        if known is None:
+            return None  # it takes a reference: checked once the engine has resolved it, before the call
+        return self.checker.problem(known)
 
 
 def value_violations(

@@ -124,6 +124,14 @@ def takes_refs(value: str) -> bool:
     return any(match.group(0) != "$${" for match in _TOKEN.finditer(value))
 
 
+def known_text(value: str) -> str | None:
+    """The text a plan's string gives the tool, known before the run: its escapes read as the ``${`` they
+    stand for; None when it takes a reference (known only once the engine resolves it)."""
+    if "${" not in value:
+        return value
+    return None if takes_refs(value) else unescaped(value)
+
+
 def unescaped(value: str) -> str:
     """``value`` with each ``$${`` escape made the ``${`` it stands for, and each reference left as written.
 

@@ -192,8 +192,8 @@ class Tool:
             if name is not None:
                 value = params.get(name)
                 text = str(value) if isinstance(value, str | int | float) else None
-                if text is not None and not resolved and "${" in text:
-                    text = None if references.takes_refs(text) else references.unescaped(text)
+                if text is not None and not resolved:
+                    text = references.known_text(text)
                 parts.append("*" if text is None else text)
         return "".join(parts)
 
