@@ -34,17 +34,21 @@ def check_correction(store: Store, plan: PlanRow, old: VersionRow, corrected: Pl
             )
 
 
-def unknown(rows: Iterable[tuple[int, StepRow]]) -> list[int]:
-    """The plan's steps (not undos) that started with no outcome recorded: they may or may not have happened."""
-    return [step_id for step_id, row in rows if step_id > 0 and row.status in ("started", "outcome_unknown")]
+def unknown(rows: Iterable[tuple[int, StepRow]], *, undos: bool = False) -> list[int]:
+    """The plan's steps that started with no outcome recorded: they may or may not have happened (``undos``:
+    a rollback's calls too, as negative ids)."""
+    return [step_id for step_id, row in rows if (step_id > 0 or undos) and row.status in ("started", "outcome_unknown")]
 
 
-def refuse_unknown(rows: Iterable[tuple[int, StepRow]], then: str | None = None) -> None:
-    """Refuse while a step's outcome is unknown: a person settles it first."""
-    found = unknown(rows)
+def refuse_unknown(rows: Iterable[tuple[int, StepRow]], then: str | None = None, *, undos: bool = False) -> None:
+    """Refuse while a step's outcome (``undos``: or an undo's) is unknown: a person settles it first."""
+    found = unknown(rows, undos=undos)
     if found:
         after = f", then {then}" if then else ""
-        raise StateError(f"step {found[0]}'s outcome is unknown: settle it first (plangate settle){after}")
+        first = found[0]
+        what, flag = (f"step {first}", "") if first > 0 else (f"the undo of step {-first}", " --undo")
+        settle = f"plangate settle{flag}"
+        raise StateError(f"{what}'s outcome is unknown: settle it first ({settle}){after}")
 
 
 def _same_step(one: Step | None, other: Step | None) -> bool:
@@ -60,10 +64,7 @@ def close(store: Store, plan: PlanRow, *, actor: str, reason: str, at: str) -> P
     Every step's outcome must be known first, so that the closed plan's record says what
     happened: a step whose outcome is unknown is settled before (``plangate settle``).
     """
-    rows = sorted(store.steps(plan.id).items())
-    unknown = [step_id for step_id, row in rows if row.status in ("started", "outcome_unknown")]
-    if unknown:
-        raise StateError(f"step {unknown[0]}'s outcome is unknown: settle it first (plangate settle), then close")
+    refuse_unknown(sorted(store.steps(plan.id).items()), "close", undos=True)
     return lifecycle.move(store, plan, "closed", actor=actor, at=at, data={"reason": reason})
 
 
