@@ -45,6 +45,7 @@ from plangate.models import Message, Model, ModelError, ModelRequest, ModelRespo
 from plangate.plan import Plan, canonical
 from plangate.planner import prompt
 from plangate.policy import Policy, SinkHit
+from plangate.register import Register
 from plangate.store import CallRow, CheckRecord, PlanRow, Store, VersionRow
 from plangate.tools import Catalogue, RunContext, Tool, render_tool
 from plangate.tracing import Traces
@@ -381,10 +382,12 @@ class ReActAgent:
         if approved:
             return self._lacking(state, act, required)
         cleared = not held and (decision.approval == "auto" or self.policy.auto_approves(self.category, tool))
-        person = not cleared and (tool.effect != "read" or any(rule.approve is None for rule in held))
+        hold = Register(self.store, self.clock).holding(self.category) if cleared else None
+        person = (not cleared or hold is not None) and (tool.effect != "read" or any(r.approve is None for r in held))
         needs = (["a person"] if person else []) + required
         if needs:
-            return self._pause(state, act, tool, needs, {"approval": "human", "required_approvals": required})
+            why = {"reasons": [hold]} if hold is not None else {}
+            return self._pause(state, act, tool, needs, {"approval": "human", "required_approvals": required, **why})
         return None
 
     def _sink_hits(self, state: RunState, step: Any, tool: Tool) -> list[SinkHit]:
@@ -477,7 +480,8 @@ class ReActAgent:
                 held_by=state.owner,
             )
         state.status, state.pending_hash = "paused", digest
-        state.reason = f"paused: {tool.name} ({tool.effect}) needs approval by {' and by '.join(needs)}"
+        why = "".join(f"; {reason}" for reason in decision.get("reasons", ()))
+        state.reason = f"paused: {tool.name} ({tool.effect}) needs approval by {' and by '.join(needs)}{why}"
         return ReActStep(
             number=act.number,
             kind="paused",

@@ -63,15 +63,21 @@ class Register:
             )
         return entries
 
+    def holding(self, category: str) -> str | None:
+        """Why the register holds ``category`` for people; None where it does not (no entry, or cleared)."""
+        entry = self.get(category)
+        if entry is None or entry.auto:
+            return None
+        return f"the auto-approval register holds category {category!r} for people ({entry.reason})"
+
     def hold(self, category: str, checked: CheckRecord) -> CheckRecord:
         """The check, with an automatic approval turned into a person's when the register holds the category."""
         decision = checked.policy
         if decision is None or decision["approval"] != "auto":
             return checked
-        entry = self.get(category)
-        if entry is None or entry.auto:
+        held = self.holding(category)
+        if held is None:
             return checked
-        held = f"the auto-approval register holds category {category!r} for people ({entry.reason})"
         return replace(checked, policy={**decision, "approval": "human", "reasons": [*decision["reasons"], held]})
 
     def all(self) -> list[Entry]:
