@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 from contextlib import closing
+from datetime import UTC, datetime
 from pathlib import Path
 
-from plangate import Catalogue, Policy, tool
+from plangate import Catalogue, Policy, ledger, retention, tool
 from plangate.accounts import Accounts
 from plangate.models.test import ScriptedModel
 from plangate.react import ReActAgent
 from plangate.register import Register
 from plangate.runtime import Runtime
+from tests.conftest import load_plan
 from tests.helpers import FixedClock
 
+OLD = datetime(2020, 1, 1, 9, 0, tzinfo=UTC)
 NOTES: list[str] = []
 
 
@@ -49,3 +52,34 @@ def test_a_react_write_in_a_category_the_register_holds_waits_for_a_person(tmp_p
         rt.approve(held.run_id, "dave", held.pending_hash or "")
         resumed = agent(replies[1]).resume(held.run_id)
         assert resumed.status == "answered" and NOTES == ["hi"], "a person's approval lets it go"
+
+
+def test_a_rejected_plan_edited_while_a_purge_runs_is_left_whole(
+    tmp_path: Path, catalogue: Catalogue, policy: Policy
+) -> None:
+    """A purge lists old finished plans, then takes them batch by batch. A rejected plan listed at the start and
+    edited (so alive again) before its batch is not purged: its new text and its run's evidence stay."""
+    url = f"sqlite:///{tmp_path}/r.db"
+    with closing(Runtime(catalogue, policy, db=url, clock=FixedClock(OLD))) as old:
+        ids = []
+        for _ in range(2):
+            record = old.submit(load_plan("refund"), "alice")
+            old.reject(record.id, "ben", "not today")
+            ids.append(record.id)
+    rt = Runtime(catalogue, policy, db=url)
+    revived = sorted(ids)[1]  # in the second batch
+    edited = dict(load_plan("refund"), task="Refund invoice 42, again")
+
+    def edit_during_the_purge(done: int, total: int) -> None:
+        if done == 1:
+            rt.edit(revived, edited, "alice")
+
+    purged = retention.purge(
+        rt.store, days=365, policy=policy, now=datetime.now(UTC), actor="gina", batch=1, progress=edit_during_the_purge
+    )
+    assert purged.plans == (sorted(ids)[0],), "a plan edited back to life was purged"
+    assert [why.split(":")[0] for why in purged.refused] == [f"plan {revived}"]
+    assert "pending_approval" in purged.refused[0]
+    record = rt.get(revived)
+    assert record.purged is None and record.plan is not None and record.plan.task == "Refund invoice 42, again"
+    assert ledger.verify(rt.store).ok

@@ -91,7 +91,7 @@ def purge(
     for start in range(0, len(ids), batch):
         with store.transaction():
             store.lock_log()
-            done, count = _batch(store, ids[start : start + batch], at, dry_run, refused)
+            done, count = _batch(store, ids[start : start + batch], refused, before=before, at=at, dry_run=dry_run)
             if done and not dry_run:
                 data = {"older_than_days": days, "cutoff": before, "plans": done, "events": count}
                 store.append_event(
@@ -103,12 +103,14 @@ def purge(
     return Purged(cutoff=before, plans=tuple(plans), events=events, refused=tuple(refused), dry_run=dry_run)
 
 
-def _batch(store: Store, ids: list[str], at: str, dry_run: bool, refused: list[str]) -> tuple[list[str], int]:
+def _batch(
+    store: Store, ids: list[str], refused: list[str], *, before: str, at: str, dry_run: bool
+) -> tuple[list[str], int]:
     """Purge each plan that may be (inside the batch's transaction): the plans purged and the events changed."""
     done: list[str] = []
     events = 0
     for plan_id in ids:
-        changed = _plan(store, plan_id, at, dry_run)
+        changed = _plan(store, plan_id, before, at, dry_run)
         if isinstance(changed, str):
             refused.append(f"plan {plan_id}: {changed}")
         else:
@@ -117,13 +119,22 @@ def _batch(store: Store, ids: list[str], at: str, dry_run: bool, refused: list[s
     return done, events
 
 
-def _plan(store: Store, plan_id: str, at: str, dry_run: bool) -> int | str:
-    """Purge one plan: how many of its events changed, or why it is left whole."""
+def _plan(store: Store, plan_id: str, before: str, at: str, dry_run: bool) -> int | str:
+    """Purge one plan: how many of its events changed, or why it is left whole.
+
+    The plan was listed before its batch took the log's lock: it is held again to the
+    listing's terms here, from its verified events (a rejected plan may be edited meanwhile).
+    """
     events, broken = store.plan_events(plan_id)
     if broken is not None:
         return f"its events do not verify ({broken}); see plangate audit verify"
-    if found := ledger.problems(store, ledger.fold(plan_id, events)):
+    told = ledger.fold(plan_id, events)
+    if found := ledger.problems(store, told):
         return f"its rows disagree with its events ({found[0]}); see plangate audit verify"
+    if told.status not in FINISHED:
+        return f"it is {told.status} now, not finished: it changed after the purge listed it"
+    if (last := max((e.at for e in events), default="")) >= before:
+        return f"its last event ({last}) is after the cutoff: it changed after the purge listed it"
     unhashed = store.query("SELECT COUNT(*) FROM events WHERE plan_id = ? AND data_hash IS NULL", (plan_id,))
     if unhashed[0][0]:
         return "its events were written before plangate kept data digests, so their payloads cannot be purged"
