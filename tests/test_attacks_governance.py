@@ -6,13 +6,17 @@ from contextlib import closing
 from datetime import UTC, datetime
 from pathlib import Path
 
+from click.testing import CliRunner
+
 from plangate import Catalogue, Policy, ledger, retention, tool
 from plangate.accounts import Accounts
+from plangate.cli import main
 from plangate.models.test import ScriptedModel
 from plangate.react import ReActAgent
 from plangate.register import Register
 from plangate.runtime import Runtime
-from tests.conftest import load_plan
+from plangate.store import open_store
+from tests.conftest import EXAMPLES, load_plan
 from tests.helpers import FixedClock
 
 OLD = datetime(2020, 1, 1, 9, 0, tzinfo=UTC)
@@ -83,3 +87,17 @@ def test_a_rejected_plan_edited_while_a_purge_runs_is_left_whole(
     record = rt.get(revived)
     assert record.purged is None and record.plan is not None and record.plan.task == "Refund invoice 42, again"
     assert ledger.verify(rt.store).ok
+
+
+def test_compare_refuses_a_store_with_accounts(tmp_path: Path) -> None:
+    """The comparison approves every plan and ReAct action itself, as 'compare-approver', a name no account
+    proves: on a store with accounts it would run plans no person approved, with no token asked for."""
+    url = f"sqlite:///{tmp_path}/c.db"
+    with closing(open_store(url)) as store:
+        Accounts(store).add("gina", "governance")
+    tasks, tools = str(EXAMPLES / "compare" / "tasks.yaml"), str(EXAMPLES / "compare" / "tools.py")
+    result = CliRunner().invoke(main, ["compare", tasks, "--tools", tools, "--model", "scripted", "--db", url])
+    assert result.exit_code == 4, result.output
+    assert "compare-approver" in result.stderr and "store of its own" in result.stderr
+    with closing(open_store(url)) as store:
+        assert store.query("SELECT COUNT(*) FROM plans") == [(0,)], "nothing was submitted"

@@ -8,6 +8,9 @@ with actions and no thoughts; CoT-only reasons and answers in one call, with no 
 each: success (the expected answer, or a check function), model calls, input/output/
 thinking tokens, tool calls, wall time, policy violations and approvals needed. The table
 by number of steps is in :mod:`plangate._comparereport`.
+
+The comparison approves what it runs itself, as :data:`APPROVER`, a name no account
+proves, so it refuses a store with accounts: it runs on a store of its own.
 """
 
 from __future__ import annotations
@@ -25,8 +28,9 @@ from plangate import _input
 from plangate._clock import Clock, SystemClock
 from plangate._comparereport import by_steps, table, to_json
 from plangate._comparescript import Script
+from plangate.accounts import Accounts
 from plangate.costs import PriceTable
-from plangate.errors import RefusedInputError, UsageError
+from plangate.errors import GovernanceError, RefusedInputError, UsageError
 from plangate.models import Message, Model, ModelError, ModelRequest
 from plangate.planner import Planner, PlanningError, prompt
 from plangate.policy import Policy
@@ -135,6 +139,12 @@ class Comparison:
     modes: tuple[Mode, ...] = ("plan", "react")
 
     def run(self, tasks: list[Task]) -> list[Row]:
+        """Each task in each mode. A store with accounts is refused: the comparison approves what it runs itself."""
+        if Accounts(self.store).any():
+            raise GovernanceError(
+                f"the comparison approves every plan and action itself, as {APPROVER!r}, a name no account proves; "
+                "this store has accounts: give the comparison a store of its own (--db sqlite:///PATH)"
+            )
         runs = {"plan": self.plan_mode, "react": self.react_mode, "act": self.act_mode, "cot": self.cot_mode}
         return [runs[mode](number, task) for number, task in enumerate(tasks, start=1) for mode in self.modes]
 
