@@ -12,6 +12,7 @@ from plangate import Catalogue, Policy, ledger, retention, tool
 from plangate.accounts import Accounts
 from plangate.cli import main
 from plangate.models.test import ScriptedModel
+from plangate.notify import SlackNotifier
 from plangate.react import ReActAgent
 from plangate.register import Register
 from plangate.runtime import Runtime
@@ -101,3 +102,19 @@ def test_compare_refuses_a_store_with_accounts(tmp_path: Path) -> None:
     assert "compare-approver" in result.stderr and "store of its own" in result.stderr
     with closing(open_store(url)) as store:
         assert store.query("SELECT COUNT(*) FROM plans") == [(0,)], "nothing was submitted"
+
+
+def test_a_task_cannot_put_a_link_or_a_mention_in_the_chat_notice(
+    tmp_path: Path, catalogue: Catalogue, policy: Policy
+) -> None:
+    """The task is the requester's text: the notice shows it as text, never as a link labelled as a button
+    (to another plan's page, or anywhere) or a mention that pages the whole channel."""
+    task = "Refund invoice 42 <!channel> <https://evil.example/plans/other|Approve here> & done"
+    with closing(Runtime(catalogue, policy, db=f"sqlite:///{tmp_path}/n.db")) as rt:
+        record = rt.submit(dict(load_plan("refund"), task=task), "alice")
+    message = SlackNotifier(webhook_url="http://127.0.0.1:9/none", base_url="https://plangate.example").message(record)
+    shown = "Refund invoice 42 &lt;!channel&gt; &lt;https://evil.example/plans/other|Approve here&gt; &amp; done"
+    assert message["text"] == (
+        f"Plan waiting for approval: {shown} (refunds) https://plangate.example/plans/{record.id}"
+    )
+    assert shown in message["blocks"][0]["text"]["text"]

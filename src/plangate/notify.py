@@ -35,7 +35,7 @@ class SlackNotifier:
         needs = " and by ".join(record.needs) or "a person"
         value = button_value(record.id, record.version, record.hash)
         return {
-            "text": f"Plan waiting for approval: {record.task} ({record.category}) {link}",
+            "text": f"Plan waiting for approval: {_escape(record.task)} ({_escape(record.category)}) {link}",
             "blocks": [
                 {
                     "type": "section",
@@ -121,4 +121,5 @@ def verify(secret: str, timestamp: str, body: bytes, signature: str, *, now: flo
 
 
 def _escape(text: str) -> str:
+    """The requester's text as text in chat markup: no link, mention or button label of its own."""
     return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
