@@ -17,6 +17,7 @@ from plangate.react import ReActAgent
 from plangate.register import Register
 from plangate.runtime import Runtime
 from plangate.store import open_store
+from plangate.tools.basic import calculate
 from tests.conftest import EXAMPLES, load_plan
 from tests.helpers import FixedClock
 
@@ -118,3 +119,16 @@ def test_a_task_cannot_put_a_link_or_a_mention_in_the_chat_notice(
         f"Plan waiting for approval: {shown} (refunds) https://plangate.example/plans/{record.id}"
     )
     assert shown in message["blocks"][0]["text"]["text"]
+
+
+def test_a_react_run_has_no_plan_text_to_keep_as_a_template(tmp_path: Path) -> None:
+    """A finished ReAct run (like a purged plan) has no plan text: the library refuses it in one line."""
+    url = f"sqlite:///{tmp_path}/r.db"
+    replies = ["Thought: add.\nAction: calculate[40+2]", "Thought: done.\nFinal Answer: 42"]
+    with closing(open_store(url)) as store:
+        run = ReActAgent(ScriptedModel(replies), Catalogue([calculate]), store, clock=FixedClock())
+        run_id = run.run("What is 40+2?").run_id
+    result = CliRunner().invoke(main, ["library", "add", run_id, "--db", url])
+    assert result.exit_code == 2 and result.stderr.strip().endswith(
+        f"plan {run_id} is a ReAct run: it has no plan text to keep as a template"
+    ), result.output

@@ -271,6 +271,9 @@ def library_add_command(*, plan_id: str, name: str | None, user: str | None, tok
     user = acting(runtime, user, token, "library", category=record.category, default="library")
     if record.status not in ("approved", "running", "succeeded"):
         raise UsageError(f"plan {record.id} is {record.status}: only an approved plan can become a template")
+    if record.plan is None:
+        what = "is a ReAct run" if record.kind == "react" else "had its payloads purged"
+        raise UsageError(f"plan {record.id} {what}: it has no plan text to keep as a template")
     chosen = check_text(name, "name", what="template") if name else None
     chosen = chosen or re.sub(r"[^a-z0-9]+", "-", record.task.lower()).strip("-")[:60]
     template = template_from(
