@@ -19,7 +19,7 @@ from plangate.runtime import Runtime
 from plangate.store import open_store
 from plangate.tools.basic import calculate
 from tests.conftest import EXAMPLES, load_plan
-from tests.helpers import FixedClock
+from tests.helpers import FixedClock, plan
 
 OLD = datetime(2020, 1, 1, 9, 0, tzinfo=UTC)
 NOTES: list[str] = []
@@ -132,3 +132,40 @@ def test_a_react_run_has_no_plan_text_to_keep_as_a_template(tmp_path: Path) -> N
     assert result.exit_code == 2 and result.stderr.strip().endswith(
         f"plan {run_id} is a ReAct run: it has no plan text to keep as a template"
     ), result.output
+
+
+@tool
+def look(key: str) -> str:
+    """Look a record up."""
+    return key
+
+
+def test_replacing_a_template_needs_the_right_to_remove_it(tmp_path: Path) -> None:
+    """Removing a template is for approvers of its plan's category; adding another under its name replaces it,
+    so that is for them too, not for an approver of some other category."""
+    url = f"sqlite:///{tmp_path}/lib.db"
+    policy = Policy.from_yaml("version: 1\nname: lib\napproval: {auto: [lookups, refunds]}\n")
+    with closing(Runtime(Catalogue([look]), policy, db=url, clock=FixedClock())) as rt:
+        accounts = Accounts(rt.store)
+        accounts.add("dave", "approver", categories=("lookups",))
+        accounts.add("erin", "approver", categories=("refunds",))
+        tokens = {name: accounts.issue_token(name) for name in ("dave", "erin")}
+        ids = {
+            category: rt.submit(
+                plan({"id": 1, "tool": "look", "params": {"key": "INV-1"}}, category=category, task="Look up INV-1"),
+                "ann",
+            ).id
+            for category in ("lookups", "refunds")
+        }
+
+    def add(category: str, who: str) -> tuple[int, str]:
+        result = CliRunner().invoke(
+            main, ["library", "add", ids[category], "--name", "look-up", "--token", tokens[who], "--db", url]
+        )
+        return result.exit_code, result.output
+
+    assert add("refunds", "erin")[0] == 0
+    code, out = add("lookups", "dave")
+    assert code == 4 and "dave (approver) may not decide on plans of category 'refunds'" in out, out
+    with closing(open_store(url)) as store:
+        assert [(t.name, t.source_plan) for t in store.templates()] == [("look-up", ids["refunds"])]

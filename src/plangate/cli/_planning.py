@@ -276,6 +276,9 @@ def library_add_command(*, plan_id: str, name: str | None, user: str | None, tok
         raise UsageError(f"plan {record.id} {what}: it has no plan text to keep as a template")
     chosen = check_text(name, "name", what="template") if name else None
     chosen = chosen or re.sub(r"[^a-z0-9]+", "-", record.task.lower()).strip("-")[:60]
+    replaced = _source(runtime, chosen)
+    if replaced is not None:  # a template of that name is removed: only by whoever may remove it
+        acting(runtime, user, token, "library", category=replaced.category, default="library")
     template = template_from(
         record.plan, chosen, source_plan=record.id, created_by=user, created_at=iso(runtime.clock.now())
     )
@@ -313,10 +316,9 @@ def library_list_command(*, db: str | None) -> None:
 def library_remove_command(*, name: str, user: str | None, token: str | None, db: str | None) -> None:
     """Remove template NAME (with accounts: an approver of the category of the plan it came from)."""
     runtime = open_runtime(db)
-    source = {t.name: t.source_plan for t in runtime.store.templates()}.get(name)
-    if source is None:
+    record = _source(runtime, name)
+    if record is None:
         raise UsageError(f"no template named {name!r}")
-    record = runtime.get(source)
     person = acting(runtime, user, token, "library", category=record.category, default="library")
     with runtime.store.transaction():
         runtime.store.delete_template(name)
@@ -330,6 +332,12 @@ def library_remove_command(*, name: str, user: str | None, token: str | None, db
             data={"template": name},
         )
     click.echo(f"removed template {name!r}")
+
+
+def _source(runtime: Any, name: str) -> Any:
+    """The record of the plan template ``name`` was made from; None when there is no such template."""
+    source = {t.name: t.source_plan for t in runtime.store.templates()}.get(name)
+    return None if source is None else runtime.get(source)
 
 
 COMMANDS = (plan_command, run_command, usage_command, library_group)
