@@ -16,10 +16,12 @@ from plangate.notify import SlackNotifier
 from plangate.react import ReActAgent
 from plangate.register import Register
 from plangate.runtime import Runtime
+from plangate.server import create_app
 from plangate.store import open_store
 from plangate.tools.basic import calculate
 from tests.conftest import EXAMPLES, load_plan
 from tests.helpers import FixedClock, plan
+from tests.test_notify import SECRET, click
 
 OLD = datetime(2020, 1, 1, 9, 0, tzinfo=UTC)
 NOTES: list[str] = []
@@ -169,3 +171,15 @@ def test_replacing_a_template_needs_the_right_to_remove_it(tmp_path: Path) -> No
     assert code == 4 and "dave (approver) may not decide on plans of category 'refunds'" in out, out
     with closing(open_store(url)) as store:
         assert [(t.name, t.source_plan) for t in store.templates()] == [("look-up", ids["refunds"])]
+
+
+def test_the_chat_reply_to_a_click_shows_the_task_as_text(tmp_path: Path, catalogue: Catalogue, policy: Policy) -> None:
+    """The reply to an approve click names the plan by its task: as text, as the notice does."""
+    db = f"sqlite:///{tmp_path}/cb.db"
+    with closing(open_store(db)) as store:
+        Accounts(store).add("dave", "approver", categories=("refunds",), slack_id="U0DAVE")
+    app = create_app(catalogue, policy, db=db, secure_cookies=False, slack_signing_secret=SECRET)
+    with closing(Runtime(catalogue, policy, db=db)) as rt:
+        record = rt.submit(dict(load_plan("refund"), task="Refund invoice 42 <!channel>"), "alice")
+    reply = click(app, record, "U0DAVE", "plangate_approve")
+    assert reply.json()["text"] == "dave: Refund invoice 42 &lt;!channel&gt; is now pending_approval."

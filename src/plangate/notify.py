@@ -35,15 +35,15 @@ class SlackNotifier:
         needs = " and by ".join(record.needs) or "a person"
         value = button_value(record.id, record.version, record.hash)
         return {
-            "text": f"Plan waiting for approval: {_escape(record.task)} ({_escape(record.category)}) {link}",
+            "text": f"Plan waiting for approval: {escape(record.task)} ({escape(record.category)}) {link}",
             "blocks": [
                 {
                     "type": "section",
                     "text": {
                         "type": "mrkdwn",
                         "text": (
-                            f"*<{link}|{_escape(record.task)}>*\ncategory *{_escape(record.category)}*, requested by "
-                            f"{_escape(record.requested_by)}, version {record.version}; needs approval by {needs}"
+                            f"*<{link}|{escape(record.task)}>*\ncategory *{escape(record.category)}*, requested by "
+                            f"{escape(record.requested_by)}, version {record.version}; needs approval by {needs}"
                         ),
                     },
                 },
@@ -120,6 +120,6 @@ def verify(secret: str, timestamp: str, body: bytes, signature: str, *, now: flo
     return None
 
 
-def _escape(text: str) -> str:
+def escape(text: str) -> str:
     """The requester's text as text in chat markup: no link, mention or button label of its own."""
     return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")

@@ -20,7 +20,7 @@ from starlette.exceptions import HTTPException
 
 from plangate.accounts import Accounts
 from plangate.errors import GovernanceError, NotFoundError
-from plangate.notify import decided_by
+from plangate.notify import decided_by, escape
 from plangate.server import _actions
 from plangate.server._bodies import read_json, validated
 from plangate.server._deps import Config, Rt
@@ -93,7 +93,7 @@ def slack_actions(interaction: Annotated[Interaction, Depends(signed)], rt: Rt) 
         return {"response_type": "ephemeral", "text": f"Refused: {exc}"}
     except HTTPException as exc:
         return {"response_type": "ephemeral", "text": f"Refused: {exc.detail}"}
-    return {"replace_original": False, "text": f"{user.name}: {record.task} is now {record.status}."}
+    return {"replace_original": False, "text": f"{user.name}: {escape(record.task)} is now {record.status}."}
 
 
 def _interaction(body: bytes) -> Interaction:
