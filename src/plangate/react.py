@@ -382,11 +382,12 @@ class ReActAgent:
         if approved:
             return self._lacking(state, act, required)
         cleared = not held and (decision.approval == "auto" or self.policy.auto_approves(self.category, tool))
-        hold = Register(self.store, self.clock).holding(self.category) if cleared else None
-        person = (not cleared or hold is not None) and (tool.effect != "read" or any(r.approve is None for r in held))
+        on_hold = Register(self.store, self.clock).holding(self.category) if cleared else None
+        cleared = cleared and on_hold is None  # governance holds the category for people
+        person = not cleared and (tool.effect != "read" or any(rule.approve is None for rule in held))
         needs = (["a person"] if person else []) + required
         if needs:
-            why = {"reasons": [hold]} if hold is not None else {}
+            why = {"reasons": [on_hold]} if on_hold is not None else {}
             return self._pause(state, act, tool, needs, {"approval": "human", "required_approvals": required, **why})
         return None
 
