@@ -11,10 +11,10 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
 
 import pytest
-from pydantic import ValidationError
+from pydantic import Field, ValidationError
 from typing_extensions import TypedDict
 
 from plangate import Catalogue, Plan, Policy, check, tool
@@ -188,3 +188,28 @@ def test_a_copy_of_a_policy_with_changes_is_validated_and_as_immutable(policy: P
         changed.roles["auditor"] = policy.roles["operator"]
     with pytest.raises(ValidationError, match="mallory"):
         policy.model_copy(update={"users": {"mallory": "root"}})  # no such role: refused as a loaded policy is
+
+
+@tool
+def tag(label: Annotated[str, Field(min_length=3, max_length=4)], kind: Literal["${x}", "plain"] = "plain") -> str:
+    return label
+
+
+@pytest.mark.parametrize(
+    ("params", "expected"),
+    [
+        ({"label": "$${"}, ["param-type"]),  # the tool is given "${": two characters, under min_length
+        ({"label": "ab$${"}, []),  # the tool is given "ab${": four, within max_length
+        ({"label": "abc", "kind": "$${x}"}, []),  # the tool is given "${x}", one of its literals
+        ({"label": "abc", "kind": "${x}"}, ["ref-syntax"]),  # a reference, and a malformed one
+        ({"label": "$${1}"}, []),  # "${1}": text of three characters, no reference
+    ],
+)
+def test_a_parameters_constraints_are_held_to_the_value_the_tool_is_given(
+    params: dict[str, Any], expected: list[str]
+) -> None:
+    plan = _plan({"id": 1, "tool": "tag", "params": params})
+    assert _rules(check(plan, Catalogue([tag]))) == expected, params
+    called = resolve(plan.steps[0].params, {}) if not expected or expected == ["param-type"] else None
+    if called is not None:  # what the engine makes of it agrees
+        assert bool(tag.param_errors(called)) == bool(expected), called
