@@ -371,7 +371,8 @@ class Policy(_Rules):
         """A copy; with ``update``, a new policy validated as a loaded one is (pydantic's copy takes it unchecked)."""
         if not update:
             return super().model_copy(deep=deep)
-        return Policy.model_validate({**{name: getattr(self, name) for name in Policy.model_fields}, **update})
+        kind = type(self)
+        return kind.model_validate({**{name: getattr(self, name) for name in kind.model_fields}, **update})
 
     def canonical_json(self) -> str:
         data = self.model_dump(mode="json")
