@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from plangate import Catalogue, Policy, ledger, retention, tool
-from plangate.accounts import Accounts
+from plangate.accounts import Accounts, User
 from plangate.errors import GovernanceError, StateError
 from plangate.register import Register
 from plangate.runtime import Runtime
@@ -209,3 +209,75 @@ def test_a_requester_moved_out_of_a_role_does_not_keep_its_tools_for_an_approved
     assert CHARGES == []
     edited = rt.edit(record.id, plan({"id": 1, "tool": "pay", "params": {"amount": 0.5}}), "alice")
     assert edited.status == "rejected", "an edit is held against the requester's role now, too"
+
+
+DAVE = User(name="dave", role="approver", categories=("maintenance",))
+"""Dave on a dashboard that makes him an approver of maintenance plans only: refunds are not his to decide."""
+
+
+def _halted_in_refunds_again(rt: Runtime, plan_id: str) -> None:
+    """A correction moves the halted plan into ``refunds`` (step 3 still too large), approved and run: halted again."""
+    corrected = dict(with_step(REFUND_THEN_FAIL, 2, params={"invoice_id": "43", "amount": 6000.0}))
+    record = rt.edit(plan_id, corrected, "carol")
+    rt.approve(plan_id, "alice", record.hash)
+    assert rt.execute(plan_id).status == "halted" and rt.get(plan_id).category == "refunds"
+
+
+def _actions_module() -> Any:
+    from plangate.server import _actions
+
+    return _actions
+
+
+AFTER_THE_CHECK: dict[str, Any] = {
+    "close": lambda rt, plan_id: _actions_module().close(rt, DAVE, plan_id, "no longer needed"),
+    "compensate": lambda rt, plan_id: _actions_module().compensate(rt, DAVE, plan_id, "undo it"),
+    "settle": lambda rt, plan_id: _actions_module().settle(rt, DAVE, plan_id, 3, done=False, output=None, note=None),
+}
+
+
+@pytest.mark.parametrize("doing", sorted(AFTER_THE_CHECK))
+def test_a_decision_after_a_halt_is_refused_when_the_category_changed_after_the_check(
+    rt: Runtime, monkeypatch: pytest.MonkeyPatch, doing: str
+) -> None:
+    from plangate.server import _actions
+
+    plan_id = halted(rt, {**REFUND_THEN_FAIL, "category": "maintenance"})
+    checked = _actions.may_decide
+
+    def then_corrected(user: User, record: Any) -> None:
+        checked(user, record)  # dave may decide maintenance plans: passes
+        _halted_in_refunds_again(rt, record.id)  # between his check and his decision
+
+    monkeypatch.setattr(_actions, "may_decide", then_corrected)
+    before = [e.kind for e in rt.trace(plan_id)]
+    with pytest.raises(StateError, match=r"category changed after the right to .* was checked .* 'maintenance'"):
+        AFTER_THE_CHECK[doing](rt, plan_id)
+    assert rt.get(plan_id).status == "halted"
+    assert [e.kind for e in rt.trace(plan_id)][len(before) :][-1] == "run.halted"  # nothing of dave's
+
+
+BEFORE_APPROVAL: dict[str, Any] = {
+    "reject": lambda rt, plan_id: _actions_module().decide(rt, DAVE, plan_id, None, "not this", approve=False),
+    "edit": lambda rt, plan_id: _actions_module().edit(rt, DAVE, plan_id, {**REFUND_THEN_FAIL, "task": "other"}),
+}
+
+
+@pytest.mark.parametrize("doing", sorted(BEFORE_APPROVAL))
+def test_a_rejection_or_edit_is_refused_when_the_category_changed_after_the_check(
+    rt: Runtime, monkeypatch: pytest.MonkeyPatch, doing: str
+) -> None:
+    from plangate.server import _actions
+
+    record = rt.submit({**REFUND_THEN_FAIL, "category": "maintenance"}, "bob")
+    name = "may_decide" if doing == "reject" else "permit"  # the dashboard's check of the right to do it
+    checked = getattr(_actions, name)
+
+    def then_edited(user: User, *args: Any, **kwargs: Any) -> None:
+        checked(user, *args, **kwargs)  # dave may decide maintenance plans: passes
+        rt.edit(record.id, REFUND_THEN_FAIL, "carol")  # now a refunds plan
+
+    monkeypatch.setattr(_actions, name, then_edited)
+    with pytest.raises(StateError, match=f"category changed after the right to {doing} it was checked"):
+        BEFORE_APPROVAL[doing](rt, record.id)
+    assert (rt.get(record.id).status, rt.get(record.id).version) == ("pending_approval", 2)

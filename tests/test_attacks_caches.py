@@ -9,9 +9,12 @@ deny rule is scoped to and to a require rule's check, as plainly as any other te
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
 
+import pytest
+from pydantic import Field, ValidationError
 from typing_extensions import TypedDict
 
 from plangate import Catalogue, Plan, Policy, check, tool
@@ -149,3 +152,64 @@ def test_a_require_rule_checks_a_statement_with_only_escapes_before_the_run() ->
     assert check(reads, catalogue, rules).ok
     later = _plan({"id": 1, "tool": "sql", "params": {"query": "DELETE FROM invoices -- ${1}"}})
     assert _rules(check(later, catalogue, rules)) == ["ref-self"]  # a reference: checked at the call
+
+
+def test_a_policy_cannot_be_changed_in_place_behind_its_hash_and_caches(catalogue: Catalogue) -> None:
+    """A loaded policy's rules are fixed: what it remembered (its hash, its matchers' answers) stays true."""
+    policy = Policy.load(EXAMPLES / "policy.yaml")
+    plan = _plan({"id": 1, "tool": "run_sql", "params": {"query": "SELECT 1"}}, category="maintenance")
+    before, policy_hash = check(plan, catalogue, policy, user="alice"), policy.hash
+    assert _rules(before) == ["tool-not-allowed"]  # and the policy remembers it
+    widen = {"tools": ["*"], "scopes": ["*"]}
+    edits: dict[str, Callable[[Any], object]] = {
+        "a deny rule added": lambda p: p.deny.append(NINES),
+        "a require rule dropped": lambda p: p.require.clear(),
+        "a sequence rule dropped": lambda p: p.sequences.pop(),
+        "a role widened": lambda p: p.roles.__setitem__("support", p.roles["operator"]),
+        "a role's tools edited": lambda p: p.roles["support"].tools.append("run_sql"),
+        "a user given a role": lambda p: p.users.update({"mallory": "operator"}),
+        "a role removed": lambda p: p.roles.pop("auditor"),
+        "a category added": lambda p: p.categories.setdefault("anything", widen),
+        "a user removed": lambda p: p.users.__delitem__("alice"),
+    }
+    for what, edit in edits.items():
+        with pytest.raises((TypeError, AttributeError), match=r"immutable|has no attribute"):
+            edit(policy)
+            raise AssertionError(f"{what}: the policy took an edit in place")
+    assert policy.hash == policy_hash == Policy.load(EXAMPLES / "policy.yaml").hash
+    assert _rules(check(plan, catalogue, policy, user="alice")) == _rules(before)
+
+
+def test_a_copy_of_a_policy_with_changes_is_validated_and_as_immutable(policy: Policy) -> None:
+    roles = {**policy.roles, "support": policy.roles["operator"]}
+    changed = policy.model_copy(update={"roles": roles, "deny": [NINES]})
+    assert changed.roles["support"] == policy.roles["operator"] and changed.deny[0].name == "no-nines"
+    with pytest.raises(TypeError, match="immutable"):
+        changed.roles["auditor"] = policy.roles["operator"]
+    with pytest.raises(ValidationError, match="mallory"):
+        policy.model_copy(update={"users": {"mallory": "root"}})  # no such role: refused as a loaded policy is
+
+
+@tool
+def tag(label: Annotated[str, Field(min_length=3, max_length=4)], kind: Literal["${x}", "plain"] = "plain") -> str:
+    return label
+
+
+@pytest.mark.parametrize(
+    ("params", "expected"),
+    [
+        ({"label": "$${"}, ["param-type"]),  # the tool is given "${": two characters, under min_length
+        ({"label": "ab$${"}, []),  # the tool is given "ab${": four, within max_length
+        ({"label": "abc", "kind": "$${x}"}, []),  # the tool is given "${x}", one of its literals
+        ({"label": "abc", "kind": "${x}"}, ["ref-syntax"]),  # a reference, and a malformed one
+        ({"label": "$${1}"}, []),  # "${1}": text of three characters, no reference
+    ],
+)
+def test_a_parameters_constraints_are_held_to_the_value_the_tool_is_given(
+    params: dict[str, Any], expected: list[str]
+) -> None:
+    plan = _plan({"id": 1, "tool": "tag", "params": params})
+    assert _rules(check(plan, Catalogue([tag]))) == expected, params
+    called = resolve(plan.steps[0].params, {}) if not expected or expected == ["param-type"] else None
+    if called is not None:  # what the engine makes of it agrees
+        assert bool(tag.param_errors(called)) == bool(expected), called

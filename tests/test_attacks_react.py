@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import sqlite3
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from plangate import Catalogue, Policy, ledger, tool
-from plangate.errors import SelfApprovalError
+from plangate.errors import GovernanceError, SelfApprovalError
 from plangate.models.test import ScriptedModel
 from plangate.react import ReActAgent
 from plangate.runtime import Runtime
@@ -164,3 +166,95 @@ def test_an_external_write_after_untrusted_text_waits_for_a_person_though_its_ca
     assert alone.status == "answered" and POSTED == ["the vault code is 1234"]
     result = _after_reading_mail(store, SINKS_YAML, clock)
     assert POSTED == [] and result.status == "paused" and "a person" in (result.reason or "")
+
+
+# -- whose rights a resumed run acts with ------------------------------------------------------------------------
+WIPED: list[str] = []
+
+
+@tool(effect="write")
+def wipe(table: str) -> str:
+    """Empty a table."""
+    WIPED.append(table)
+    return "wiped"
+
+
+RIGHTS_YAML = POLICY_YAML.replace("fay: staff}", "fay: staff, gus: admin}").replace(
+    "  reviewer: {}", "  reviewer: {}\n  admin: {tools: ['*'], scopes: ['*']}"
+)
+"""gus is an admin, who may use every tool; ann, the staff, may not wipe."""
+RIGHTS = Policy.from_yaml(RIGHTS_YAML)
+WIPE = 'Thought: and clean up.\nAction: wipe {"table": "people"}'
+
+
+def _refused(result: Any) -> list[str]:
+    return [step.observation for step in result.steps if step.kind == "refused"]
+
+
+def _noted(store: Store, clock: FixedClock, policy: Policy, user: str, category: str = "react") -> Any:
+    """``user``'s run, paused for its note to Ada, then approved by a person and by privacy."""
+    tools = Catalogue([send_note, find_person, wipe])
+    asked = ReActAgent(ScriptedModel(NOTE[:2]), tools, store, policy=policy, user=user, clock=clock, category=category)
+    paused = asked.run("Tell Ada")
+    runtime = Runtime(tools, policy, db=store, clock=FixedClock())
+    for approver in ("ben", "cat"):
+        runtime.approve(paused.run_id, approver, paused.pending_hash or "")
+    return paused
+
+
+def _resumed(store: Store, clock: FixedClock, policy: Policy, run_id: str, user: str, *replies: str) -> Any:
+    """The run carried on by ``user``'s agent, of the default category (as ``plangate react --resume`` makes)."""
+    tools, model = Catalogue([send_note, find_person, wipe]), ScriptedModel([*replies, "Final Answer: done"])
+    return ReActAgent(model, tools, store, policy=policy, user=user, clock=clock).resume(run_id)
+
+
+def test_a_run_resumed_by_someone_with_more_rights_acts_only_with_the_rights_of_whoever_asked(store: Store) -> None:
+    """ann's run pauses for its note; gus, an admin, resumes it: what the run does next is held to ann's role
+    (staff may not wipe), not widened to gus's."""
+    WIPED.clear()
+    clock = FixedClock()
+    result = _resumed(store, clock, RIGHTS, _noted(store, clock, RIGHTS, "ann").run_id, "gus", WIPE)
+    assert SENT == ["ada@example.com: hello"] and WIPED == [] and result.status == "answered"
+    assert ["role 'staff' may not use tool 'wipe'" in why for why in _refused(result)] == [True]
+
+
+def test_a_run_resumed_by_someone_with_fewer_rights_acts_only_with_theirs_too(store: Store) -> None:
+    """gus's run pauses for its wipe, and a reviewer approves it; ann, who may not wipe, resumes it: the
+    stricter of the two roles holds, so the approved wipe does not run on her say."""
+    WIPED.clear()
+    clock, tools = FixedClock(), Catalogue([send_note, find_person, wipe])
+    paused = ReActAgent(ScriptedModel([WIPE]), tools, store, policy=RIGHTS, user="gus", clock=clock).run("Go")
+    assert paused.status == "paused"
+    Runtime(tools, RIGHTS, db=store, clock=FixedClock()).approve(paused.run_id, "ben", paused.pending_hash or "")
+    result = _resumed(store, clock, RIGHTS, paused.run_id, "ann")
+    assert WIPED == [] and ["role 'staff' may not use tool 'wipe'" in why for why in _refused(result)] == [True]
+
+
+NOTES = Policy.from_yaml(
+    RIGHTS_YAML + "categories:\n  react: {tools: ['*']}\n  notes: {tools: [send_note, find_person]}\n"
+)
+"""A policy whose category ``notes`` may not wipe."""
+
+
+def test_a_resumed_run_keeps_the_category_it_was_asked_in(store: Store) -> None:
+    """gus asks in category ``notes``, whose envelope has no wipe; resumed by an agent of the default category
+    (as ``plangate react --resume`` makes one), the run is still a ``notes`` run."""
+    WIPED.clear()
+    clock = FixedClock()
+    result = _resumed(store, clock, NOTES, _noted(store, clock, NOTES, "gus", "notes").run_id, "gus", WIPE)
+    assert SENT == ["ada@example.com: hello"] and WIPED == [] and result.status == "answered"
+    assert ["category 'notes' may use only the tools" in why for why in _refused(result)] == [True]
+
+
+def test_a_run_whose_category_was_changed_in_its_row_is_not_resumed(tmp_path: Path) -> None:
+    """The category a run was asked in is in its first event: a row changed outside plangate does not carry
+    the run into a wider category."""
+    SENT.clear()
+    db, clock = tmp_path / "r.db", FixedClock()
+    store = open_store(f"sqlite:///{db}")
+    paused = _noted(store, clock, NOTES, "gus", "notes")
+    with closing(sqlite3.connect(db)) as conn, conn:
+        conn.execute("UPDATE plans SET category = 'react' WHERE id = ?", (paused.run_id,))
+    with pytest.raises(GovernanceError, match=r"plans\.category is 'react', but the audit log says 'notes'"):
+        _resumed(store, clock, NOTES, paused.run_id, "gus", WIPE)
+    assert WIPED == [] and SENT == []

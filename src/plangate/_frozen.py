@@ -1,11 +1,13 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any, Generic, Self, TypeVar, overload
+from typing import Annotated, Any, Generic, NoReturn, Self, TypeVar, overload
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import AfterValidator, BaseModel, ConfigDict
 
 T = TypeVar("T")
+K = TypeVar("K")
+V = TypeVar("V")
 
 
 class cached(Generic[T]):  # noqa: N801 - used like the @property it stands beside
@@ -54,3 +56,25 @@ class Frozen(BaseModel):
                 if isinstance(attr, cached):
                     copy.__dict__.pop(name, None)
         return copy
+
+
+class FrozenDict(dict[K, V]):
+    """A dict that refuses every change: a frozen model's mapping, so nothing worked out from it goes stale.
+
+    A ``dict`` still (pydantic serializes it, ``json.dumps`` writes it), and it pickles and copies as itself.
+    """
+
+    def _refuse(self, *args: object, **kwargs: object) -> NoReturn:
+        raise TypeError(
+            "this mapping is immutable: what its model worked out from it (a hash, remembered answers) would go "
+            "stale; make a new model from changed data instead"
+        )
+
+    __setitem__ = __delitem__ = __ior__ = clear = pop = popitem = setdefault = update = _refuse
+
+    def __reduce__(self) -> tuple[type[FrozenDict[K, V]], tuple[dict[K, V]]]:
+        return type(self), (dict(self),)
+
+
+ReadOnly = Annotated[dict[K, V], AfterValidator(FrozenDict)]
+"""A model field's mapping, frozen once validated (a frozen model's ``dict`` would still take edits in place)."""

@@ -67,6 +67,8 @@ class RunState:
 
     run_id: str
     question: str
+    requested_by: str  # who asked: whose rights the run acts with, however it is carried on
+    category: str  # as asked, whoever carries the run on
     owner: str | None = None  # who holds the run's lease
     transcript: list[Message] = field(default_factory=list)
     steps: list[ReActStep] = field(default_factory=list)
@@ -110,11 +112,11 @@ class RunState:
 
         A call is known by its step number, not its id: a provider may give no ids, or ids
         that repeat across turns, and neither may make a call run twice or be left unanswered."""
-        state = cls(run_id=row.id, question=row.task)
         version = store.get_version(row.id, row.version)
         if version is None or version.check.action is None:
             raise StateError(f"ReAct run {row.id} has no pending action")
-        told = ledger.right_to_resume(store, row)
+        told = ledger.right_to_resume(store, row)  # the row's category held to the log's, where it records one
+        state = cls(run_id=row.id, question=row.task, requested_by=told.requested_by or "react", category=row.category)
         events, state.approved_by = told.events, told.standing()
         state.pending = json.loads(version.body)
         turn: Event | None = None

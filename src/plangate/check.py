@@ -327,9 +327,11 @@ class _Checker:
                     )
 
     def params(self, step: Step, tool: Tool) -> None:
+        """The values as the tool is given them (a ``$${`` escape is the ``${`` it stands for) held to its schema:
+        types, lengths, literals; a value that takes a reference is held to it once resolved."""
         by_param: dict[str, list[str]] = {}
-        for err in tool.param_errors(step.params):
-            kind, given = err["type"], err.get("input")
+        for err in tool.param_errors(references.known_values(step.params)):
+            kind, given = err["type"], _written(step.params, err["loc"], err.get("input"))
             name = str(err["loc"][0]) if err["loc"] else "?"
             if kind == "missing":
                 self.flag(step, "missing-param", f"param {name!r} is required by {tool.name!r}, but missing")
@@ -434,6 +436,20 @@ def _path(edges: Mapping[int, set[int]], start: int, goal: int) -> list[int] | N
                 parents[nxt] = node
                 stack.append(nxt)
     return None
+
+
+def _written(params: Mapping[str, Any], loc: tuple[str | int, ...], given: Any) -> Any:
+    """The plan's own text where a parameter error is (``given``, as validated, where ``loc`` names no value of
+    the plan's): a ``$${1}`` escape, given to the tool as the text ``${1}``, takes no reference."""
+    value: Any = params
+    for key in loc:
+        if isinstance(value, str):  # past a string, a location names a union's member, not a value
+            return value
+        try:
+            value = value[key]
+        except (LookupError, TypeError):
+            return given
+    return value
 
 
 def _where(loc: tuple[str | int, ...]) -> str:

@@ -161,8 +161,8 @@ def _apply(ledger: PlanLedger, event: Event) -> None:
 
 def _apply_react(ledger: PlanLedger, event: Event) -> None:
     """A ReAct run: who asked, which action waits for approval, which approved actions were carried out."""
-    if event.kind == "react.started":
-        ledger.kind, ledger.requested_by = "react", event.actor
+    if event.kind == "react.started":  # its category: recorded since resumes are held to it (older runs: none)
+        ledger.kind, ledger.requested_by, ledger.category = "react", event.actor, event.data.get("category")
     elif event.kind == "react.approval_needed":  # its author: who carried the run on to it (older runs: "react")
         data = event.data
         ledger.pending = {"hash": data["hash"], "needs": list(data.get("needs", [])), "author": data.get("author")}
@@ -270,10 +270,10 @@ def problems(
 
 
 def _react_problems(store: Store, row: PlanRow, ledger: PlanLedger) -> list[str]:
+    told = [("status", ledger.status), ("version", ledger.current), ("purged_at", ledger.purged)]
+    told += [("category", ledger.category)] if ledger.category is not None else []
     found = [
-        _differs(ledger.plan_id, name, getattr(row, name), value)
-        for name, value in (("status", ledger.status), ("version", ledger.current), ("purged_at", ledger.purged))
-        if getattr(row, name) != value
+        _differs(ledger.plan_id, name, getattr(row, name), value) for name, value in told if getattr(row, name) != value
     ]
     version = ledger.version
     if version is not None:

@@ -20,7 +20,7 @@ from typing import Any, Literal, NamedTuple
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from plangate import _input, answer, names, provenance
-from plangate._frozen import Frozen, cached
+from plangate._frozen import Frozen, FrozenDict, ReadOnly, cached
 from plangate._justified import Justified
 from plangate._overrides import ToolOverride
 from plangate._patterns import REMEMBERED, matches_any, may_match_any, star_match
@@ -259,29 +259,34 @@ class ApprovalRules(Justified):
 
 
 class Policy(_Rules):
-    """A parsed, validated policy. Load one with :meth:`Policy.load` or :meth:`Policy.from_yaml`."""
+    """A parsed, validated policy. Load one with :meth:`Policy.load` or :meth:`Policy.from_yaml`.
+
+    Immutable all the way down (tuples, and mappings that refuse changes), because what it works
+    out once (its hash, what it says of a step, its matchers' answers) must never disagree with
+    its rules: a changed policy is a new one (``Policy.from_data``, ``model_copy(update=...)``).
+    """
 
     version: Literal[1] = Field(description="Policy format version.")
     name: str = Field(min_length=1, max_length=200)
     revision: str | None = Field(default=None, description="The policy's own version label.")
     description: str | None = None
     limits: Limits = Field(default_factory=Limits)
-    roles: dict[str, Role] = Field(default_factory=dict)
-    users: dict[str, str] = Field(default_factory=dict, description="User name -> role.")
+    roles: ReadOnly[str, Role] = Field(default_factory=FrozenDict)
+    users: ReadOnly[str, str] = Field(default_factory=FrozenDict, description="User name -> role.")
     default_role: str | None = None
-    deny: list[DenyRule] = Field(default_factory=list)
-    require: list[RequireRule] = Field(
-        default_factory=list, description="Checks parameter values must pass: an allow-list where deny is a deny-list."
+    deny: tuple[DenyRule, ...] = ()
+    require: tuple[RequireRule, ...] = Field(
+        default=(), description="Checks parameter values must pass: an allow-list where deny is a deny-list."
     )
-    sequences: list[SequenceRule] = Field(default_factory=list)
-    sinks: list[SinkRule] | None = Field(
+    sequences: tuple[SequenceRule, ...] = ()
+    sinks: tuple[SinkRule, ...] | None = Field(
         default=None,
         description="Parameters that must not take untrusted data, and what happens when one does; "
         "the first rule that names a tool's parameter decides, else the default (see docs/injection.md).",
     )
     resources: ResourceRules = Field(default_factory=ResourceRules)
     approval: ApprovalRules = Field(default_factory=ApprovalRules)
-    categories: dict[str, Envelope] | None = Field(
+    categories: ReadOnly[str, Envelope] | None = Field(
         default=None, description="Category -> what its plans may do; when given, no other category is accepted."
     )
     budgets: Budgets = Field(default_factory=Budgets)
@@ -289,7 +294,7 @@ class Policy(_Rules):
     retention: RetentionRules | None = Field(
         default=None, description="How long finished plans' payloads are kept at least (plangate retention purge)."
     )
-    tools: dict[str, ToolOverride] | None = Field(
+    tools: ReadOnly[str, ToolOverride] | None = Field(
         default=None,
         description="Tool name pattern -> what the policy says the tool is (effect, idempotent, external, scopes, "
         "resource, untrusted_output), over its own metadata or an MCP server's hints.",
@@ -297,7 +302,7 @@ class Policy(_Rules):
 
     @field_validator("users")
     @classmethod
-    def _one_name_per_person(cls, users: dict[str, str]) -> dict[str, str]:
+    def _one_name_per_person(cls, users: dict[str, str]) -> FrozenDict[str, str]:
         """Names as plangate compares them (``Alice`` and ``alice `` are one); a person listed twice is refused."""
         canonical_users: dict[str, str] = {}
         for user, role in users.items():
@@ -305,7 +310,7 @@ class Policy(_Rules):
             if name in canonical_users:
                 raise ValueError(f"user {user!r} is listed twice (names are compared case-folded and stripped)")
             canonical_users[name] = role
-        return canonical_users
+        return FrozenDict(canonical_users)
 
     @model_validator(mode="after")
     def _consistent(self) -> Policy:
@@ -361,6 +366,13 @@ class Policy(_Rules):
         except RefusedInputError as exc:
             raise PolicyError(str(exc)) from None
         return cls.from_yaml(text, source=str(path))
+
+    def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Policy:
+        """A copy; with ``update``, a new policy validated as a loaded one is (pydantic's copy takes it unchecked)."""
+        if not update:
+            return super().model_copy(deep=deep)
+        kind = type(self)
+        return kind.model_validate({**{name: getattr(self, name) for name in kind.model_fields}, **update})
 
     def canonical_json(self) -> str:
         data = self.model_dump(mode="json")

@@ -36,7 +36,7 @@ from typing import Any, Literal
 
 from pydantic import ValidationError
 
-from plangate import _aio, _input, approval, lifecycle, metrics, provenance, references, tracing
+from plangate import _aio, _input, approval, lifecycle, metrics, names, provenance, references, tracing
 from plangate._clock import Clock, SystemClock, iso, parse_iso
 from plangate._reactstate import Act, Mode, ReActResult, ReActStep, RunState
 from plangate.costs import PriceTable
@@ -99,7 +99,9 @@ class ReActAgent:
         """Answer ``question``; returns when answered, stopped, or paused for an approval."""
         _aio.refuse_in_loop("ReActAgent.run", "agent.arun")
         owner = lifecycle.runner(f"react:{self.user}")
-        state = RunState(run_id=self.clock.new_id(), question=question, owner=owner)
+        state = RunState(
+            run_id=self.clock.new_id(), question=question, requested_by=self.user, category=self.category, owner=owner
+        )
         now = iso(self.clock.now())
         with self.store.transaction():
             self.store.insert_plan(
@@ -129,6 +131,7 @@ class ReActAgent:
                     "model": self.model.name,
                     "mode": self.mode,
                     "max_steps": self.max_steps,
+                    "category": self.category,
                     "transition": {"from": None, "to": "running"},
                 },
             )
@@ -356,13 +359,15 @@ class ReActAgent:
         current = {"number": act.number, "tool": act.tool, "arguments": act.arguments, "thought": act.thought}
         plan = Plan.model_construct(
             task=state.question,
-            category=self.category,
+            category=state.category,
             steps=[_step(s) for s in [*state.actions, current]],
             schema_version=1,
         )
-        decision = self.policy.evaluate(plan, self.catalogue, user=self.user, role=self.role)
+        evaluate = self.policy.evaluate
+        decision, *others = [evaluate(plan, self.catalogue, user=u, role=r) for u, r in self._rights(state)]
+        violations = dict.fromkeys(v for d in (decision, *others) for v in d.violations)  # the stricter holds
         hits = self._sink_hits(state, plan.steps[-1], tool)
-        mine = [v for v in decision.violations if v.step in (act.number, None)] + [
+        mine = [v for v in violations if v.step in (act.number, None)] + [
             Violation(rule=f"sink:{hit.rule.name}", message=hit.text(), step=act.number, source="policy")
             for hit in hits
             if hit.rule.outcome == "deny"
@@ -381,8 +386,8 @@ class ReActAgent:
         required = list(dict.fromkeys([*named, *(rule.approve for rule in held if rule.approve is not None)]))
         if approved:
             return self._lacking(state, act, required)
-        cleared = not held and (decision.approval == "auto" or self.policy.auto_approves(self.category, tool))
-        on_hold = Register(self.store, self.clock).holding(self.category) if cleared else None
+        cleared = not held and (decision.approval == "auto" or self.policy.auto_approves(state.category, tool))
+        on_hold = Register(self.store, self.clock).holding(state.category) if cleared else None
         cleared = cleared and on_hold is None  # governance holds the category for people
         person = not cleared and (tool.effect != "read" or any(rule.approve is None for rule in held))
         needs = (["a person"] if person else []) + required
@@ -390,6 +395,14 @@ class ReActAgent:
             why = {"reasons": [on_hold]} if on_hold is not None else {}
             return self._pause(state, act, tool, needs, {"approval": "human", "required_approvals": required, **why})
         return None
+
+    def _rights(self, state: RunState) -> list[tuple[str, str | None]]:
+        """Whose rights an action is held to: those of who asked (in the role the policy gives them) and, when
+        someone else carries the run on, that person's too. The stricter holds: resuming never widens what
+        the run may do, nor lets the resumer act beyond their own rights."""
+        if names.canonical(state.requested_by) == names.canonical(self.user):
+            return [(self.user, self.role)]
+        return [(state.requested_by, None), (self.user, self.role)]
 
     def _sink_hits(self, state: RunState, step: Any, tool: Tool) -> list[SinkHit]:
         """The sink rules this action's parameters meet. The model chose every one of them, and the action

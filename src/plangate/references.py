@@ -132,6 +132,19 @@ def known_text(value: str) -> str | None:
     return None if takes_refs(value) else unescaped(value)
 
 
+def known_values(value: Any) -> Any:
+    """A plan's JSON value as the tool is given it, as far as the plan's text says before the run: each
+    string that takes no reference read as :func:`known_text` reads it, one that takes a reference as written."""
+    if isinstance(value, str):
+        known = known_text(value)
+        return value if known is None else known
+    if isinstance(value, Mapping):
+        return {k: known_values(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [known_values(v) for v in value]
+    return value
+
+
 def unescaped(value: str) -> str:
     """``value`` with each ``$${`` escape made the ``${`` it stands for, and each reference left as written.
 

@@ -221,12 +221,17 @@ class Runtime:
         plan_hash: str | None = None,
         *,
         plan_version: int | None = None,
+        category: str | None = None,
     ) -> PlanRecord:
-        """Reject the current version (the one named by ``plan_hash`` and ``plan_version``, when given), saying why."""
+        """Reject the current version (the one named by ``plan_hash`` and ``plan_version``, when given), saying why.
+
+        ``category``: the plan's category when the caller checked its own right to decide (see :func:`_as_checked`).
+        """
         if comment is None or not _input.check_text(comment, "comment", what="rejection").strip():
             raise UsageError("a rejection needs a comment saying why")
         with self.store.transaction():
             plan, version = self._locked(plan_id)
+            _as_checked(plan, category, "reject")
             recovery.refuse_closed(self.store, plan.id, plan.status, "be rejected")
             approval.check_can_decide(plan, approver, plan_hash, plan_version)
             role = approval.role_of(self._policy_for(version), approver)
@@ -244,15 +249,17 @@ class Runtime:
             )
         return self._record_of(plan, version)
 
-    def edit(self, plan_id: str, new_plan: PlanInput, editor: str) -> PlanRecord:
+    def edit(self, plan_id: str, new_plan: PlanInput, editor: str, *, category: str | None = None) -> PlanRecord:
         """Make a new version: re-checked (its category too), and every earlier approval void.
 
         It is held against the policy in force: the runtime's, or else the one the current
         version was checked against (an edit never drops the policy a plan was under).
+        ``category``: the plan's category when the caller checked its own right to edit (see :func:`_as_checked`).
         """
         parsed = new_plan if isinstance(new_plan, Plan) else Plan.parse(new_plan)
         with self.store.transaction():
             plan, old = self._locked(plan_id)
+            _as_checked(plan, category, "edit")
             _not_react(plan)
             recovery.refuse_closed(self.store, plan.id, plan.status, "be edited")
             if plan.purged_at is not None:  # purged as finished for good: its evidence is gone, it never runs again
@@ -296,12 +303,21 @@ class Runtime:
         return self._notified(self.get(plan.id))
 
     def settle(
-        self, plan_id: str, step_id: int, *, done: bool, actor: str, output: Any = None, note: str | None = None
+        self,
+        plan_id: str,
+        step_id: int,
+        *,
+        done: bool,
+        actor: str,
+        output: Any = None,
+        note: str | None = None,
+        category: str | None = None,
     ) -> PlanRecord:
         """A person settles a step whose outcome is unknown: it happened (with the output they saw) or it did not.
 
         A decision like an approval: only someone who may approve the plan, never its
-        requester or an author, and only while no run holds it.
+        requester or an author, and only while no run holds it. ``category``: the plan's
+        category when the caller checked its own right to decide (see :func:`_as_checked`).
         """
         if note is not None:
             _input.check_text(note, "note", what="settlement")
@@ -309,7 +325,9 @@ class Runtime:
         with self.store.transaction():
             plan, version = self._locked(plan_id)
             _not_react(plan)
-            self._check_after_halt(plan, version, actor, doing="settle", allowed=("halted", "compensation_incomplete"))
+            self._check_after_halt(
+                plan, version, actor, doing="settle", allowed=("halted", "compensation_incomplete"), category=category
+            )
             recovery.settle(
                 self.store,
                 self._catalogue(),
@@ -324,14 +342,15 @@ class Runtime:
             )
         return self.get(plan.id)
 
-    def compensate(self, plan_id: str, *, actor: str, reason: str) -> CompensationResult:
+    def compensate(self, plan_id: str, *, actor: str, reason: str, category: str | None = None) -> CompensationResult:
         """Undo a halted plan's completed steps in reverse order (see :mod:`plangate.compensation`).
 
         A decision like an approval (never the requester or an author); a rollback that died
-        is taken over once its lease has run out.
+        is taken over once its lease has run out. ``category``: the plan's category when the
+        caller checked its own right to decide (see :func:`_as_checked`).
         """
         _aio.refuse_in_loop("Runtime.compensate", "runtime.acompensate")
-        return self._roll_back(plan_id, actor=actor, reason=reason, by_person=True)
+        return self._roll_back(plan_id, actor=actor, reason=reason, by_person=True, category=category)
 
     def carry_on_rollback(self, plan_id: str) -> CompensationResult:
         """Carry on a rollback the policy began (``compensation.on_halt: auto``) whose runner stopped, once its
@@ -355,23 +374,29 @@ class Runtime:
             plan_id, actor=actor, reason="the policy's rollback, carried on after its runner stopped", by_person=False
         )
 
-    def close_plan(self, plan_id: str, *, actor: str, reason: str) -> PlanRecord:
+    def close_plan(self, plan_id: str, *, actor: str, reason: str, category: str | None = None) -> PlanRecord:
         """End a halted plan that will not be resumed: ``closed``, for good, with who and why.
 
         What ran stays as it is (to undo it, :meth:`compensate` instead). A decision like a
         rollback: never the requester or an author, never during a run, and only once every
         step's outcome is known. A rollback that could not undo everything may be closed too.
+        ``category``: the plan's category when the caller checked its own right to decide
+        (see :func:`_as_checked`).
         """
         if not _input.check_text(reason, "reason", what="closing").strip():
             raise UsageError("say why the plan is closed")
         with self.store.transaction():
             plan, version = self._locked(plan_id)
             _not_react(plan)
-            self._check_after_halt(plan, version, actor, doing="close", allowed=("halted", "compensation_incomplete"))
+            self._check_after_halt(
+                plan, version, actor, doing="close", allowed=("halted", "compensation_incomplete"), category=category
+            )
             plan = recovery.close(self.store, plan, actor=actor, reason=reason, at=self._now())
         return self._record_of(plan, version)
 
-    def _roll_back(self, plan_id: str, *, actor: str, reason: str, by_person: bool) -> CompensationResult:
+    def _roll_back(
+        self, plan_id: str, *, actor: str, reason: str, by_person: bool, category: str | None = None
+    ) -> CompensationResult:
         if not _input.check_text(reason, "reason", what="rollback").strip():
             raise UsageError("say why the plan is rolled back")
         owner = lifecycle.runner(actor)
@@ -380,7 +405,7 @@ class Runtime:
             _not_react(plan)
             allowed = ("halted", "compensation_incomplete", "compensating")  # compensating: one that died
             person = actor if by_person else None
-            self._check_after_halt(plan, version, person, doing="compensate", allowed=allowed)
+            self._check_after_halt(plan, version, person, doing="compensate", allowed=allowed, category=category)
             plan = lifecycle.move(
                 self.store,
                 plan,
@@ -403,10 +428,18 @@ class Runtime:
             return rollback.run()
 
     def _check_after_halt(
-        self, plan: PlanRow, version: VersionRow, person: str | None, *, doing: str, allowed: tuple[str, ...]
+        self,
+        plan: PlanRow,
+        version: VersionRow,
+        person: str | None,
+        *,
+        doing: str,
+        allowed: tuple[str, ...],
+        category: str | None,
     ) -> None:
-        """Settling, rolling back or closing: a halted plan no run holds, a person who may decide (None:
-        the policy's own rollback), and rows that agree with the audit log."""
+        """Settling, rolling back or closing: a halted plan no run holds, of the category the caller's right was
+        checked on, a person who may decide (None: the policy's own rollback), and rows that agree with the log."""
+        _as_checked(plan, category, doing)
         recovery.refuse_closed(self.store, plan.id, plan.status, _AFTER_HALT[doing])
         lifecycle.require_idle(plan, self._now(), "closing it" if doing == "close" else f"to {doing} a step")
         if plan.status not in allowed:
@@ -956,6 +989,18 @@ class Runtime:
 
 
 _AFTER_HALT = {"settle": "have a step settled", "compensate": "be rolled back", "close": "be closed again"}
+
+
+def _as_checked(plan: PlanRow, category: str | None, doing: str) -> None:
+    """Refuse when the caller checked its own right to act on the plan (a dashboard's approvers decide by
+    category) on another category than the plan has now, under the log's lock: a correction or an edit
+    committed between that check and this lock would be acted on under the old check. The new category
+    goes unnamed: it may be one the caller may not see."""
+    if category is not None and plan.category != category:
+        raise StateError(
+            f"plan {plan.id}'s category changed after the right to {doing} it was checked (it was {category!r}): "
+            "look at it again"
+        )
 
 
 def _not_react(plan: PlanRow) -> None:

@@ -23,7 +23,11 @@ from plangate.tools import Catalogue
 
 
 def may_decide(user: User, record: PlanRecord) -> None:
-    """Approving, rejecting, settling, rolling back and closing are decisions: only for approvers of the category."""
+    """Approving, rejecting, settling, rolling back and closing are decisions: only for approvers of the category.
+
+    Checked before the runtime locks the plan, so each action passes ``record.category`` on: the runtime
+    refuses it if the plan's category has changed by then (an approval is bound to its hash, which covers it).
+    """
     permit(user, "decide", record.category)
 
 
@@ -86,7 +90,9 @@ def decide(
     may_decide(user, record)
     if approve:
         return rt.approve(record.id, user.name, plan_hash or "", comment=comment, plan_version=version)
-    return rt.reject(record.id, user.name, comment or "", plan_hash=plan_hash or None, plan_version=version)
+    return rt.reject(
+        record.id, user.name, comment or "", plan_hash=plan_hash or None, plan_version=version, category=record.category
+    )
 
 
 def settle(
@@ -94,26 +100,28 @@ def settle(
 ) -> PlanRecord:
     record = visible(rt, user, plan_id)
     may_decide(user, record)
-    return rt.settle(record.id, step, done=done, actor=user.name, output=output, note=note or None)
+    return rt.settle(
+        record.id, step, done=done, actor=user.name, output=output, note=note or None, category=record.category
+    )
 
 
 def compensate(rt: Runtime, user: User, plan_id: str, reason: str) -> CompensationResult:
     record = visible(rt, user, plan_id)
     may_decide(user, record)
-    return rt.compensate(record.id, actor=user.name, reason=reason)
+    return rt.compensate(record.id, actor=user.name, reason=reason, category=record.category)
 
 
 def close(rt: Runtime, user: User, plan_id: str, reason: str) -> PlanRecord:
     record = visible(rt, user, plan_id)
     may_decide(user, record)
-    return rt.close_plan(record.id, actor=user.name, reason=reason)
+    return rt.close_plan(record.id, actor=user.name, reason=reason, category=record.category)
 
 
 def edit(rt: Runtime, user: User, plan_id: str, plan: Any) -> PlanRecord:
     """A new version, by anyone who may see the plan and change things."""
     record = visible(rt, user, plan_id)
     permit(user, "edit", record.category, requested_by=record.requested_by)
-    return rt.edit(record.id, plan, editor=user.name)
+    return rt.edit(record.id, plan, editor=user.name, category=record.category)
 
 
 def halted(rt: Runtime, user: User, plan_id: str) -> PlanRecord:
