@@ -134,15 +134,23 @@ def known_text(value: str) -> str | None:
 
 def known_values(value: Any) -> Any:
     """A plan's JSON value as the tool is given it, as far as the plan's text says before the run: each
-    string that takes no reference read as :func:`known_text` reads it, one that takes a reference as written."""
+    string that takes no reference read as :func:`known_text` reads it, one that takes a reference as written.
+    What holds no escape comes back as it is, not copied (the checker reads every step's parameters)."""
     if isinstance(value, str):
-        known = known_text(value)
-        return value if known is None else known
+        return unescaped(value) if "$${" in value and not takes_refs(value) else value
     if isinstance(value, Mapping):
-        return {k: known_values(v) for k, v in value.items()}
+        changed = {k: new for k, item in value.items() if _escaped(item) and (new := known_values(item)) is not item}
+        return {**value, **changed} if changed else value
     if isinstance(value, list):
-        return [known_values(v) for v in value]
+        if not any(_escaped(item) for item in value):
+            return value
+        return [known_values(item) for item in value]
     return value
+
+
+def _escaped(item: Any) -> bool:
+    """Whether a value may hold a ``$${`` escape (a string with one, or a container)."""
+    return "$${" in item if type(item) is str else isinstance(item, Mapping | list)
 
 
 def unescaped(value: str) -> str:
