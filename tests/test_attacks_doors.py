@@ -1,8 +1,10 @@
-"""The server's doors against a chat button sent for an earlier version, and ids guessed by prefix."""
+"""The server's doors against a decision sent for an earlier version (a chat button, a stale page, an API call),
+and ids guessed by prefix."""
 
 from __future__ import annotations
 
 import json
+import re
 import time
 import urllib.parse
 from pathlib import Path
@@ -17,7 +19,7 @@ from plangate.notify import SlackNotifier, sign
 from plangate.runtime import Runtime
 from plangate.store import open_store
 from tests import serverkit
-from tests.serverkit import MAIL, api, state
+from tests.serverkit import MAIL, api, browser, state
 
 SECRET = "8f742231b10e8888abcd99yyyzzz85a5"
 AGAIN = {**MAIL, "task": "Tell the customer, once more"}
@@ -104,3 +106,50 @@ def test_a_guessed_prefix_tells_nothing_of_a_plan_the_caller_may_not_see(setup: 
         assert refund["id"] not in guessed.text and "refunds" not in guessed.text, guessed.text
     assert erin.get(f"/api/plans/{refund['id']}").status_code == 403, "the whole id: refused, as before"
     assert api(setup, "dave").get(f"/api/plans/{refund['id'][:6]}").json()["id"] == refund["id"]
+
+
+def form_fields(page: str, action: str) -> dict[str, str]:
+    """The hidden fields of the page's form that posts to ``.../action``: what the page sends when clicked."""
+    form = re.search(rf'action="[^"]*/{action}">(.*?)</form>', page, re.S)
+    assert form is not None, f"no {action} form on the page"
+    return dict(re.findall(r'type="hidden" name="(\w+)" value="([^"]*)"', form.group(1)))
+
+
+@pytest.mark.parametrize("action", ["approve", "reject"])
+def test_a_stale_plan_page_does_not_decide_a_later_version_with_the_same_text(
+    setup: dict[str, Any], action: str
+) -> None:
+    """dave opens version 1; carol rejects it, alice edits it away and back: version 3 has version 1's hash.
+    dave's Approve version 1 button must not approve version 3 (the text carol rejected), unseen."""
+    alice = api(setup, "alice")
+    first = alice.post("/api/plans", json=MAIL).json()
+    client, _ = browser(setup, "dave")
+    stale = form_fields(client.get(f"/plans/{first['id']}").text, action)
+    assert api(setup, "carol").post(f"/api/plans/{first['id']}/reject", json={"comment": "no"}).status_code == 200
+    alice.post(f"/api/plans/{first['id']}/edit", json={"plan": AGAIN})
+    back = alice.post(f"/api/plans/{first['id']}/edit", json={"plan": MAIL}).json()
+    assert (back["version"], back["hash"], back["status"]) == (3, first["hash"], "pending_approval")
+    before = state(setup)
+    refused = client.post(f"/plans/{first['id']}/{action}", data={**stale, "comment": "ok"}, follow_redirects=False)
+    assert refused.status_code == 303 and "Refused" in urllib.parse.unquote_plus(refused.headers["location"])
+    assert "v3" in urllib.parse.unquote_plus(refused.headers["location"]), refused.headers["location"]
+    assert state(setup) == before, "the page was for version 1, not version 3"
+    fresh = form_fields(client.get(f"/plans/{first['id']}").text, action)
+    decided = client.post(f"/plans/{first['id']}/{action}", data={**fresh, "comment": "ok"}, follow_redirects=False)
+    assert "Refused" not in urllib.parse.unquote_plus(decided.headers["location"])
+    assert api(setup, "audrey").get(f"/api/plans/{first['id']}").json()["status"] == f"{action.removesuffix('e')}ed"
+
+
+def test_an_api_decision_that_names_its_version_holds_to_it(setup: dict[str, Any]) -> None:
+    alice = api(setup, "alice")
+    first = alice.post("/api/plans", json=MAIL).json()
+    alice.post(f"/api/plans/{first['id']}/edit", json={"plan": AGAIN})
+    alice.post(f"/api/plans/{first['id']}/edit", json={"plan": MAIL})
+    before = state(setup)
+    url = f"/api/plans/{first['id']}"
+    for action, body in (("approve", {"hash": first["hash"]}), ("reject", {"comment": "no", "hash": first["hash"]})):
+        stale = api(setup, "dave").post(f"{url}/{action}", json={**body, "version": 1})
+        assert stale.status_code == 409 and "v3" in stale.json()["error"], stale.text
+    assert state(setup) == before
+    done = api(setup, "dave").post(f"{url}/approve", json={"hash": first["hash"], "version": 3})
+    assert done.status_code == 200 and done.json()["status"] == "approved", done.text

@@ -23,7 +23,7 @@ from plangate.names import same_person
 from plangate.plan import Plan
 from plangate.runtime import Runtime
 from plangate.server import _actions, views
-from plangate.server._bodies import read_json
+from plangate.server._bodies import Version, read_json
 from plangate.server._deps import Caller, Config, FormWriter, Reader, Rt, form_of
 from plangate.server._errors import root
 
@@ -178,6 +178,7 @@ class _Form(BaseModel):
 
 class DecisionForm(_Form):
     plan_hash: str = ""
+    plan_version: Version | None = None  # the version the page showed: a later one with its text is not it
     comment: str = ""
 
 
@@ -212,7 +213,9 @@ def approve_form(
     request: Request, plan_id: str, rt: Rt, caller: FormWriter, form: Annotated[DecisionForm, form_of(DecisionForm)]
 ) -> Response:
     user = caller.user
-    record = _actions.decide(rt, user, plan_id, form.plan_hash, form.comment or None, approve=True)
+    record = _actions.decide(
+        rt, user, plan_id, form.plan_hash, form.comment or None, approve=True, version=form.plan_version
+    )
     return back(request, f"/plans/{record.id}", flash=f"Approved by {user.name}")
 
 
@@ -221,7 +224,7 @@ def reject_form(
     request: Request, plan_id: str, rt: Rt, caller: FormWriter, form: Annotated[DecisionForm, form_of(DecisionForm)]
 ) -> Response:
     user = caller.user
-    record = _actions.decide(rt, user, plan_id, form.plan_hash, form.comment, approve=False)
+    record = _actions.decide(rt, user, plan_id, form.plan_hash, form.comment, approve=False, version=form.plan_version)
     return back(request, f"/plans/{record.id}", flash=f"Rejected by {user.name}")
 
 
