@@ -1,5 +1,5 @@
 """The server's doors against a decision sent for an earlier version (a chat button, a stale page, an API call),
-and ids guessed by prefix."""
+a settle form that does not say what happened, and ids guessed by prefix."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from plangate.notify import SlackNotifier, sign
 from plangate.runtime import Runtime
 from plangate.store import open_store
 from tests import serverkit
+from tests.helpers import died_during
 from tests.serverkit import MAIL, api, browser, state
 
 SECRET = "8f742231b10e8888abcd99yyyzzz85a5"
@@ -153,3 +154,19 @@ def test_an_api_decision_that_names_its_version_holds_to_it(setup: dict[str, Any
     assert state(setup) == before
     done = api(setup, "dave").post(f"{url}/approve", json={"hash": first["hash"], "version": 3})
     assert done.status_code == 200 and done.json()["status"] == "approved", done.text
+
+
+def test_a_settle_form_that_does_not_say_whether_the_step_happened_is_refused(setup: dict[str, Any]) -> None:
+    """Left unsaid, "it did not happen" would let a resume send the email a second time."""
+    plan = api(setup, "alice").post("/api/plans", json=MAIL).json()
+    api(setup, "dave").post(f"/api/plans/{plan['id']}/approve", json={"hash": plan["hash"]})
+    store = open_store(setup["db"])
+    died_during(store, plan["id"], 1)
+    store.close()
+    assert api(setup, "alice").post(f"/api/plans/{plan['id']}/execute").json()["status"] == "halted"
+    client, csrf = browser(setup, "dave")
+    before = state(setup)
+    for done in ({}, {"done": ""}):
+        unsaid = client.post(f"/plans/{plan['id']}/settle", data={"step": "1", "csrf": csrf, **done})
+        assert unsaid.status_code == 422 and "done" in unsaid.text, unsaid.text
+    assert state(setup) == before

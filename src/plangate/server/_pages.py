@@ -189,7 +189,7 @@ class EditForm(_Form):
 
 class SettleForm(_Form):
     step: Annotated[int, Field(ge=-999_999, le=999_999)]
-    done: Literal["yes", "no", ""] = ""
+    done: Literal["yes", "no"]  # never assumed: "no" lets the step run again
     output: str = ""
     note: str = ""
 
