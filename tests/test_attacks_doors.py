@@ -170,3 +170,17 @@ def test_a_settle_form_that_does_not_say_whether_the_step_happened_is_refused(se
         unsaid = client.post(f"/plans/{plan['id']}/settle", data={"step": "1", "csrf": csrf, **done})
         assert unsaid.status_code == 422 and "done" in unsaid.text, unsaid.text
     assert state(setup) == before
+
+
+def test_a_message_the_server_signed_for_one_plan_says_nothing_on_another(setup: dict[str, Any]) -> None:
+    """carol's "Approved by carol" on plan A, carried in a link to plan B, would tell dave B had a first approval."""
+    alice = api(setup, "alice")
+    a, b = (alice.post("/api/plans", json=plan).json() for plan in (MAIL, AGAIN))
+    carol, _ = browser(setup, "carol")
+    fields = form_fields(carol.get(f"/plans/{a['id']}").text, "approve")
+    approved = carol.post(f"/plans/{a['id']}/approve", data=fields, follow_redirects=False)
+    signed = urllib.parse.parse_qs(urllib.parse.urlsplit(approved.headers["location"]).query)
+    assert signed["flash"] == ["Approved by carol"]
+    dave, _ = browser(setup, "dave")
+    assert "Approved by carol" in dave.get(f"/plans/{a['id']}", params=signed).text, "on its own page: shown"
+    assert "Approved by carol" not in dave.get(f"/plans/{b['id']}", params=signed).text

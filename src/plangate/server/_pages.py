@@ -44,7 +44,7 @@ def render(request: Request, name: str, caller: Caller | None, **context: Any) -
 def back(request: Request, path: str, **query: str) -> RedirectResponse:
     """A redirect to ``path`` inside this app (after a form), with an optional message (signed)."""
     if "flash" in query:
-        query = {**query, **request.app.state.plangate.flash(query["flash"])}
+        query = {**query, **request.app.state.plangate.flash(query["flash"], path)}
     suffix = f"?{urlencode(query)}" if query else ""
     return RedirectResponse(f"{root(request.scope)}{path}{suffix}", status_code=303)
 
@@ -102,7 +102,7 @@ def plan_page(
         "plan.html",
         caller,
         record=record,
-        flash=config.flashed(flash, sig),
+        flash=config.flashed(flash, sig, f"/plans/{plan_id}"),
         reasons=review.reasons(record),
         closed=recovery.closed_note(rt.store, record.id) if record.status == "closed" else "",
         changes=rt.diff(record.id).lines()[1:] if _has_changes(record) else [],
