@@ -184,3 +184,16 @@ def test_a_message_the_server_signed_for_one_plan_says_nothing_on_another(setup:
     dave, _ = browser(setup, "dave")
     assert "Approved by carol" in dave.get(f"/plans/{a['id']}", params=signed).text, "on its own page: shown"
     assert "Approved by carol" not in dave.get(f"/plans/{b['id']}", params=signed).text
+
+
+def test_a_login_with_a_name_of_a_megabyte_is_refused_before_the_throttle_keeps_it(setup: dict[str, Any]) -> None:
+    """The throttle keeps each failed name for 15 minutes: a name as long as a body may be would fill the
+    server's memory a megabyte at a time; the login form holds names and passwords to the API's lengths."""
+    client = TestClient(setup["app"])
+    csrf = serverkit.csrf_in(client.get("/login").text)
+    for field in ("name", "password"):
+        huge = {"name": "alice", "password": "x" * 8, field: "a" * 1_000_000, "csrf": csrf}
+        refused = client.post("/login", data=huge)
+        assert refused.status_code == 422 and field in refused.text, refused.text[:300]
+    kept = setup["app"].state.plangate.throttle._failures
+    assert all(len(key) < 300 for key in kept), "no name of a megabyte is remembered"

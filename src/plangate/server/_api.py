@@ -13,7 +13,7 @@ from fastapi import APIRouter, Query, Request
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 from plangate.server import _actions, views
-from plangate.server._auth import check_password
+from plangate.server._auth import Password, UserName, check_password
 from plangate.server._bodies import MAX_VERSION, Version, read_json, validated
 from plangate.server._deps import Config, Reader, Rt, Writer, json_of
 
@@ -67,8 +67,8 @@ class RegisterChange(_Body):
 
 
 class TokenRequest(_Body):
-    name: str = Field(max_length=256)
-    password: str = Field(max_length=1024)
+    name: UserName
+    password: Password
     label: str = Field("api", min_length=1, max_length=64)
     expires: str = Field("90d", description="how long the token lives: days or hours, such as 30d or 12h")
 
