@@ -113,7 +113,6 @@ Rt = Annotated[Runtime, Depends(runtime)]
 
 
 def identity(request: Request, rt: Rt, config: Config) -> Caller | None:
-    header = request.headers.get("authorization", "")
     """The caller: a live API token's account, or a live session's.
 
     A session is its cookie, signed with the server's secret (outside the database): it
@@ -121,7 +120,7 @@ def identity(request: Request, rt: Rt, config: Config) -> Caller | None:
     audit event), when the account is disabled or all its tokens revoked, and when it
     expires; no row written in the database can make it anyone else's or revive it.
     """
-    accounts = Accounts(rt.store, config.clock)
+    accounts, header = Accounts(rt.store, config.clock), request.headers.get("authorization", "")
     if header[:7].lower() == "bearer ":
         user = accounts.by_token(header[7:].strip())
         return Caller(user=user, csrf="") if user else None
