@@ -13,13 +13,12 @@ from fastapi import APIRouter, Query, Request
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 from plangate.server import _actions, views
-from plangate.server._auth import check_password
-from plangate.server._bodies import read_json, validated
+from plangate.server._auth import Password, UserName, check_password
+from plangate.server._bodies import MAX_VERSION, Version, read_json, validated
 from plangate.server._deps import Config, Reader, Rt, Writer, json_of
 
 router = APIRouter(prefix="/api")
 JSON = Any
-MAX_VERSION = 1_000_000_000
 
 
 class _Body(BaseModel):
@@ -29,11 +28,13 @@ class _Body(BaseModel):
 class Approve(_Body):
     hash: str = Field(description="the hash of the version approved: the one reviewed")
     comment: str | None = None
+    version: Version | None = Field(None, description="its number: refused once it is not the current version")
 
 
 class Reject(_Body):
     comment: str = Field(description="why")
     hash: str | None = Field(None, description="the version rejected (any version when left out)")
+    version: Version | None = Field(None, description="its number: refused once it is not the current version")
 
 
 class Edit(_Body):
@@ -66,8 +67,8 @@ class RegisterChange(_Body):
 
 
 class TokenRequest(_Body):
-    name: str = Field(max_length=256)
-    password: str = Field(max_length=1024)
+    name: UserName
+    password: Password
     label: str = Field("api", min_length=1, max_length=64)
     expires: str = Field("90d", description="how long the token lives: days or hours, such as 30d or 12h")
 
@@ -101,12 +102,14 @@ def get(plan_id: str, rt: Rt, caller: Reader) -> dict[str, Any]:
 
 @router.post("/plans/{plan_id}/approve", openapi_extra=_documented(Approve))
 def approve(plan_id: str, rt: Rt, caller: Writer, body: Annotated[Approve, json_of(Approve)]) -> dict[str, Any]:
-    return _actions.decide(rt, caller.user, plan_id, body.hash, body.comment, approve=True).to_dict()
+    record = _actions.decide(rt, caller.user, plan_id, body.hash, body.comment, approve=True, version=body.version)
+    return record.to_dict()
 
 
 @router.post("/plans/{plan_id}/reject", openapi_extra=_documented(Reject))
 def reject(plan_id: str, rt: Rt, caller: Writer, body: Annotated[Reject, json_of(Reject)]) -> dict[str, Any]:
-    return _actions.decide(rt, caller.user, plan_id, body.hash, body.comment, approve=False).to_dict()
+    record = _actions.decide(rt, caller.user, plan_id, body.hash, body.comment, approve=False, version=body.version)
+    return record.to_dict()
 
 
 @router.post("/plans/{plan_id}/edit", openapi_extra=_documented(Edit))

@@ -13,7 +13,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException
 
 from plangate.accounts import Accounts, User
@@ -25,10 +25,15 @@ from plangate.server._pages import render
 router = APIRouter(include_in_schema=False)
 
 
+UserName = Annotated[str, Field(max_length=256)]
+Password = Annotated[str, Field(max_length=1024)]
+"""What a sign-in may give: the throttle remembers each name that failed, so none is a megabyte long."""
+
+
 class LoginForm(BaseModel):
     model_config = ConfigDict(extra="ignore", frozen=True)
-    name: str = ""
-    password: str = ""
+    name: UserName = ""
+    password: Password = ""
     csrf: str = ""
 
 

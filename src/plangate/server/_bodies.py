@@ -9,9 +9,9 @@ characters (NUL among them, which a PostgreSQL text column cannot hold).
 
 from __future__ import annotations
 
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 
-from pydantic import TypeAdapter, ValidationError
+from pydantic import Field, TypeAdapter, ValidationError
 from starlette.datastructures import UploadFile
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -22,6 +22,9 @@ from plangate.server._errors import describe
 
 MAX_DEPTH = _input.MAX_DEPTH
 MAX_FIELDS = 64
+MAX_VERSION = 1_000_000_000
+Version = Annotated[int, Field(ge=1, le=MAX_VERSION)]
+"""A plan version's number, as a body or a form names the one it was shown."""
 T = TypeVar("T")
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Annotated, Any, TypeVar
@@ -71,13 +72,15 @@ class Settings:
     def csrf_for(self, session_id: str) -> str:
         return hmac.new(self.secret, f"csrf:{session_id}".encode(), hashlib.sha256).hexdigest()
 
-    def flash(self, message: str) -> dict[str, str]:
-        """The query that shows ``message`` on the next page: signed, so a link made elsewhere shows nothing."""
-        return {"flash": message, "sig": hmac.new(self.secret, f"flash:{message}".encode(), hashlib.sha256).hexdigest()}
+    def flash(self, message: str, page: str) -> dict[str, str]:
+        """The query that shows ``message`` on ``page`` (a path in the app): signed for that page, so a link
+        made elsewhere, or carrying it to another plan's page, shows nothing."""
+        signed = json.dumps(["flash", page, message]).encode()
+        return {"flash": message, "sig": hmac.new(self.secret, signed, hashlib.sha256).hexdigest()}
 
-    def flashed(self, message: str, signature: str) -> str:
-        """``message`` if this server signed it, else nothing (a crafted link cannot put words in its mouth)."""
-        return message if message and same(signature, self.flash(message)["sig"]) else ""
+    def flashed(self, message: str, signature: str, page: str) -> str:
+        """``message`` if this server signed it for ``page``, else nothing (a crafted link puts no words there)."""
+        return message if message and same(signature, self.flash(message, page)["sig"]) else ""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -110,7 +113,6 @@ Rt = Annotated[Runtime, Depends(runtime)]
 
 
 def identity(request: Request, rt: Rt, config: Config) -> Caller | None:
-    header = request.headers.get("authorization", "")
     """The caller: a live API token's account, or a live session's.
 
     A session is its cookie, signed with the server's secret (outside the database): it
@@ -118,7 +120,7 @@ def identity(request: Request, rt: Rt, config: Config) -> Caller | None:
     audit event), when the account is disabled or all its tokens revoked, and when it
     expires; no row written in the database can make it anyone else's or revive it.
     """
-    accounts = Accounts(rt.store, config.clock)
+    accounts, header = Accounts(rt.store, config.clock), request.headers.get("authorization", "")
     if header[:7].lower() == "bearer ":
         user = accounts.by_token(header[7:].strip())
         return Caller(user=user, csrf="") if user else None

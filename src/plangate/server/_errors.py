@@ -59,8 +59,9 @@ def reply(scope: Scope, status: int, message: str, headers: dict[str, str] | Non
     if status == 401:
         return RedirectResponse(f"{prefix}/login", status_code=303)
     if status == 409 and len(parts) > 2 and parts[1] == "plans":  # back to the plan, saying why
-        flash = urlencode(scope["app"].state.plangate.flash("Refused: " + message))
-        return RedirectResponse(f"{prefix}/plans/{parts[2]}?{flash}", status_code=303)
+        page = f"/plans/{parts[2]}"
+        flash = urlencode(scope["app"].state.plangate.flash("Refused: " + message, page))
+        return RedirectResponse(f"{prefix}{page}?{flash}", status_code=303)
     return HTMLResponse(_page(status, message), status_code=status, headers=headers)
 
 

@@ -23,7 +23,7 @@ from plangate.names import same_person
 from plangate.plan import Plan
 from plangate.runtime import Runtime
 from plangate.server import _actions, views
-from plangate.server._bodies import read_json
+from plangate.server._bodies import Version, read_json
 from plangate.server._deps import Caller, Config, FormWriter, Reader, Rt, form_of
 from plangate.server._errors import root
 
@@ -44,7 +44,7 @@ def render(request: Request, name: str, caller: Caller | None, **context: Any) -
 def back(request: Request, path: str, **query: str) -> RedirectResponse:
     """A redirect to ``path`` inside this app (after a form), with an optional message (signed)."""
     if "flash" in query:
-        query = {**query, **request.app.state.plangate.flash(query["flash"])}
+        query = {**query, **request.app.state.plangate.flash(query["flash"], path)}
     suffix = f"?{urlencode(query)}" if query else ""
     return RedirectResponse(f"{root(request.scope)}{path}{suffix}", status_code=303)
 
@@ -102,7 +102,7 @@ def plan_page(
         "plan.html",
         caller,
         record=record,
-        flash=config.flashed(flash, sig),
+        flash=config.flashed(flash, sig, f"/plans/{plan_id}"),
         reasons=review.reasons(record),
         closed=recovery.closed_note(rt.store, record.id) if record.status == "closed" else "",
         changes=rt.diff(record.id).lines()[1:] if _has_changes(record) else [],
@@ -178,6 +178,7 @@ class _Form(BaseModel):
 
 class DecisionForm(_Form):
     plan_hash: str = ""
+    plan_version: Version | None = None  # the version the page showed: a later one with its text is not it
     comment: str = ""
 
 
@@ -188,7 +189,7 @@ class EditForm(_Form):
 
 class SettleForm(_Form):
     step: Annotated[int, Field(ge=-999_999, le=999_999)]
-    done: Literal["yes", "no", ""] = ""
+    done: Literal["yes", "no"]  # never assumed: "no" lets the step run again
     output: str = ""
     note: str = ""
 
@@ -212,7 +213,9 @@ def approve_form(
     request: Request, plan_id: str, rt: Rt, caller: FormWriter, form: Annotated[DecisionForm, form_of(DecisionForm)]
 ) -> Response:
     user = caller.user
-    record = _actions.decide(rt, user, plan_id, form.plan_hash, form.comment or None, approve=True)
+    record = _actions.decide(
+        rt, user, plan_id, form.plan_hash, form.comment or None, approve=True, version=form.plan_version
+    )
     return back(request, f"/plans/{record.id}", flash=f"Approved by {user.name}")
 
 
@@ -221,7 +224,7 @@ def reject_form(
     request: Request, plan_id: str, rt: Rt, caller: FormWriter, form: Annotated[DecisionForm, form_of(DecisionForm)]
 ) -> Response:
     user = caller.user
-    record = _actions.decide(rt, user, plan_id, form.plan_hash, form.comment, approve=False)
+    record = _actions.decide(rt, user, plan_id, form.plan_hash, form.comment, approve=False, version=form.plan_version)
     return back(request, f"/plans/{record.id}", flash=f"Rejected by {user.name}")
 
 
