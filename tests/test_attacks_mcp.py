@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from examples.business import effect_counts
+from examples.business import connect, effect_counts
 
-from plangate import Runtime, ledger
+from plangate import Runtime, ledger, references
 from plangate.accounts import Accounts
 from plangate.errors import CatalogueError, GovernanceError, ToolDefinitionError, UsageError
 from plangate.mcpserver import Gate
@@ -190,13 +190,30 @@ def db(tmp_path: Path) -> str:
     return f"sqlite:///{tmp_path}/plangate.db"
 
 
-def test_a_reference_smuggled_into_a_direct_call_is_refused_and_runs_nothing(db: str) -> None:
+def test_a_reference_smuggled_into_a_direct_call_is_text_the_tool_is_given(db: str) -> None:
     gate = Gate(business(db), user="alice")
-    reply = gate.call("get_invoice", {"invoice_id": "${1.total}"})
-    assert reply.error and reply.data["status"] == "rejected" and "step 1: " in reply.text
+    reply = gate.call("get_invoice", {"invoice_id": "${1.total}"})  # read as a value: no such invoice
+    assert reply.error and reply.data["status"] == "halted" and "${1.total}" in reply.text
     refund = gate.call("issue_refund", {"invoice_id": "42", "amount": "${1}"})
     assert refund.error and refund.data["error"] == "bad-arguments"  # not a number: refused before recording
     assert effect_counts() == {}
+
+
+def test_a_direct_calls_arguments_reach_the_tool_exactly_as_the_client_sent_them(db: str) -> None:
+    rt = business(db)
+    body = "Pay $${1} or ${2.total} by ${date}."
+    reply = Gate(rt, user="alice").call("send_email", {"to": "a@example.com", "subject": "s", "body": body})
+    assert not reply.error and reply.data["status"] == "pending_approval", reply.text
+    record = rt.get(reply.data["plan_id"])
+    assert record.plan is not None and references.resolve(record.plan.steps[0].params, {}) == {
+        "to": "a@example.com",
+        "subject": "s",
+        "body": body,
+    }
+    rt.approve(record.id, "bob", record.hash)
+    assert rt.execute(record.id).ok
+    with connect() as conn:
+        assert [row[0] for row in conn.execute("SELECT body FROM outbox")] == [body]
 
 
 def test_a_whole_plan_is_never_run_over_mcp_even_when_the_policy_approves_it(db: str) -> None:

@@ -31,7 +31,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError
 
-from plangate import identity
+from plangate import identity, references
 from plangate.errors import NotFoundError, PlangateError, UsageError
 from plangate.plan import Plan, plan_json_schema
 from plangate.record import PlanRecord
@@ -206,7 +206,9 @@ class Gate:
         wrong = tool.param_errors(arguments)
         if wrong:
             return _bad_arguments(name, problems(wrong))
-        step = {"id": 1, "tool": tool.name, "params": arguments, "rationale": "Called by an MCP client."}
+        # The client's arguments are values, not plan text: a "${" in them is text the tool is given as it is.
+        params = references.literal(arguments)
+        step = {"id": 1, "tool": tool.name, "params": params, "rationale": "Called by an MCP client."}
         task = f"{tool.name} over MCP: {_short(json.dumps(arguments, ensure_ascii=False, sort_keys=True))}"
         plan = {"task": task, "category": self._category([tool]), "steps": [step]}
         record = self._submit(plan)
