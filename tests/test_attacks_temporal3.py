@@ -11,10 +11,12 @@ from typing import Any
 
 import pytest
 
-from plangate import Catalogue
+from plangate import Catalogue, Policy
 from plangate import temporal as temporal_module
+from plangate.runtime import Runtime
 from plangate.testing import temporal_server
-from tests.test_temporal_attacks import _calls, _setup, by_hand
+from tests.helpers import plan
+from tests.test_temporal_attacks import TOOLS, _calls, _direct, _setup, activities, by_hand
 
 
 @pytest.fixture(scope="module")
@@ -88,3 +90,29 @@ def test_a_workflow_whose_claim_never_comes_ends_without_a_step(
     failed = asyncio.run(by_hand(temporal, db, tools, args, plan_id, signal=False, workflow_runner=unsandboxed))
     assert f"plan {plan_id}: no claim was handed to this workflow run within 1 s" in str(failed.__cause__)
     assert _calls(tmp_path) == [] and rt.store.steps(plan_id) == {}
+
+
+def test_a_workflow_input_with_no_policy_runs_no_step_of_a_plan_checked_against_one(tmp_path: Path) -> None:
+    """The activities held the policy a workflow's input carried against the one the plan was checked
+    against only when it carried one: an input with none ran the steps under no policy at all, with the
+    tools' own word on their idempotency (here a charge the policy says may not run twice, which Temporal's
+    retry would call again) and time limits, and no deny or require rule at the call."""
+    governed = {
+        "version": 1,
+        "name": "governed",
+        "approval": {"human": ["ops"]},
+        "tools": {"charge": {"idempotent": False}},
+    }
+    tools = tmp_path / "waiting.py"
+    tools.write_text(TOOLS.format(dir=str(tmp_path)))
+    db = f"sqlite:///{tmp_path}/t.db"
+    rt = Runtime(Catalogue.from_module(tools), Policy.from_data(governed), db=db)
+    record = rt.submit(plan({"id": 1, "tool": "charge", "params": {"to": "ann"}}), "ann")
+    rt.approve(record.id, "ben", record.hash)
+    args = {**_direct(db, str(tools), "t-no-policy"), "step_id": 1}
+    assert args["policy"] is not None  # what plangate's worker writes
+    step, _ = activities(db, str(tools))
+    (tmp_path / "go").touch()
+    with pytest.raises(Exception, match=r"checked against policy \w+…, and this workflow carries no policy: it runs"):
+        step({**args, "policy": None})
+    assert _calls(tmp_path) == [] and rt.store.steps(record.id) == {}

@@ -185,11 +185,17 @@ def _check_claim(store: Any, args: dict[str, Any], owner: str, policy: Policy | 
         version = store.get_version(row.id, row.version)
         if version is None or (row.version, row.hash) != (args["version"], args["hash"]):
             raise GovernanceError(f"plan {row.id}'s current version is not the one this workflow runs")
-        if policy is not None and policy.hash != version.policy_hash:
+        carried = policy.hash if policy is not None else None
+        if carried != version.policy_hash:  # none carried is not the one either: the engine would hold no rule
             raise GovernanceError(
-                f"plan {row.id} was checked against another policy than the one this workflow carries"
+                f"plan {row.id} was checked against {_policy(version.policy_hash)}, and this workflow carries "
+                f"{_policy(carried)}: it runs none of its steps"
             )
         ledger.right_to_run(store, row, version)
+
+
+def _policy(policy_hash: str | None) -> str:
+    return f"policy {policy_hash[:12]}…" if policy_hash else "no policy"
 
 
 @contextlib.contextmanager
