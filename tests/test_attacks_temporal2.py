@@ -15,7 +15,7 @@ from plangate.errors import PlangateError
 from plangate.runtime import Runtime
 from plangate.testing import temporal_server
 from tests.helpers import plan
-from tests.test_temporal_attacks import late_attempt
+from tests.test_temporal_attacks import RUN, _direct, activities, late_attempt
 
 TOOLS = """
 import time
@@ -92,14 +92,6 @@ def _calls(tmp_path: Path) -> list[str]:
     return found.read_text().split() if found.exists() else []
 
 
-def _direct(db: str, tools: str, name: str) -> dict[str, Any]:
-    """A claim as the Temporal worker makes it, and its workflow's input, for activities called directly."""
-    catalogue = Catalogue.from_spec(tools)
-    claim = temporal_module._claim(db, catalogue, name, [])
-    assert claim is not None
-    return {**temporal_module.workflow_args(db, tools, claim, catalogue), "heartbeat_seconds": None}
-
-
 def test_a_step_activity_run_again_after_its_step_failed_never_calls_the_tool_again(tmp_path: Path) -> None:
     """The first attempt of a step's activity called a tool that is not idempotent, which raised, and
     recorded the step failed; its completion never reached Temporal (the worker was lost on the way
@@ -107,10 +99,11 @@ def test_a_step_activity_run_again_after_its_step_failed_never_calls_the_tool_ag
     called the tool a second time, with no person asking for it."""
     tools, db, rt, plan_id = _setup(tmp_path, {"id": 1, "tool": "send", "params": {"to": "ann"}})
     args = {**_direct(db, tools, "t-failed"), "step_id": 1}
-    assert temporal_module.run_step(args) == "failed"
-    assert temporal_module.run_step(args) == "failed", "Temporal's retry: the same answer again"
+    step, finish = activities(db, tools)
+    assert step(args) == "failed"
+    assert step(args) == "failed", "Temporal's retry: the same answer again"
     assert _calls(tmp_path) == ["send"], "not idempotent: never called twice"
-    assert temporal_module.finish(args) == "halted"
+    assert finish(args) == "halted"
     assert rt.store.steps(plan_id)[1].attempt == 1
     # A person's resume (a new claim) runs the failed step again, one step at a time as on any engine.
     from plangate.engine import Engine
@@ -137,6 +130,7 @@ def test_a_late_attempt_never_takes_back_a_step_another_attempt_completed(
         {"id": 2, "tool": "look", "params": {"to": "${1}"}},
     )
     args = _direct(db, tools, "t-retry")
+    step, finish = activities(db, tools)
     real = engine_module.time.sleep
     paused, wake = threading.Event(), threading.Event()
 
@@ -152,7 +146,7 @@ def test_a_late_attempt_never_takes_back_a_step_another_attempt_completed(
 
     def late() -> None:
         try:
-            answers.append(temporal_module.run_step({**args, "step_id": 1}))
+            answers.append(step({**args, "step_id": 1}))
         except BaseException as exc:  # what the late attempt ends with
             answers.append(exc)
 
@@ -160,8 +154,8 @@ def test_a_late_attempt_never_takes_back_a_step_another_attempt_completed(
     attempt.start()
     try:
         assert paused.wait(10)
-        assert temporal_module.run_step({**args, "step_id": 1}) == "succeeded"  # Temporal's retry
-        assert temporal_module.run_step({**args, "step_id": 2}) == "succeeded"
+        assert step({**args, "step_id": 1}) == "succeeded"  # Temporal's retry
+        assert step({**args, "step_id": 2}) == "succeeded"
         completed = rt.store.steps(plan_id)[1]
         events = len(rt.trace(plan_id))
     finally:
@@ -172,7 +166,7 @@ def test_a_late_attempt_never_takes_back_a_step_another_attempt_completed(
     assert _calls(tmp_path) == ["charge", "charge", "look"], "a completed step is never run again"
     assert rt.store.steps(plan_id)[1] == completed and completed.status == "succeeded"
     assert len(rt.trace(plan_id)) == events, "the late attempt wrote nothing"
-    assert temporal_module.finish(args) == "succeeded"
+    assert finish(args) == "succeeded"
     assert rt.store.verify_audit().ok
 
 
@@ -219,10 +213,12 @@ def test_an_attempt_left_over_from_an_earlier_claim_changes_nothing_once_the_sam
     catalogue = Catalogue.from_spec(tools)
     first = temporal_module._claim(db, catalogue, "t-same", [])
     assert first is not None
-    args = {**temporal_module.workflow_args(db, tools, first, catalogue), "heartbeat_seconds": None, "step_id": 1}
-    with late_attempt(monkeypatch, args) as raised:
-        assert temporal_module.run_step(args) == "outcome_unknown", "Temporal's retry: never called twice"
-        assert temporal_module.finish(args) == "halted"
+    temporal_module._hand_over(db, first, RUN)
+    args = {**temporal_module.workflow_args(first, catalogue), "heartbeat_seconds": None, "step_id": 1}
+    step, finish = activities(db, tools)
+    with late_attempt(monkeypatch, step, args) as raised:
+        assert step(args) == "outcome_unknown", "Temporal's retry: never called twice"
+        assert finish(args) == "halted"
         rt.settle(plan_id, 1, done=False, actor="ben", note="it never went out")
         corrected = rt.edit(plan_id, plan({"id": 1, "tool": "slow", "params": {"to": "bob"}}), "ann")
         rt.approve(plan_id, "cat", corrected.hash)
@@ -278,6 +274,7 @@ def test_two_attempts_of_a_step_starting_at_once_on_postgresql_call_its_tool_onc
 
     tools, db, rt, plan_id = _setup(tmp_path, {"id": 1, "tool": "mail", "params": {"to": "ann"}}, db=pg_db)
     args = {**_direct(db, tools, "t-pg"), "step_id": 1}
+    step, _ = activities(db, tools)
     real = engine_module._Run._reload
     read, wake = threading.Event(), threading.Event()
 
@@ -292,7 +289,7 @@ def test_two_attempts_of_a_step_starting_at_once_on_postgresql_call_its_tool_onc
 
     def attempt(name: str) -> None:
         try:
-            answers[name] = temporal_module.run_step(args)
+            answers[name] = step(args)
         except BaseException as exc:  # what an attempt ends with
             answers[name] = exc
 

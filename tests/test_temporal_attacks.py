@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import os
 import signal
 import subprocess
@@ -168,16 +169,40 @@ def test_a_workflow_whose_starting_worker_died_is_not_taken_over_while_temporal_
     assert rt.store.verify_audit().ok
 
 
+RUN = "run-1"  # the workflow run a claim made here is handed to, as a worker hands it to the run it started
+Activity = Callable[[dict[str, Any]], str]
+
+
 def _direct(db: str, tools: str, name: str) -> dict[str, Any]:
-    """A claim as the Temporal worker makes it, and its workflow's input, for activities called directly."""
+    """A claim as the Temporal worker makes it, handed to workflow run ``RUN``, and its workflow's input, for
+    activities called directly."""
     catalogue = Catalogue.from_spec(tools)
     claim = temporal_module._claim(db, catalogue, name, [])
     assert claim is not None
-    return {**temporal_module.workflow_args(db, tools, claim, catalogue), "heartbeat_seconds": None}
+    temporal_module._hand_over(db, claim, RUN)
+    return {**temporal_module.workflow_args(claim, catalogue), "heartbeat_seconds": None}
+
+
+def activities(db: str, tools: str) -> tuple[Activity, Activity]:
+    """The host's step and finish activities, each called as Temporal calls it in workflow run ``RUN`` of its plan."""
+    from temporalio.testing import ActivityEnvironment
+
+    def in_run(one: Activity) -> Activity:
+        def call(args: dict[str, Any]) -> str:
+            env = ActivityEnvironment()
+            env.info = dataclasses.replace(env.info, workflow_id=args["plan_id"], workflow_run_id=RUN)
+            return env.run(one, args)
+
+        return call
+
+    step, finish = temporal_module.hosted(db, tools)
+    return in_run(step), in_run(finish)
 
 
 @contextlib.contextmanager
-def late_attempt(monkeypatch: pytest.MonkeyPatch, args: dict[str, Any]) -> Iterator[list[BaseException]]:
+def late_attempt(
+    monkeypatch: pytest.MonkeyPatch, step: Activity, args: dict[str, Any]
+) -> Iterator[list[BaseException]]:
     """An attempt of the step ``args`` names, on a thread of its own, paused once its call has come back (as
     one whose heartbeats stopped) until the block ends; the block runs once it is paused. Yields what the
     attempt raised as it ended (after the block)."""
@@ -198,7 +223,7 @@ def late_attempt(monkeypatch: pytest.MonkeyPatch, args: dict[str, Any]) -> Itera
 
     def late() -> None:
         try:
-            temporal_module.run_step(args)
+            step(args)
         except BaseException as exc:  # what the late attempt ends with
             raised.append(exc)
 
@@ -220,10 +245,11 @@ def test_a_late_attempt_of_a_step_never_overwrites_what_a_person_settled(
     wakes, its call having overrun, it used to record the outcome unknown over the person's settlement."""
     tools, db, rt, plan_id = _setup(tmp_path, "send")
     args = {**_direct(db, tools, "t-late"), "step_id": 1}
+    step, finish = activities(db, tools)
     try:
-        with late_attempt(monkeypatch, args) as raised:
-            assert temporal_module.run_step(args) == "outcome_unknown", "Temporal's retry: never called twice"
-            assert temporal_module.finish(args) == "halted"
+        with late_attempt(monkeypatch, step, args) as raised:
+            assert step(args) == "outcome_unknown", "Temporal's retry: never called twice"
+            assert finish(args) == "halted"
             rt.settle(plan_id, 1, done=True, actor="ben", output="sent", note="it went out")
             settled = rt.store.steps(plan_id)[1]
             events = len(rt.trace(plan_id))
@@ -258,45 +284,52 @@ def test_a_workflow_input_naming_other_tools_runs_the_hosts_own(tmp_path: Path) 
     evil = tmp_path / "evil.py"
     evil.write_text(EVIL.format(dir=str(tmp_path)))
     args = {**_direct(db, tools, "t-forged"), "step_id": 1, "tools": str(evil)}
-    step, _finish = temporal_module.hosted(db, tools)
+    step, _finish = activities(db, tools)
     (tmp_path / "go").touch()
     assert step(args) == "succeeded"
     assert _calls(tmp_path) == ["charge"]  # the host's tool, not the one the input named
     assert rt.store.verify_audit().ok
 
 
-def test_a_workflow_started_by_hand_under_another_id_runs_no_step(temporal: str, tmp_path: Path) -> None:
-    """plangate starts a plan's workflow under the plan's id, one at a time; a workflow
-    started by hand under another id, with a running plan's input copied, is refused at its first step."""
+async def by_hand(
+    address: str, db: str, tools: str, args: dict[str, Any], workflow_id: str, *, signal: bool = True, **worker: Any
+) -> BaseException:
+    """A workflow started with a Temporal client, not through plangate, on a worker hosting plangate's own
+    workflow and activities (as ``serve`` hosts them); with ``signal``, told its claim was handed to it, as
+    plangate's worker tells the run it started. What it failed with."""
     import concurrent.futures
 
     from temporalio.client import Client, WorkflowFailureError
     from temporalio.worker import Worker
 
+    client = await Client.connect(address)
+    with concurrent.futures.ThreadPoolExecutor(max_workers=4) as pool:
+        async with Worker(
+            client,
+            task_queue="plangate-by-hand",
+            workflows=[temporal_module.PlanWorkflow],
+            activities=temporal_module.hosted(db, tools),
+            activity_executor=pool,
+            **worker,
+        ):
+            with pytest.raises(WorkflowFailureError) as failed:
+                await client.execute_workflow(
+                    "plangate.Plan",
+                    args,
+                    id=workflow_id,
+                    task_queue="plangate-by-hand",
+                    start_signal="plangate.claimed" if signal else None,
+                )
+    return failed.value
+
+
+def test_a_workflow_started_by_hand_under_another_id_runs_no_step(temporal: str, tmp_path: Path) -> None:
+    """plangate starts a plan's workflow under the plan's id, one at a time; a workflow
+    started by hand under another id, with a running plan's input copied, is refused at its first step."""
     tools, db, rt, plan_id = _setup(tmp_path, "charge")
     args = _direct(db, tools, "t-copied")  # the plan now runs under that claim, as if its workflow ran
     (tmp_path / "go").touch()
-
-    async def forge() -> BaseException | None:
-        client = await Client.connect(temporal)
-        with concurrent.futures.ThreadPoolExecutor(max_workers=4) as pool:
-            async with Worker(
-                client,
-                task_queue="plangate-forged",
-                workflows=[temporal_module.PlanWorkflow],
-                activities=temporal_module.hosted(db, tools),
-                activity_executor=pool,
-            ):
-                try:
-                    await client.execute_workflow(
-                        temporal_module.PlanWorkflow.run, args, id=f"forged-{plan_id}", task_queue="plangate-forged"
-                    )
-                except WorkflowFailureError as failed:
-                    return failed
-        return None
-
-    failed = asyncio.run(forge())
-    assert failed is not None
+    failed = asyncio.run(by_hand(temporal, db, tools, args, f"forged-{plan_id}"))
     refusal = failed.__cause__.__cause__  # the workflow failed with its activity, which failed with this
     assert f"is not plan {plan_id}'s: it runs none of its steps" in str(refusal)
     assert _calls(tmp_path) == []
@@ -309,11 +342,12 @@ def test_a_retried_finish_says_again_how_the_plan_ended(tmp_path: Path) -> None:
     workflow, a plan run counted as not run."""
     tools, db, rt, plan_id = _setup(tmp_path, "charge")
     args = _direct(db, tools, "t-finish")
+    step, finish = activities(db, tools)
     (tmp_path / "go").touch()
-    assert temporal_module.run_step({**args, "step_id": 1}) == "succeeded"
-    assert temporal_module.finish(args) == "succeeded"
+    assert step({**args, "step_id": 1}) == "succeeded"
+    assert finish(args) == "succeeded"
     events = len(rt.trace(plan_id))
-    assert temporal_module.finish(args) == "succeeded"  # the retry: nothing written, the end said again
+    assert finish(args) == "succeeded"  # the retry: nothing written, the end said again
     assert len(rt.trace(plan_id)) == events and rt.store.verify_audit().ok
 
 
@@ -328,7 +362,7 @@ def test_an_activity_refused_gives_the_plan_back_rather_than_hiding_it_for_the_l
     with rt.store.transaction():
         rt.store.command("UPDATE plan_versions SET body = replace(body, 'ann', 'eve') WHERE plan_id = ?", (plan_id,))
     with pytest.raises(Exception, match="plan text was changed") as refused:
-        temporal_module.run_step({**args, "step_id": 1})
+        activities(db, tools)[0]({**args, "step_id": 1})
     assert "ApplicationError" in type(refused.value).__name__
     plan = rt.store.get_plan(plan_id)
     assert plan is not None and plan.status == "running" and plan.lease_owner is None

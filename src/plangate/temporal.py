@@ -20,8 +20,12 @@ is alive, and once they stop for the heartbeat timeout (seconds, not the step's 
 Temporal runs the activity again on a worker that is.
 
 ``plangate worker --temporal HOST:PORT`` hosts the workflow and the activities and starts
-a workflow (id = plan id, never two at once) for each approved plan it claims; its timeouts
-and how many activities and workflow tasks it runs at once are :class:`Settings`.
+a workflow (id = plan id, never two at once) for each approved plan it claims, then hands
+its claim to the workflow run Temporal started (:func:`start`): an activity acts only under
+its own run's claim, so a workflow started by hand, whatever its input, runs no step. The
+activities use their host's store and tools (:func:`hosted`); the workflow's input names the
+plan. The worker's timeouts and how many activities and workflow tasks it runs at once are
+:class:`Settings`.
 Install with ``pip install 'plangate[temporal]'``.
 """
 
@@ -49,7 +53,7 @@ with workflow.unsafe.imports_passed_through():
     from plangate import ledger, lifecycle, timeouts, tracing
     from plangate._clock import SystemClock
     from plangate.engine import Engine
-    from plangate.errors import GovernanceError, PlangateError
+    from plangate.errors import GovernanceError, LeaseLostError, PlangateError
     from plangate.plan import Plan
     from plangate.policy import Policy
     from plangate.record import Claim
@@ -63,6 +67,8 @@ _LEASE_SECONDS = 3600.0  # a workflow's lease: Temporal itself keeps the run goi
 _MARGIN_SECONDS = 60.0  # over a step's own budget: the engine's limit, not Temporal's, ends a hung call
 _MOST_SECONDS = 365 * 86400.0  # a timeout of the Settings: a year, well within what a workflow's durations hold
 _LOCAL_ACTIVITIES = 2  # plangate's own bookkeeping (a plan's end), on threads of its own beside the steps'
+_HANDOVER_SECONDS = 600.0  # a run left without its claim (its worker died as it started it) ends, well within the lease
+_STEP, _FINISH = "plangate.step", "plangate.finish"  # the activities' names: the host's own (hosted) answer to them
 
 
 @dataclass(frozen=True)
@@ -104,7 +110,28 @@ class Settings:
             )
 
 
-def _stepper(args: dict[str, Any]) -> Any:
+def _run_lease(owner: str, run_id: str) -> str:
+    """The lease a claim (``owner``) becomes once handed to the workflow run that carries it on: no other run's."""
+    return f"{owner} (workflow run {run_id})"
+
+
+def _activity_lease(args: dict[str, Any]) -> str:
+    """The lease this activity may act under: its plan's claim, as handed to the workflow run it belongs to.
+
+    Which run that is, Temporal says, not the input: a workflow started by hand (under any id,
+    with a running plan's input copied) is another run, and finds the plan under a lease that
+    is not its own.
+    """
+    info = activity.info()
+    if info.workflow_id != args["plan_id"] or info.workflow_run_id is None:  # None: an activity of no workflow
+        raise ApplicationError(  # plangate starts a plan's workflow under the plan's id, and only once
+            f"workflow {info.workflow_id} is not plan {args['plan_id']}'s: it runs none of its steps",
+            non_retryable=True,
+        )
+    return _run_lease(args["owner"], info.workflow_run_id)
+
+
+def _stepper(db: str, tools: str, args: dict[str, Any], owner: str) -> Any:
     """The engine for one activity: the plan text claimed when the workflow started, never what the store holds now.
 
     The text travels in the workflow's own history with its approved hash; the steps the
@@ -118,31 +145,20 @@ def _stepper(args: dict[str, Any]) -> Any:
         raise ApplicationError(
             f"plan {args['plan_id']}: the workflow's plan text is not the approved one", non_retryable=True
         )
-    if activity.in_activity() and activity.info().workflow_id != args["plan_id"]:
-        raise ApplicationError(  # plangate starts a plan's workflow under the plan's id, and only once
-            f"workflow {activity.info().workflow_id} is not plan {args['plan_id']}'s: it runs none of its steps",
-            non_retryable=True,
-        )
-    store = open_store(args["db"])
+    policy = Policy.from_data(json.loads(args["policy"])) if args.get("policy") else None
+    store = open_store(db)
     try:
-        _check_claim(store, args)
-        if not store.renew(args["plan_id"], args["owner"], _now(seconds=_LEASE_SECONDS)):
+        _check_claim(store, args, owner, policy)
+        if not store.renew(args["plan_id"], owner, _now(seconds=_LEASE_SECONDS)):
             raise GovernanceError(f"plan {args['plan_id']} was taken over: it is no longer this workflow's")
     except GovernanceError as refused:
         # Given back, as a plain worker gives back a plan it may not run: its lease no longer hides it
         # (for up to an hour) from the runners, whose claims are refused the same way and say why.
         with contextlib.suppress(Exception):
-            store.release(args["plan_id"], args["owner"])
+            store.release(args["plan_id"], owner)
         store.close()
         raise ApplicationError(str(refused), non_retryable=True) from None
-    policy = Policy.from_data(json.loads(args["policy"])) if args.get("policy") else None
-    engine = Engine(
-        store=store,
-        catalogue=_catalogue(args["tools"]),
-        clock=SystemClock(),
-        policy=policy,
-        owner=args.get("owner"),
-    )
+    engine = Engine(store=store, catalogue=_catalogue(tools), clock=SystemClock(), policy=policy, owner=owner)
     stepper = engine.stepper(
         args["plan_id"], args["version"], body, actor="temporal", traceparent=args.get("traceparent")
     )
@@ -155,23 +171,31 @@ def _catalogue(spec: str) -> Catalogue:
     return Catalogue.from_spec(spec)
 
 
-def _check_claim(store: Any, args: dict[str, Any]) -> None:
-    """The plan must still be running under this workflow's claim, for the hash it carries, with the
-    approvals the log holds and the steps it recorded; else nothing runs."""
+def _check_claim(store: Any, args: dict[str, Any], owner: str, policy: Policy | None) -> None:
+    """The plan must still be running under this workflow run's claim (``owner``), for the hash and the
+    policy it carries, with the approvals the log holds and the steps it recorded; else nothing runs."""
     with store.snapshot():
         row = store.get_plan(args["plan_id"])
-        owner = args.get("owner")
-        if row is None or not owner or row.lease_owner != owner or row.status != "running":
+        if row is None or row.lease_owner != owner or row.status != "running":
             held = f"{row.status} under {row.lease_owner}" if row else "not there"
-            raise GovernanceError(f"plan {args['plan_id']} is {held}, not running under this workflow's claim")
+            raise GovernanceError(
+                f"plan {args['plan_id']} is {held}, not under this workflow run's claim ({owner}): "
+                "it runs none of its steps"
+            )
         version = store.get_version(row.id, row.version)
         if version is None or (row.version, row.hash) != (args["version"], args["hash"]):
             raise GovernanceError(f"plan {row.id}'s current version is not the one this workflow runs")
-        if args.get("policy") and Policy.from_data(json.loads(args["policy"])).hash != version.policy_hash:
+        carried = policy.hash if policy is not None else None
+        if carried != version.policy_hash:  # none carried is not the one either: the engine would hold no rule
             raise GovernanceError(
-                f"plan {row.id} was checked against another policy than the one this workflow carries"
+                f"plan {row.id} was checked against {_policy(version.policy_hash)}, and this workflow carries "
+                f"{_policy(carried)}: it runs none of its steps"
             )
         ledger.right_to_run(store, row, version)
+
+
+def _policy(policy_hash: str | None) -> str:
+    return f"policy {policy_hash[:12]}…" if policy_hash else "no policy"
 
 
 @contextlib.contextmanager
@@ -201,16 +225,14 @@ def _heartbeats(timeout: float | None) -> Iterator[None]:
         stop.set()
 
 
-# A cancel (the attempt timed out, the worker shuts down) is not raised into the step's thread: an
-# exception at any point of the engine's bookkeeping is worse than an attempt whose result is ignored.
-@activity.defn(name="plangate.step", no_thread_cancel_exception=True)
-def run_step(args: dict[str, Any]) -> str:
+def _run_step(db: str, tools: str, args: dict[str, Any]) -> str:
+    owner = _activity_lease(args)
     with _heartbeats(args.get("heartbeat_seconds")):
-        stepper, store = _stepper(args)
+        stepper, store = _stepper(db, tools, args, owner)
         # The lease, renewed while the step runs, as on any runner: a step longer than the lease keeps it,
         # and one that lost it makes no more retries.
         keeper = lifecycle.LeaseKeeper(
-            store, args["plan_id"], args["owner"], _LEASE_SECONDS, lambda: _now(seconds=_LEASE_SECONDS)
+            store, args["plan_id"], owner, _LEASE_SECONDS, lambda: _now(seconds=_LEASE_SECONDS)
         )
         stepper.e.lease_lost = keeper.lost
         try:
@@ -221,12 +243,12 @@ def run_step(args: dict[str, Any]) -> str:
             store.close()
 
 
-@activity.defn(name="plangate.finish")
-def finish(args: dict[str, Any]) -> str:
+def _finish(db: str, tools: str, args: dict[str, Any]) -> str:
+    owner = _activity_lease(args)
     try:
-        stepper, store = _stepper(args)
+        stepper, store = _stepper(db, tools, args, owner)
     except ApplicationError:
-        ended = _ended(args)  # a retry of a finish whose first attempt recorded the end: said again
+        ended = _ended(db, args)  # a retry of a finish whose first attempt recorded the end: said again
         if ended is None:
             raise
         return ended
@@ -236,9 +258,9 @@ def finish(args: dict[str, Any]) -> str:
         store.close()
 
 
-def _ended(args: dict[str, Any]) -> str | None:
+def _ended(db: str, args: dict[str, Any]) -> str | None:
     """How the plan ended, when it ended with this workflow's version and text (None: it did not)."""
-    store = open_store(args["db"])
+    store = open_store(db)
     try:
         row = store.get_plan(args["plan_id"])
     finally:
@@ -248,35 +270,57 @@ def _ended(args: dict[str, Any]) -> str | None:
 
 
 def hosted(db: str, tools: str) -> list[Callable[[dict[str, Any]], str]]:
-    """:func:`run_step` and :func:`finish` for a host that answers to ``db`` and ``tools`` only.
+    """The workflow's activities (a step, a plan's end) for a host that answers to ``db`` and ``tools`` only.
 
-    The workflow's input names a store and a tools file (or MCP command); activities run with the
-    host's own, whatever the input says, so whoever can start a workflow on the Temporal cluster
-    (copying a running plan's input with other tools) cannot choose the code that runs an approved
-    plan's steps, nor the store it answers to. :func:`serve` hosts these; an application hosting
-    plangate's activities in its own Temporal worker should too.
+    These are the only activities there are: the workflow's input names the plan, never a store
+    or tools file (or MCP command), so whoever can start a workflow on the Temporal cluster cannot
+    choose the code that runs an approved plan's steps, nor the store it answers to. :func:`serve`
+    hosts these; an application hosting plangate's activities in its own Temporal worker does too.
     """
 
-    def own(args: dict[str, Any]) -> dict[str, Any]:
-        return {**args, "db": db, "tools": tools}
+    # A cancel (the attempt timed out, the worker shuts down) is not raised into the step's thread: an
+    # exception at any point of the engine's bookkeeping is worse than an attempt whose result is ignored.
+    @activity.defn(name=_STEP, no_thread_cancel_exception=True)
+    def run_step(args: dict[str, Any]) -> str:
+        return _run_step(db, tools, args)
 
-    @activity.defn(name="plangate.step", no_thread_cancel_exception=True)
-    def hosted_step(args: dict[str, Any]) -> str:
-        return run_step(own(args))
+    @activity.defn(name=_FINISH)
+    def finish(args: dict[str, Any]) -> str:
+        return _finish(db, tools, args)
 
-    @activity.defn(name="plangate.finish")
-    def hosted_finish(args: dict[str, Any]) -> str:
-        return finish(own(args))
-
-    return [hosted_step, hosted_finish]
+    return [run_step, finish]
 
 
 @workflow.defn(name="plangate.Plan")
 class PlanWorkflow:
-    """Steps as activities, in dependency order; the first failure stops new steps."""
+    """Steps as activities, in dependency order; the first failure stops new steps.
+
+    Nothing starts before the worker that started this run says the plan's claim is the run's
+    (:meth:`claimed`): its activities would be refused. A run whose worker died before it could
+    say so ends without a step, and the plan's next claim starts a workflow of its own.
+    """
+
+    def __init__(self) -> None:
+        self.handed = False
+
+    @workflow.signal(name="plangate.claimed")
+    def claimed(self) -> None:
+        """The plan's claim was handed to this run (:func:`start`). Anyone may say so; only the lease decides."""
+        self.handed = True
+
+    async def _wait_for_claim(self, plan_id: str) -> None:
+        try:
+            await workflow.wait_condition(lambda: self.handed, timeout=timedelta(seconds=_HANDOVER_SECONDS))
+        except TimeoutError:
+            raise ApplicationError(
+                f"plan {plan_id}: no claim was handed to this workflow run within {_HANDOVER_SECONDS:g} s: "
+                "it runs none of its steps",
+                non_retryable=True,
+            ) from None
 
     @workflow.run
     async def run(self, args: dict[str, Any]) -> str:
+        await self._wait_for_claim(args["plan_id"])
         budgets: dict[str, float] = args.get("budgets", {})  # absent from workflows started before there were limits
         margin = float(args.get("margin_seconds", _MARGIN_SECONDS))
         heartbeat = args.get("heartbeat_seconds")  # absent from workflows started before there were heartbeats
@@ -290,7 +334,7 @@ class PlanWorkflow:
             results = await asyncio.gather(
                 *(
                     workflow.execute_activity(
-                        run_step,
+                        _STEP,
                         {**args, "step_id": s},
                         activity_id=f"{args['plan_id']}:{s}",
                         start_to_close_timeout=timedelta(seconds=budgets.get(str(s), 540.0) + margin),
@@ -308,16 +352,15 @@ class PlanWorkflow:
         # Recording the end is plangate's own bookkeeping, not a step: a local activity, no round trip.
         return str(
             await workflow.execute_local_activity(
-                finish, args, start_to_close_timeout=timedelta(minutes=1), retry_policy=RetryPolicy(maximum_attempts=5)
+                _FINISH, args, start_to_close_timeout=timedelta(minutes=1), retry_policy=RetryPolicy(maximum_attempts=5)
             )
         )
 
 
-def workflow_args(
-    db: str, tools: str, claim: Claim, catalogue: Catalogue, settings: Settings = Settings()
-) -> dict[str, Any]:
+def workflow_args(claim: Claim, catalogue: Catalogue, settings: Settings = Settings()) -> dict[str, Any]:
     """The workflow's input for a claimed run: the approved text and hash travel in Temporal's history,
-    with the activities' timeouts, so an activity retried on another worker keeps them.
+    with the activities' timeouts, so an activity retried on another worker keeps them. It names no
+    store and no tools: the activities' host has its own (:func:`hosted`).
 
     The steps' order is the engine's (:func:`plangate.graph.run_deps`): data flow, and effects as barriers,
     each tool's effect as the claim's policy says it is, as the engine holds it.
@@ -332,8 +375,6 @@ def workflow_args(
         str(s.id): timeouts.budget(catalogue[s.tool], claim.policy) for s in claim.body.steps if s.tool in catalogue
     }
     return {
-        "db": db,
-        "tools": tools,
         "plan_id": claim.plan.id,
         "version": claim.plan.version,
         "body": claim.body.canonical_json(),
@@ -395,7 +436,7 @@ async def serve(
                     continue
                 outage.over()
                 if claim is not None:
-                    ran += await _run(client, claim, workflow_args(db, tools, claim, catalogue, settings), refused)
+                    ran += await _run(client, db, claim, workflow_args(claim, catalogue, settings), refused)
                 elif drain and not await _running(client, db):
                     return ran
                 else:
@@ -429,10 +470,49 @@ def _claim(db: str, catalogue: Catalogue, name: str, refused: list[str]) -> Clai
             store.close()
 
 
-async def _run(client: Any, claim: Claim, args: dict[str, Any], refused: list[str]) -> int:
-    """Start the plan's workflow (id = plan id, never two at once) and wait for its end; 1 if it ended."""
-    from temporalio.client import WorkflowFailureError
+async def start(client: Any, db: str, claim: Claim, args: dict[str, Any]) -> Any:
+    """Start the claimed plan's workflow (id = plan id, never two at once) and hand the claim to the run
+    Temporal started, then tell the run so; its handle. The claim leaves this worker for that run alone:
+    no other run's activities act on the plan, whatever their input says.
+
+    A claim lost meanwhile (:class:`~plangate.errors.LeaseLostError`) ends the run before it starts a step.
+    """
     from temporalio.common import WorkflowIDReusePolicy
+
+    started = await client.start_workflow(
+        PlanWorkflow.run,
+        args,
+        id=claim.plan.id,
+        task_queue=TASK_QUEUE,
+        # Temporal never starts a second workflow under the id while one runs; once the plan's last one
+        # ended (halted, or failed and its lease run out), the claim, which only one runner holds,
+        # decides: a plan corrected after a halt (a new version, approved) runs under the same id.
+        id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
+    )
+    run = client.get_workflow_handle(claim.plan.id, run_id=started.first_execution_run_id)
+    try:
+        _hand_over(db, claim, run.run_id)
+    except BaseException:
+        with contextlib.suppress(Exception):  # not left waiting for a claim that never comes
+            await run.terminate(reason="its claim was not handed to it")
+        raise
+    await run.signal(PlanWorkflow.claimed)
+    return run
+
+
+def _hand_over(db: str, claim: Claim, run_id: str) -> None:
+    store = open_store(db)
+    try:
+        until = _now(seconds=_LEASE_SECONDS)
+        if not store.hand_over(claim.plan.id, claim.owner, _run_lease(claim.owner, run_id), until):
+            raise LeaseLostError(f"{claim.owner} no longer holds its claim on plan {claim.plan.id}: its workflow ended")
+    finally:
+        store.close()
+
+
+async def _run(client: Any, db: str, claim: Claim, args: dict[str, Any], refused: list[str]) -> int:
+    """Start the plan's workflow and wait for its end; 1 if it ended."""
+    from temporalio.client import WorkflowFailureError
     from temporalio.exceptions import WorkflowAlreadyStartedError
 
     plan_id = claim.plan.id
@@ -440,17 +520,9 @@ async def _run(client: Any, claim: Claim, args: dict[str, Any], refused: list[st
     spans = tracing.default().run(plan_id, claim.plan.version, claim.body, actor="temporal")
     with spans:
         try:
-            status = await client.execute_workflow(
-                PlanWorkflow.run,
-                {**args, "traceparent": spans.run_traceparent()},
-                id=plan_id,
-                task_queue=TASK_QUEUE,
-                # Temporal never starts a second workflow under the id while one runs; once the plan's last one
-                # ended (halted, or failed and its lease run out), the claim, which only one runner holds,
-                # decides: a plan corrected after a halt (a new version, approved) runs under the same id.
-                id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
-            )
-        except (WorkflowAlreadyStartedError, WorkflowFailureError) as failed:
+            run = await start(client, db, claim, {**args, "traceparent": spans.run_traceparent()})
+            status = await run.result()
+        except (WorkflowAlreadyStartedError, WorkflowFailureError, LeaseLostError) as failed:
             spans.close(failed)
             # It stays running under this worker's lease for a person to look at, and is not
             # claimed again by this worker; once the lease runs out, another runner resumes it.

@@ -257,6 +257,11 @@ class Store(abc.ABC):
     @abc.abstractmethod
     def renew(self, plan_id: str, worker: str, until: str) -> bool: ...
 
+    @abc.abstractmethod
+    def hand_over(self, plan_id: str, worker: str, to: str, until: str) -> bool:
+        """Give a lease this worker holds to ``to`` (the one Temporal workflow run that carries its claim on),
+        until ``until``; False when it lost it."""
+
     def database_time(self) -> datetime | None:
         """The database server's clock, for workers on other machines to compare theirs with
         (leases are times written by one machine's clock and read by another's); None when the

@@ -623,8 +623,11 @@ class SQLStore(AuditLog, Store):
 
     def renew(self, plan_id: str, worker: str, until: str) -> bool:
         """Extend a lease this worker holds; False when it lost it."""
-        query = "UPDATE plans SET lease_until = ? WHERE id = ? AND lease_owner = ?"
-        return int(self._alone(query, (until, plan_id, worker)).rowcount) == 1
+        return self.hand_over(plan_id, worker, worker, until)
+
+    def hand_over(self, plan_id: str, worker: str, to: str, until: str) -> bool:
+        query = "UPDATE plans SET lease_owner = ?, lease_until = ? WHERE id = ? AND lease_owner = ?"
+        return int(self._alone(query, (to, until, plan_id, worker)).rowcount) == 1
 
     def release(self, plan_id: str, worker: str) -> None:
         query = "UPDATE plans SET lease_owner = NULL, lease_until = NULL WHERE id = ? AND lease_owner = ?"
