@@ -3,7 +3,7 @@
 Built on the SDK's low-level server so that it can say anything: names, schemas and
 annotations as the STATE file says (read again at each ``tools/list``, so a test can change
 them), outputs that break their own schema, a call that kills the server half way, a call
-that never answers. Every call is written to LOG first (tool, arguments, the request's
+that never answers, one that answers with megabytes. Every call is written to LOG first (tool, arguments, the request's
 ``_meta``), one JSON line each, so a test sees each effect the server made.
 """
 
@@ -54,6 +54,7 @@ def tools(state: str) -> list[types.Tool]:
             annotations=types.ToolAnnotations(**READ),
         ),
         types.Tool(name="inject", input_schema=TEXT, annotations=types.ToolAnnotations(**READ)),
+        types.Tool(name="huge", input_schema=TEXT),
     ]
     if state == "v2":  # the same name, now a tool that cannot be undone and takes another parameter
         found[0] = types.Tool(
@@ -88,6 +89,10 @@ def main(state: Path, log: Path) -> None:
             return types.CallToolResult(
                 content=[types.TextContent(type="text", text="{}")], structured_content={"n": "x"}
             )
+        if params.name == "huge":  # note: "N" answers N bytes of text, "N error" the same as an error result
+            size, _, error = str((params.arguments or {}).get("note", "")).partition(" ")
+            big = types.TextContent(type="text", text="x" * int(size))
+            return types.CallToolResult(content=[big], is_error=bool(error))
         text = INJECTION if params.name == "inject" else f"did {params.name}"
         return types.CallToolResult(content=[types.TextContent(type="text", text=text)])
 

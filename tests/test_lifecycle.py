@@ -382,6 +382,36 @@ def test_two_executions_of_one_plan_call_the_tool_once(db: str) -> None:
         assert all("already running" in str(r) or "has already run" in str(r) for r in refused), results
 
 
+def test_two_runs_given_one_owner_name_never_pass_one_fence(db: str) -> None:
+    """An owner name given twice (a script that names its runner, two copies of it) is a name, not a claim:
+    while the first run holds the plan the second is refused; once the first looks dead and the second
+    takes over, the first, waking, starts nothing, for its fence is its own claim's, not the name's."""
+    rt, plan_id = approved(db)
+    other = open_rt(CAT, POLICY, db=db)
+    first = rt.start(plan_id, actor="bob", owner="nightly")
+    with pytest.raises(StateError, match="already running under nightly"):
+        other.start(plan_id, actor="bob", owner="nightly")
+    sql(db, "UPDATE plans SET lease_until = '2000-01-01T00:00:00.000000Z' WHERE id = ?", (plan_id,))
+    second = other.start(plan_id, actor="bob", owner="nightly")  # the first run looked dead: taken over
+    assert first.owner != second.owner and first.owner.startswith("nightly") and second.owner.startswith("nightly")
+    with pytest.raises(LeaseLostError):
+        rt.drive(first)
+    assert EFFECTS == []
+    assert other.drive(second).status == "succeeded" and EFFECTS == ["pay 3.0 on 42"]
+
+
+def test_a_workers_claim_starts_one_run_only(db: str) -> None:
+    """A plan leased to a runner (a worker's claim) is started once under that lease: a second start
+    that names the same lease is refused, and its run never passes the first run's fence."""
+    rt, plan_id = approved(db)
+    owner = "worker-1#0@elsewhere:1"
+    assert rt.store.claim_batch(owner, "2026-01-01T00:00:00.000000Z", "2999-01-01T00:00:00.000000Z", 1, []) == [plan_id]
+    claim = rt.start(plan_id, actor="worker", owner=owner, leased=True)
+    with pytest.raises(LeaseLostError, match="no longer holds its claim"):
+        open_rt(CAT, POLICY, db=db).start(plan_id, actor="worker", owner=owner, leased=True)
+    assert rt.drive(claim).status == "succeeded" and EFFECTS == ["pay 3.0 on 42"]
+
+
 def test_a_reject_and_an_execute_never_both_win(db: str) -> None:
     for _ in range(TRIALS):
         EFFECTS.clear()

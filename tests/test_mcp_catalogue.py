@@ -213,6 +213,26 @@ def test_http_server_gets_the_idempotency_key_and_a_finished_plan_calls_nothing_
         )
 
 
+@pytest.mark.parametrize(
+    ("size", "said"),
+    [
+        (4_000, "answered with 40"),  # over the limit: read, and refused
+        (10_000, "SSE stream failed: Server-sent event exceeded the 6000 byte limit"),  # far over: never read whole
+    ],
+)
+def test_over_http_a_result_over_the_limit_is_refused_and_one_far_over_it_is_never_read_whole(
+    recorder: tuple[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, size: int, said: str
+) -> None:
+    monkeypatch.setattr("plangate.tools._mcpconn._ENVELOPE", 0)  # the bound on the wire: 6 bytes a byte of text
+    url, _ = recorder
+    with Catalogue.from_mcp(url, max_result_bytes=1_000) as tools:
+        runtime = Runtime(tools, db=f"sqlite:///{tmp_path}/p.db", clock=FixedClock(), tools=url)
+        record = runtime.submit(plan({"id": 1, "tool": "record", "params": {"note": "n" * size}}), "alice")
+        runtime.approve(record.id, "bob", record.hash)
+        halted = runtime.execute(record.id, actor="bob")
+    assert halted.status == "halted" and said in (halted.error or "") and "outcome unknown" in halted.error
+
+
 # -- drift: the server's schema changed after the approval ---------------------------------------------
 
 

@@ -127,3 +127,40 @@ def test_the_buttons_approve_through_a_signed_callback(tmp_path: Path, catalogue
     assert runtime.get(record.id).needs == ("privacy-officer",)
     approval = runtime.store.approvals(record.id)[0]
     assert (approval.actor, approval.plan_hash) == ("dave", record.hash)
+
+
+def test_a_webhook_whose_reply_never_ends_does_not_hold_the_submit(
+    tmp_path: Path, catalogue: Catalogue, policy: Policy
+) -> None:
+    """A webhook (or what it redirects to) that answers with endless bytes: the notice reads a few of
+    them and goes on, where reading the whole reply would hold the submit, and fill memory, for ever."""
+
+    class Endless(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers["content-length"]))
+            self.send_response(200)
+            self.send_header("Content-Length", str(10**12))
+            self.end_headers()
+            try:
+                while True:
+                    self.wfile.write(b"x" * 65536)
+            except OSError:  # the notice hung up
+                return
+
+        def log_message(self, *args: Any) -> None:
+            return
+
+    server = HTTPServer(("127.0.0.1", 0), Endless)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    notify = SlackNotifier(webhook_url=f"http://127.0.0.1:{server.server_port}/hook", base_url="x")
+    runtime = Runtime(catalogue, policy, db=f"sqlite:///{tmp_path}/n.db", notify=notify)
+    done: list[Any] = []
+    submitting = threading.Thread(target=lambda: done.append(runtime.submit(load_plan("refund"), "alice")), daemon=True)
+    submitting.start()
+    submitting.join(30)
+    try:
+        assert done and done[0].status == "pending_approval", "the submit did not come back"
+        assert runtime.trace(done[0].id)[-1].kind == "plan.notified"
+    finally:
+        server.shutdown()
+        server.server_close()

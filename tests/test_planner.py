@@ -161,6 +161,26 @@ def test_cost_caps_refuse_to_plan_past_them(runtime: Runtime, policy: Policy) ->
         unknown.plan("Refund invoice 42")
 
 
+def utf8_bytes(text: str) -> int:
+    """The most tokens a byte-level BPE tokenizer can make of ``text``: one a byte."""
+    return len(text.encode())
+
+
+def test_a_cost_cap_holds_for_text_that_takes_a_token_a_byte(runtime: Runtime, policy: Policy) -> None:
+    """CJK takes three bytes a character and emoji four, and a tokenizer may spend a token on each byte:
+    a cap under what such a prompt costs refuses the call, where characters / 3 let it through."""
+    task = "退款发票四十二，然后通知客户🙏🏽" * 200
+    prices = PriceTable((("scripted:*", Price(input=1.0, output=0.0)),))  # the prompt's cost alone
+    uncapped = planner(runtime, ScriptedModel([GOOD], tokenizer=utf8_bytes), prices=prices).plan(task)
+    cost = uncapped.cost
+    assert cost is not None
+    capped = policy.model_copy(update={"budgets": policy.budgets.model_copy(update={"per_plan_usd": cost * 0.99})})
+    model = ScriptedModel([GOOD], tokenizer=utf8_bytes)
+    with pytest.raises(PlanningError, match=r"refused by the policy's budgets\.per_plan_usd"):
+        planner(runtime, model, policy=capped, prices=prices).plan(task)
+    assert model.requests == [], "the model was never called"
+
+
 def test_the_budget_grows_with_the_expected_steps() -> None:
     allocator = BudgetAllocator()
     one = allocator.allocate("Look up invoice 42", tools=6)

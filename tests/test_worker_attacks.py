@@ -1,5 +1,5 @@
 """Workers under pressure: a runtime that cannot be built, a stop that lands during a claim, a plan
-claimed again as its last run ends, a drain that gives back a run still starting, a lease taken over
+claimed again as its last run ends, a drain that gives back a run still starting (or just claimed), a lease taken over
 while a step runs, a person's edit between a claim and its run, and the limit on runs at once."""
 
 from __future__ import annotations
@@ -382,6 +382,43 @@ def test_a_run_still_starting_when_the_drain_gives_its_claim_back_does_not_start
         plan = store.get_plan(plan_id)
         assert plan is not None and plan.status == "approved" and plan.lease_owner is None
         assert not [e for e in store.events(plan_id) if e.kind.startswith("run.")]
+
+
+def test_a_run_whose_claim_the_drain_gives_back_as_it_begins_does_not_run_and_frees_the_plan(
+    db: str, calls: list[tuple[str, int]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The run's claim has just put a lease of its own in the place of the worker's when the drain gives
+    the worker's back: the run does not go on, and its own lease is released too, not left to expire."""
+    (plan_id,) = submit(db, ["count"], 1)
+    claimed, go_on = threading.Event(), threading.Event()
+
+    class Claimed(Runtime):
+        def start(self, *args: Any, **kwargs: Any) -> Any:
+            claim = super().start(*args, **kwargs)
+            claimed.set()
+            assert go_on.wait(20)
+            return claim
+
+    monkeypatch.setattr(worker_module, "Runtime", Claimed)
+    w = Worker(Catalogue([tools.count]), db=db, drain_timeout=0.05)
+    serving = threading.Thread(target=w.serve, kwargs={"poll": 0.05}, daemon=True)
+    serving.start()
+    try:
+        assert claimed.wait(20)
+        (runner,) = [t for t in threading.enumerate() if t.name == f"plangate-worker-{plan_id[:8]}"]
+        w.stop()
+        serving.join(20)
+        assert w.left == [plan_id]
+        go_on.set()
+        runner.join(20)
+        assert not runner.is_alive()
+    finally:
+        go_on.set()
+        w.close()
+    assert calls == []
+    with closing(open_store(db)) as store:
+        plan = store.get_plan(plan_id)
+        assert plan is not None and plan.status == "running" and plan.lease_owner is None
 
 
 def no_runner_thread_once(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
 from importlib import resources
@@ -10,7 +11,11 @@ from pathlib import Path
 from plangate import _input
 from plangate._patterns import glob
 from plangate.errors import RefusedInputError, UsageError
-from plangate.models import Usage
+from plangate.models import ModelRequest, Usage
+
+MESSAGE_TOKENS = 8
+"""Tokens a chat format may add around each message (its role, its delimiters): three or four, as
+providers count them, taken twice over."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -68,3 +73,24 @@ def _usd(pattern: object, value: object) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < float("inf"):
         raise UsageError(f"price for {pattern!r}: {value!r} is not a number of USD per million tokens")
     return float(value)
+
+
+def most_prompt_tokens(request: ModelRequest) -> int:
+    """The most tokens ``request``'s prompt can take, for a cost cap: an upper bound, not a guess.
+
+    A byte-level BPE token covers at least one byte of UTF-8, so a text takes at most as many
+    tokens as it has bytes; counted over everything the request sends (the system prompt, the
+    messages and their tool calls, the tools offered, the output's schema), with
+    :data:`MESSAGE_TOKENS` for the chat format around each message. Plain English runs about four
+    bytes a token, so this counts about four times what such a prompt takes; but the prompt is the
+    small part of a call's worst case, whose ``max_tokens`` and thinking budget are billed as
+    output. Characters / 3, a guess for English, let text in CJK (three bytes a character, often a
+    token each) or emoji (four bytes, as many as four tokens) cost several times the estimate.
+    """
+    parts = [request.system]
+    for message in request.messages:
+        parts += [message.content, *(json.dumps(c.arguments) for c in message.tool_calls)]
+    parts += [json.dumps([t.name, t.description, t.parameters]) for t in request.tools]
+    if request.json_schema is not None:
+        parts.append(json.dumps(request.json_schema))
+    return sum(len(part.encode()) for part in parts) + MESSAGE_TOKENS * (1 + len(request.messages))

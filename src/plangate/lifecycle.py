@@ -80,6 +80,19 @@ def runner(label: str, *, process: bool = True) -> str:
     return f"{label}#{secrets.token_hex(4)}@{where}"
 
 
+def claimant(owner: str) -> str:
+    """The lease owner of one claim by ``owner``: its name, with a token of this claim's own.
+
+    A name may be given twice (a caller that names its runner, a worker's lease started twice); each
+    claim still holds a lease of its own, so a run's fence never passes for another claim of the same
+    name. The token goes before the machine and process the name ends with (:func:`runner`), by which
+    :func:`lease_is_live` still judges the lease.
+    """
+    name, at, where = owner.rpartition("@")
+    token = secrets.token_hex(4)
+    return f"{name}.{token}@{where}" if at else f"{owner}.{token}"
+
+
 @functools.cache
 def _machine() -> str:
     """This process's machine and process namespace: the host name, the boot id and the pid namespace.
@@ -172,12 +185,26 @@ def move(
 
 
 def claim(
-    store: Store, plan: PlanRow, *, owner: str, at: str, until: str, actor: str, kind: str, data: Mapping[str, Any]
+    store: Store,
+    plan: PlanRow,
+    *,
+    owner: str,
+    at: str,
+    until: str,
+    actor: str,
+    kind: str,
+    data: Mapping[str, Any],
+    leased: str | None = None,
 ) -> PlanRow:
-    """Start (or take over) a run: ``running`` under a lease held by ``owner`` until ``until``."""
-    if plan.status == "running" and plan.lease_owner != owner and lease_is_live(plan, at):
+    """Start (or take over) a run: ``running`` under a lease held by ``owner`` until ``until``.
+
+    ``leased``: the lease the claimer already holds (a worker's, on the plans of its batch), which the
+    run's lease takes the place of; any other live lease is another runner's, whatever its name.
+    """
+    live = plan.lease_owner != leased and lease_is_live(plan, at)
+    if plan.status == "running" and live:
         raise StateError(f"plan {plan.id} is already running under {plan.lease_owner} (lease until {plan.lease_until})")
-    if plan.status == "approved" and plan.lease_owner not in (None, owner) and lease_is_live(plan, at):
+    if plan.status == "approved" and live:
         raise StateError(f"plan {plan.id} is being started by {plan.lease_owner} (lease until {plan.lease_until})")
     if plan.status in ("succeeded", "compensating", "compensated", "compensation_incomplete", "closed"):
         raise StateError(f"plan {plan.id} has already run: it is {plan.status}")

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from typing import Any
 
 MAX_AGE = 300
+REPLY_BYTES = 4096
+"""The most of a webhook's reply a notice reads: it needs none of it, and a reply may say it is endless."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -85,7 +87,7 @@ class SlackNotifier:
         )
         try:
             with urllib.request.urlopen(request, timeout=self.timeout) as reply:
-                reply.read()
+                reply.read(REPLY_BYTES)
         except OSError as exc:
             return f"the webhook failed: {exc}"
         return None

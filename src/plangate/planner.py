@@ -30,7 +30,7 @@ from plangate._clock import Clock, SystemClock, iso
 from plangate._lenient import answer_json as _answer_json
 from plangate._lenient import json_text as _json_text
 from plangate.budget import Budget, BudgetAllocator
-from plangate.costs import PriceTable
+from plangate.costs import PriceTable, most_prompt_tokens
 from plangate.errors import PlanError, PlangateError, RefusedInputError
 from plangate.models import Message, Model, ModelError, ModelRequest, ModelResponse, Usage
 from plangate.models._base import token_count
@@ -265,8 +265,8 @@ class Planner:
                 f"{model.name}: add one (--prices FILE)",
                 calls=tuple(calls),
             )
-        prompt_tokens = len(request.system + "".join(m.content for m in request.messages)) // 3
-        worst = price.cost(Usage(input=prompt_tokens, output=request.max_tokens + (request.thinking_budget or 0)))
+        prompt = most_prompt_tokens(request)
+        worst = price.cost(Usage(input=prompt, output=request.max_tokens + (request.thinking_budget or 0)))
         spent_plan = sum(c.cost or 0.0 for c in calls)
         if caps.per_plan_usd is not None and spent_plan + worst > caps.per_plan_usd:
             raise PlanningError(

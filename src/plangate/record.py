@@ -128,6 +128,7 @@ class Claim:
     body: Plan
     policy: Policy | None
     owner: str
+    """The lease's owner: the name the run was given (or made for it), with a token of this claim's own."""
     actor: str
     rows: Mapping[int, StepRow] | None = None
     """The plan's step rows as the claim read them and held against its audit log (None: not read)."""

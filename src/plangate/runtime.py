@@ -498,7 +498,9 @@ class Runtime:
         """Claim the plan for a run, after proving that exactly this text was approved.
 
         ``leased``: ``owner`` leased the plan beforehand (a worker's claim); the run starts only
-        while that lease is still its own, never after it was given back or taken by another.
+        while that lease is still its own, never after it was given back or taken by another, and
+        only once: the run's lease takes its place. ``owner`` is a name: every claim holds a lease of
+        its own (:func:`plangate.lifecycle.claimant`), the claim's ``owner``, which its fences name.
 
         The plan's events are replayed (:mod:`plangate.ledger`): the stored text must hash
         to the current version's hash, the rows must agree with the audit log, and the
@@ -507,7 +509,8 @@ class Runtime:
         longer passes, or needs approvals it lacks, it goes back for approval and the run is
         refused. Nothing runs unless all of that holds, and no two runners hold one plan.
         """
-        owner = owner or lifecycle.runner(actor)
+        held = owner if leased else None
+        claimant = lifecycle.claimant(owner) if owner else lifecycle.runner(actor)
         refusal: str | None = None
         proved = self._proved_before(plan_id)
         with self.store.transaction():
@@ -524,14 +527,15 @@ class Runtime:
             elif not version.check.ok:
                 refusal = f"plan {plan.id} may not run: it does not pass ({drift.first_violation(version.check)})"
             if refusal is not None and plan.status == "running":
-                self._halt_cut_off(plan, refusal, owner if leased else None)
+                self._halt_cut_off(plan, refusal, held)
             taken_over = plan.status == "running"  # its runner died (or gave its lease back) mid-run
             if refusal is None:
                 resumed = bool(told.steps)
                 plan = lifecycle.claim(
                     self.store,
                     plan,
-                    owner=owner,
+                    owner=claimant,
+                    leased=held,
                     at=self._now(),
                     until=self._lease_until(),
                     actor=actor,
@@ -541,7 +545,7 @@ class Runtime:
         if refusal is not None:
             raise GovernanceError(refusal)
         failed = ledger.unhalted(told.events) if taken_over else ()
-        return Claim(plan=plan, body=body, policy=policy, owner=owner, actor=actor, rows=told.rows, failed=failed)
+        return Claim(plan=plan, body=body, policy=policy, owner=claimant, actor=actor, rows=told.rows, failed=failed)
 
     def _halt_cut_off(self, plan: PlanRow, refusal: str, claimed_by: str | None) -> None:
         """A run cut off (its runner died, or gave its lease back at a drain) that the tools or the policy

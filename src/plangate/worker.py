@@ -354,7 +354,9 @@ class Worker:
             runtime = self._runtime()  # a new connection may be refused: the claim is then given back below
             # resume's own checks are the claim's (lifecycle.claim): start at once, without reading the plan twice;
             # only under this claim's lease (a drain may have given it back meanwhile, or a person's decision)
-            result = runtime.drive(runtime.start(plan_id, actor=f"worker:{self.name}", owner=owner, leased=True))
+            claim = runtime.start(plan_id, actor=f"worker:{self.name}", owner=owner, leased=True)
+            owner = self._run_under(plan_id, owner, claim.owner)
+            result = runtime.drive(claim)
         except GovernanceError as refused:  # it may not run: sent back for approval, or the log disagrees
             self._set_aside(plan_id, str(refused), self.refused, logging.ERROR)
         except LeaseLostError:
@@ -371,6 +373,16 @@ class Worker:
         finally:
             self._finish(plan_id, owner, runtime if healthy else self._dropped(runtime), ran=result is not None)
         return result
+
+    def _run_under(self, plan_id: str, leased: str, claimed: str) -> str:
+        """The run's own lease, which took the place of the worker's at its claim: what the drain and the
+        end release from now on. If the drain gave the plan up meanwhile, this lease is given back too."""
+        with self._cond:
+            if self._running.get(plan_id) == leased:
+                self._running[plan_id] = claimed
+                return claimed
+        self._give_back([(plan_id, claimed)])
+        raise LeaseLostError(f"plan {plan_id} was given back at the drain as its run began: it does not run")
 
     def _finish(self, plan_id: str, owner: str, runtime: Runtime | None, *, ran: bool) -> None:
         with self._cond:

@@ -12,6 +12,7 @@ from types import ModuleType, TracebackType
 from typing import TYPE_CHECKING, Any, Protocol
 
 from plangate.errors import CatalogueError
+from plangate.tools._mcpconn import MAX_RESULT_BYTES
 from plangate.tools._tool import Tool, tool
 
 if TYPE_CHECKING:
@@ -60,12 +61,22 @@ class Catalogue:
         return cls(seen.values())
 
     @classmethod
-    def from_mcp(cls, server: str | Sequence[str], *, prefix: str = "", connect_seconds: float = 30.0) -> Catalogue:
+    def from_mcp(
+        cls,
+        server: str | Sequence[str],
+        *,
+        prefix: str = "",
+        connect_seconds: float = 30.0,
+        max_result_bytes: int = MAX_RESULT_BYTES,
+    ) -> Catalogue:
         """The tools of an MCP server: ``"mcp:stdio:COMMAND ARGS..."``, ``"mcp:http://HOST:PORT/PATH"``
-        (streamable HTTP), or the command as a list of words. ``prefix`` is put before every name."""
+        (streamable HTTP), or the command as a list of words. ``prefix`` is put before every name; a call
+        whose result takes more than ``max_result_bytes`` (as JSON) fails, its output refused."""
         from plangate.tools import _sources
 
-        return _sources.from_mcp(cls, server, prefix=prefix, connect_seconds=connect_seconds)
+        return _sources.from_mcp(
+            cls, server, prefix=prefix, connect_seconds=connect_seconds, max_result_bytes=max_result_bytes
+        )
 
     @classmethod
     def from_file(cls, path: str | Path) -> Catalogue:

@@ -19,7 +19,8 @@ neither                             effect ``write``
 Every MCP tool's output is untrusted, and each call carries the step's idempotency key in
 the request's ``_meta`` (``plangate/idempotency_key``, with ``plangate/plan_id``,
 ``plangate/step_id`` and ``plangate/attempt``). A result the server marks ``isError`` is
-the tool failing.
+the tool failing. A result over the connection's ``max_result_bytes`` (as JSON) is refused
+whole; since the server answered, the call's outcome is unknown (unless it said it failed).
 """
 
 from __future__ import annotations
@@ -98,7 +99,7 @@ def _caller(connection: McpConnection, name: str, *, structured: bool) -> Callab
                 f"the connection to MCP server {connection.spec.text!r} broke during the call of {name!r} "
                 f"({type(exc).__name__}: {exc}); the server may have made the call's effect"
             ) from exc
-        return output(name, result, structured=structured)
+        return output(name, result, structured=structured, limit=connection.max_result_bytes)
 
     call.__name__ = name
     return call
@@ -127,8 +128,21 @@ def meta(ctx: RunContext | None) -> dict[str, Any]:
     return found
 
 
-def output(name: str, result: Any, *, structured: bool) -> Any:
-    """The call's output: its structured content when the tool declares an output schema, else its text."""
+def output(name: str, result: Any, *, structured: bool, limit: int) -> Any:
+    """The call's output: its structured content when the tool declares an output schema, else its text.
+
+    A result over ``limit`` bytes (as JSON) is refused whole: the server answered, so the call's effect
+    may have happened, unless it said the call failed.
+    """
+    size = len(result.model_dump_json(by_alias=True, exclude_none=True).encode())
+    if size > limit:
+        said = f"{size} bytes, over the limit of {limit} bytes (max_result_bytes)"
+        if result.is_error:
+            raise McpToolError(f"the MCP tool {name!r} reported an error of {said}: not shown")
+        raise OutcomeUnknownError(
+            f"the MCP tool {name!r} answered with {said}: its output is refused, and the call's effect may have "
+            "happened"
+        )
     text = "\n".join(_text(part) for part in result.content or ())
     if result.is_error:
         raise McpToolError(text.strip() or f"the MCP tool {name!r} reported an error and said nothing more")

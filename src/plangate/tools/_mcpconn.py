@@ -29,6 +29,10 @@ PREFIX = "mcp:"
 CONNECT_SECONDS = 30.0
 MAX_PAGES = 1_000  # of a tool list: a server that hands out cursor after cursor is not listing tools
 MAX_TOOLS = 10_000
+MAX_RESULT_BYTES = 1_048_576
+"""The most a call's result may take, as JSON, unless its source says otherwise (as much as a plan)."""
+_ESCAPED = 6  # the most bytes JSON may spend on one byte of text (``\u0000``): a result's bound on the wire
+_ENVELOPE = 65_536  # the JSON-RPC message around a result: its id, its ``_meta``
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -83,10 +87,15 @@ class _Held:
 class McpConnection:
     """A session with one MCP server, usable from any thread (see the module's docstring)."""
 
-    def __init__(self, spec: McpSpec, *, connect_seconds: float = CONNECT_SECONDS) -> None:
+    def __init__(
+        self, spec: McpSpec, *, connect_seconds: float = CONNECT_SECONDS, max_result_bytes: int = MAX_RESULT_BYTES
+    ) -> None:
         need("mcp", f"MCP tools ({spec.text})")
+        if max_result_bytes < 1:
+            raise CatalogueError(f"MCP server {spec.text!r}: max_result_bytes must be at least 1")
         self.spec = spec
         self.connect_seconds = connect_seconds
+        self.max_result_bytes = max_result_bytes
         self._lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
@@ -229,7 +238,9 @@ class McpConnection:
         if self.spec.url is not None:
             from mcp.client.streamable_http import streamable_http_client
 
-            async with streamable_http_client(self.spec.url) as streams:
+            # An event (a result) is read whole before the session sees it: bounded here, not only once read.
+            bound = self.max_result_bytes * _ESCAPED + _ENVELOPE
+            async with streamable_http_client(self.spec.url, max_sse_event_size=bound) as streams:
                 yield streams[0], streams[1]
             return
         from mcp.client.stdio import StdioServerParameters, stdio_client

@@ -10,6 +10,7 @@
         - module: examples/business.py      # an import path or a .py file (relative to this file)
         - mcp: stdio:python -m mcp_server_time
           prefix: time_                     # time_get_current_time, time_convert_time
+          max_result_bytes: 4194304         # an MCP server's results, as JSON (default 1 MiB)
 
 - anything else: a Python module, as an import path or a ``.py`` file.
 
@@ -33,7 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from plangate import _input
 from plangate.errors import CatalogueError, RefusedInputError
-from plangate.tools._mcpconn import PREFIX, McpConnection, parse_spec
+from plangate.tools._mcpconn import MAX_RESULT_BYTES, PREFIX, McpConnection, parse_spec
 from plangate.tools._tool import Tool, problems
 
 if TYPE_CHECKING:
@@ -53,11 +54,16 @@ class Source(BaseModel):
         default=None, min_length=1, description="stdio:COMMAND ARGS... or http://HOST:PORT/PATH (mcp: optional)."
     )
     prefix: str = Field(default="", pattern=r"^[A-Za-z0-9_.\-]*$", max_length=50)
+    max_result_bytes: int | None = Field(
+        default=None, ge=1, description=f"An MCP server's results, as JSON, at most (default {MAX_RESULT_BYTES})."
+    )
 
     @model_validator(mode="after")
     def _one_kind(self) -> Source:
         if (self.module is None) == (self.mcp is None):
             raise ValueError("give exactly one of 'module' and 'mcp'")
+        if self.module is not None and self.max_result_bytes is not None:
+            raise ValueError("max_result_bytes is for an MCP server's results, not a module's")
         return self
 
 
@@ -88,12 +94,17 @@ def with_extractor(cls: type[Catalogue], catalogue: Catalogue) -> Catalogue:
 
 
 def from_mcp(
-    cls: type[Catalogue], server: str | Sequence[str], *, prefix: str = "", connect_seconds: float = 30.0
+    cls: type[Catalogue],
+    server: str | Sequence[str],
+    *,
+    prefix: str = "",
+    connect_seconds: float = 30.0,
+    max_result_bytes: int = MAX_RESULT_BYTES,
 ) -> Catalogue:
     from plangate.tools._mcp import mcp_tools
 
     spec = parse_spec(server if isinstance(server, str) else PREFIX + "stdio:" + shlex.join(server))
-    connection = McpConnection(spec, connect_seconds=connect_seconds)
+    connection = McpConnection(spec, connect_seconds=connect_seconds, max_result_bytes=max_result_bytes)
     try:
         return cls(mcp_tools(connection, prefix), holds=[connection])
     except BaseException:
@@ -131,7 +142,7 @@ def from_file(cls: type[Catalogue], path: Path) -> Catalogue:
 def _source(cls: type[Catalogue], source: Source, base: Path) -> Catalogue:
     if source.mcp is not None:
         spec = source.mcp if source.mcp.startswith(PREFIX) else PREFIX + source.mcp
-        return from_mcp(cls, spec, prefix=source.prefix)
+        return from_mcp(cls, spec, prefix=source.prefix, max_result_bytes=source.max_result_bytes or MAX_RESULT_BYTES)
     assert source.module is not None
     module = source.module
     if module.endswith(".py") or "/" in module:
