@@ -10,11 +10,11 @@ from typing import Any
 
 import pytest
 
-from plangate import Catalogue, Policy, tool
+from plangate import Catalogue, Policy, RunContext, tool
 from plangate.errors import GovernanceError
 from plangate.ledger import verify
 from plangate.runtime import Runtime
-from tests.helpers import FixedClock, plan
+from tests.helpers import FixedClock, died_during, plan
 from tests.test_attacks_escapes import CALLS, hold, release
 
 
@@ -104,3 +104,47 @@ def test_a_seal_stored_as_bytes_is_named_not_crashed_on(tmp_path: Path) -> None:
     assert not report.ok and any("seal" in t for t in report.tables), report
     with pytest.raises(GovernanceError):
         rt.compensate(plan_id, actor="ben", reason="undo it")
+
+
+@tool(effect="write", idempotent=True)
+def charge(order: str, ctx: RunContext) -> str:
+    """Charge an order once per idempotency key: a payment service keyed by the key it is given."""
+    CALLS.append(f"charge:{order}:{ctx.attempt}:{ctx.idempotency_key}")
+    return "charged"
+
+
+def cut_off(tmp_path: Path) -> tuple[Runtime, str, Path]:
+    """A run that died during an idempotent step's call, which a resume calls again under the same key."""
+    CALLS.clear()
+    db = tmp_path / "audit.db"
+    rt = Runtime(Catalogue([charge]), RULES, db=f"sqlite:///{db}", clock=FixedClock(), tools=MODULE)
+    record = rt.submit(plan({"id": 1, "tool": "charge", "params": {"order": "o-1"}}), "ann")
+    rt.approve(record.id, "ben", record.hash)
+    died_during(rt.store, record.id, 1)
+    return rt, record.id, db
+
+
+@pytest.mark.parametrize(("column", "value"), [("idempotency_key", "o-1:elsewhere"), ("attempt", 0), ("version", 2)])
+def test_a_started_steps_record_is_held_against_its_started_event(tmp_path: Path, column: str, value: object) -> None:
+    """The key a resumed step runs again under, the attempt its tool is told and the version it ran under are the
+    log's, never an edit's: verify names the column, and the run refuses before it calls anything."""
+    rt, plan_id, db = cut_off(tmp_path)
+    tamper(db, f"UPDATE steps SET {column} = ? WHERE plan_id = ? AND step_id = 1", (value, plan_id))
+    report = verify(rt.store)
+    assert not report.ok and any(f"steps.{column}" in t for t in report.tables), report
+    with pytest.raises(GovernanceError, match=rf"steps\.{column}"):
+        rt.execute(plan_id)
+    assert CALLS == []
+    assert not any(e.kind == "step.retrying" for e in rt.store.events(plan_id))
+
+
+def test_a_done_step_made_to_look_from_a_later_version_is_not_run_again(tmp_path: Path) -> None:
+    """A resume reuses what a version up to its own recorded: a succeeded step's steps.version raised past the
+    plan's would have it called again (a second hold on the account)."""
+    rt, plan_id, db = halted(tmp_path)
+    tamper(db, "UPDATE steps SET version = 2 WHERE plan_id = ? AND step_id = 1", (plan_id,))
+    report = verify(rt.store)
+    assert not report.ok and any("steps.version" in t for t in report.tables), report
+    with pytest.raises(GovernanceError, match=r"steps\.version"):
+        rt.resume(plan_id)
+    assert CALLS == ["hold:acct-bob"]

@@ -21,6 +21,7 @@ from plangate.audit import AuditReport
 from plangate.errors import GovernanceError
 from plangate.plan import Plan, same_json
 from plangate.store import ApprovalRow, CheckRecord, Event, PlanRow, StepRow, Store, VersionRow
+from plangate.tools import idempotency_key
 
 
 @dataclass
@@ -29,6 +30,18 @@ class Version:
     hash: str
     author: str
     check: CheckRecord | None = None
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """What a step's latest attempt wrote in its row, as its events record it (named as the columns of ``steps``)."""
+
+    attempt: int
+    """Which attempt: a resumed call is the next one, and its tool is told the number."""
+    idempotency_key: str
+    """The key a call made again runs under."""
+    version: int | None
+    """The plan version it ran under: a run reuses what a version up to its own completed."""
 
 
 @dataclass
@@ -50,6 +63,8 @@ class PlanLedger:
     """Each step's last recorded status and, once it succeeded, its output (undo steps: negative ids)."""
     params: dict[int, Any] = field(default_factory=dict)
     """The parameters each step (undo steps: negative ids) was last called with; a rollback undoes with them."""
+    attempts: dict[int, Attempt] = field(default_factory=dict)
+    """Each step's (undo steps: negative ids) latest attempt: its number, key and plan version."""
     pending: dict[str, Any] | None = None
     """A ReAct run's action waiting for approval: its hash and what it needs."""
     resumed: set[str] = field(default_factory=set)
@@ -216,6 +231,21 @@ def _apply_step(ledger: PlanLedger, event: Event) -> None:
         ledger.params[step] = event.data.get("params")
     elif event.kind == "step.skipped" or event.data.get("before_call"):  # no call made: its row keeps none
         ledger.params.pop(step, None)
+    else:
+        return  # an outcome: the row keeps its attempt
+    ledger.attempts[step] = _attempt(ledger, step, event)
+
+
+def _attempt(ledger: PlanLedger, step: int, event: Event) -> Attempt:
+    """The attempt a step's row records afresh: a start (or a failure before the call) is the next one, a skip none.
+
+    The key and the number are the ones the start recorded; a rollback's starts named no number (the next one),
+    and a skip or a failure before the call no key (a step's own).
+    """
+    before = ledger.attempts.get(step)
+    number = 0 if event.kind == "step.skipped" else event.data.get("attempt", (before.attempt if before else 0) + 1)
+    key = event.data.get("idempotency_key", idempotency_key(ledger.plan_id, step))
+    return Attempt(attempt=number, idempotency_key=key, version=event.version)
 
 
 def _decision(event: Event) -> ApprovalRow:
@@ -323,7 +353,18 @@ def _step_problems(store: Store, ledger: PlanLedger) -> list[str]:
             found.append(f"{where}: steps.output differs from the output the audit log recorded")
         elif not same_json(row.params, ledger.params.get(step_id)):  # what a rollback undoes with
             found.append(f"{where}: steps.params differs from the parameters the audit log recorded")
+        elif differs := _attempt_differs(row, ledger.attempts.get(step_id)):
+            found.append(f"{where}: {differs}")
     return found
+
+
+def _attempt_differs(row: StepRow, told: Attempt | None) -> str | None:
+    """Which column of a step's attempt (its number, key, plan version) differs from the audit log, if one does."""
+    for column in ("attempt", "idempotency_key", "version"):
+        stored, logged = getattr(row, column), getattr(told, column, None)
+        if not same_json(stored, logged):
+            return f"steps.{column} is {stored!r}, but the audit log says {logged!r}"
+    return None
 
 
 def _version_problems(
