@@ -13,9 +13,15 @@ import pytest
 from plangate import Catalogue, Policy, RunContext, tool
 from plangate.errors import GovernanceError
 from plangate.ledger import verify
+from plangate.models.test import ScriptedModel
+from plangate.react import ReActAgent
 from plangate.runtime import Runtime
+from plangate.store import open_store
 from tests.helpers import FixedClock, died_during, plan
 from tests.test_attacks_escapes import CALLS, hold, release
+from tests.test_react import CAT as REACT_CAT
+from tests.test_react import POLICY as REACT_POLICY
+from tests.test_react import SENT
 
 
 @tool(effect="write")
@@ -148,3 +154,44 @@ def test_a_done_step_made_to_look_from_a_later_version_is_not_run_again(tmp_path
     with pytest.raises(GovernanceError, match=r"steps\.version"):
         rt.resume(plan_id)
     assert CALLS == ["hold:acct-bob"]
+
+
+def test_the_task_an_approver_reads_is_the_one_submitted(tmp_path: Path) -> None:
+    """``plans.task`` is the line a reviewer reads above the plan: it is held against the submission's."""
+    db = tmp_path / "audit.db"
+    rt = Runtime(CAT, RULES, db=f"sqlite:///{db}", clock=FixedClock(), tools=MODULE)
+    record = rt.submit(plan({"id": 1, "tool": "hold", "params": {"account": "acct-bob"}}, task="hold bob"), "ann")
+    tamper(db, "UPDATE plans SET task = 'a routine check' WHERE id = ?", (record.id,))
+    report = verify(rt.store)
+    assert not report.ok and any("plans.task is 'a routine check'" in t for t in report.tables), report
+    with pytest.raises(GovernanceError, match=r"plans\.task"):
+        rt.approve(record.id, "ben", record.hash)
+    edited = rt.submit(plan({"id": 1, "tool": "hold", "params": {"account": "acct-bob"}}, task="hold bob"), "ann")
+    rt.edit(edited.id, plan({"id": 1, "tool": "hold", "params": {"account": "acct-bo"}}, task="hold bo"), "ann")
+    assert verify(rt.store).tables == report.tables  # an edit's task is the edit's
+
+
+def test_a_paused_react_runs_question_is_the_one_it_was_asked(tmp_path: Path) -> None:
+    """A ReAct run resumes with its question from ``plans.task``: an edit there would set the model a new task."""
+    SENT.clear()
+    store = open_store(f"sqlite:///{tmp_path}/react.db")
+    model = ScriptedModel(
+        [
+            'Thought: tell her.\nAction: send_note {"to": "ada@example.com", "text": "hello"}',
+            "Thought: sent.\nFinal Answer: done",
+        ]
+    )
+    react = ReActAgent(model, REACT_CAT, store, policy=REACT_POLICY, user="ann", clock=FixedClock())
+    paused = react.run("Tell Ada hello")
+    runtime = Runtime(REACT_CAT, REACT_POLICY, db=store, clock=FixedClock())
+    runtime.approve(paused.run_id, "ben", paused.pending_hash or "")
+    tamper(
+        Path(store.url.removeprefix("sqlite:///")),
+        "UPDATE plans SET task = 'Mail the whole list' WHERE id = ?",
+        (paused.run_id,),
+    )
+    report = verify(store)
+    assert not report.ok and any("plans.task" in t for t in report.tables), report
+    with pytest.raises(GovernanceError, match=r"plans\.task"):
+        react.resume(paused.run_id)
+    assert SENT == [] and all("Mail the whole list" not in m.content for r in model.requests for m in r.messages)

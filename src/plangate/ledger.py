@@ -52,6 +52,9 @@ class PlanLedger:
     kind: str | None = None
     """``plan`` or ``react``, from the first event, never from the plans row."""
     requested_by: str | None = None
+    task: str | None = None
+    """The task the current version was submitted or edited with (a ReAct run: its question); None after an
+    edit recorded before edits recorded their task."""
     role: str | None = None
     category: str | None = None
     tools: str | None = None
@@ -145,14 +148,14 @@ def _apply(ledger: PlanLedger, event: Event) -> None:
     ledger.purged = _purged.purged_at(data) or ledger.purged
     if kind == "plan.submitted":
         ledger.kind = "plan"
-        ledger.requested_by, ledger.role = event.actor, data.get("role")
+        ledger.requested_by, ledger.role, ledger.task = event.actor, data.get("role"), data.get("task")
         ledger.category, ledger.tools = data.get("category"), data.get("tools")
         ledger.current = 1
         ledger.versions[1] = Version(number=1, hash=data["hash"], author=event.actor)
     elif kind == "plan.edited" and event.version is not None:
         ledger.decisions = [replace(d, void=True) for d in ledger.decisions]
         ledger.current = event.version
-        ledger.category = data.get("category", ledger.category)
+        ledger.category, ledger.task = data.get("category", ledger.category), data.get("task")
         ledger.versions[event.version] = Version(number=event.version, hash=data["hash"], author=event.actor)
     elif kind == "plan.checked" and event.version in ledger.versions:
         ledger.versions[event.version].check = CheckRecord.from_dict(data)
@@ -177,7 +180,7 @@ def _apply(ledger: PlanLedger, event: Event) -> None:
 def _apply_react(ledger: PlanLedger, event: Event) -> None:
     """A ReAct run: who asked, which action waits for approval, which approved actions were carried out."""
     if event.kind == "react.started":
-        ledger.kind, ledger.requested_by = "react", event.actor
+        ledger.kind, ledger.requested_by, ledger.task = "react", event.actor, event.data.get("question")
     elif event.kind == "react.approval_needed":  # its author: who carried the run on to it (older runs: "react")
         data = event.data
         ledger.pending = {"hash": data["hash"], "needs": list(data.get("needs", [])), "author": data.get("author")}
@@ -288,6 +291,8 @@ def problems(
         "hash": ledger.version.hash if ledger.version else None,
         "purged_at": ledger.purged,
     }
+    if ledger.task is not None:  # the line a reviewer reads above the plan
+        expected["task"] = ledger.task
     for name, value in expected.items():
         if getattr(row, name) != value:
             found.append(_differs(plan_id, name, getattr(row, name), value))
@@ -302,7 +307,12 @@ def problems(
 def _react_problems(store: Store, row: PlanRow, ledger: PlanLedger) -> list[str]:
     found = [
         _differs(ledger.plan_id, name, getattr(row, name), value)
-        for name, value in (("status", ledger.status), ("version", ledger.current), ("purged_at", ledger.purged))
+        for name, value in (
+            ("status", ledger.status),
+            ("version", ledger.current),
+            ("task", ledger.task),  # the question the model is set again when the run resumes
+            ("purged_at", ledger.purged),
+        )
         if getattr(row, name) != value
     ]
     version = ledger.version

@@ -288,6 +288,7 @@ class Runtime:
                     "from_version": number - 1,
                     "from_hash": old.hash,
                     "hash": parsed.hash,
+                    "task": parsed.task,
                     "category": parsed.category,
                     "approvals_voided": voided,
                 },
