@@ -195,3 +195,15 @@ def test_a_paused_react_runs_question_is_the_one_it_was_asked(tmp_path: Path) ->
     with pytest.raises(GovernanceError, match=r"plans\.task"):
         react.resume(paused.run_id)
     assert SENT == [] and all("Mail the whole list" not in m.content for r in model.requests for m in r.messages)
+
+
+def test_a_rollback_undoes_with_the_rows_it_held_against_the_log(tmp_path: Path) -> None:
+    """A trigger can change a row the moment after it was checked: the rollback undoes with the rows it checked."""
+    rt, plan_id, db = halted(tmp_path)
+    with closing(sqlite3.connect(db)) as conn:
+        conn.execute(
+            "CREATE TRIGGER swap AFTER UPDATE OF status ON plans WHEN NEW.status = 'compensating' BEGIN"
+            ' UPDATE steps SET params = \'{"account":"acct-eve"}\' WHERE plan_id = NEW.id AND step_id = 1; END'
+        )
+    assert rt.compensate(plan_id, actor="ben", reason="undo it").undone == (1,)
+    assert CALLS == ["hold:acct-bob", "release:acct-bob"]

@@ -381,7 +381,7 @@ class Runtime:
             _not_react(plan)
             allowed = ("halted", "compensation_incomplete", "compensating")  # compensating: one that died
             person = actor if by_person else None
-            self._check_after_halt(plan, version, person, doing="compensate", allowed=allowed)
+            told = self._check_after_halt(plan, version, person, doing="compensate", allowed=allowed)
             plan = lifecycle.move(
                 self.store,
                 plan,
@@ -399,15 +399,16 @@ class Runtime:
             plan=plan,
             body=Plan.parse(version.body),
             actor=actor,
+            rows=told.rows or {},  # as held against the log: never read again, unchecked, once the plan is claimed
         )
         with lifecycle.LeaseKeeper(self.store, plan.id, owner, self.lease_seconds, self._lease_until):
             return rollback.run()
 
     def _check_after_halt(
         self, plan: PlanRow, version: VersionRow, person: str | None, *, doing: str, allowed: tuple[str, ...]
-    ) -> None:
+    ) -> ledger.PlanLedger:
         """Settling, rolling back or closing: a halted plan no run holds, a person who may decide (None:
-        the policy's own rollback), and rows that agree with the audit log."""
+        the policy's own rollback), and rows that agree with the audit log; the plan's story, with those rows."""
         recovery.refuse_closed(self.store, plan.id, plan.status, _AFTER_HALT[doing])
         lifecycle.require_idle(plan, self._now(), "closing it" if doing == "close" else f"to {doing} a step")
         if plan.status not in allowed:
@@ -418,6 +419,7 @@ class Runtime:
         told = ledger.story(self.store, plan, "be rolled back" if doing == "compensate" else doing)
         if doing == "compensate":  # an effect that may have happened is neither undone nor left unsaid
             recovery.refuse_unknown((told.rows or {}).items(), "roll back")
+        return told
 
     # -- execute ---------------------------------------------------------------------------
     def execute(
