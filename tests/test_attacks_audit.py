@@ -171,30 +171,62 @@ def test_the_task_an_approver_reads_is_the_one_submitted(tmp_path: Path) -> None
     assert verify(rt.store).tables == report.tables  # an edit's task is the edit's
 
 
+def paused_react(tmp_path: Path, *then: str) -> tuple[ReActAgent, ScriptedModel, str, Path]:
+    """A ReAct run paused for a person's approval of a note, and approved; ``then``: the model's next replies."""
+    SENT.clear()
+    db = tmp_path / "react.db"
+    note = 'Thought: tell her.\nAction: send_note {"to": "ada@example.com", "text": "hello"}'
+    model = ScriptedModel([note, *then, "Thought: sent.\nFinal Answer: done"])
+    react = ReActAgent(model, REACT_CAT, open_store(f"sqlite:///{db}"), policy=REACT_POLICY, user="ann")
+    paused = react.run("Tell Ada hello")
+    runtime = Runtime(REACT_CAT, REACT_POLICY, db=react.store, clock=FixedClock())
+    runtime.approve(paused.run_id, "ben", paused.pending_hash or "")
+    return react, model, paused.run_id, db
+
+
 def test_a_paused_react_runs_question_is_the_one_it_was_asked(tmp_path: Path) -> None:
     """A ReAct run resumes with its question from ``plans.task``: an edit there would set the model a new task."""
-    SENT.clear()
-    store = open_store(f"sqlite:///{tmp_path}/react.db")
-    model = ScriptedModel(
-        [
-            'Thought: tell her.\nAction: send_note {"to": "ada@example.com", "text": "hello"}',
-            "Thought: sent.\nFinal Answer: done",
-        ]
-    )
-    react = ReActAgent(model, REACT_CAT, store, policy=REACT_POLICY, user="ann", clock=FixedClock())
-    paused = react.run("Tell Ada hello")
-    runtime = Runtime(REACT_CAT, REACT_POLICY, db=store, clock=FixedClock())
-    runtime.approve(paused.run_id, "ben", paused.pending_hash or "")
-    tamper(
-        Path(store.url.removeprefix("sqlite:///")),
-        "UPDATE plans SET task = 'Mail the whole list' WHERE id = ?",
-        (paused.run_id,),
-    )
-    report = verify(store)
+    react, model, run_id, db = paused_react(tmp_path)
+    tamper(db, "UPDATE plans SET task = 'Mail the whole list' WHERE id = ?", (run_id,))
+    report = verify(react.store)
     assert not report.ok and any("plans.task" in t for t in report.tables), report
     with pytest.raises(GovernanceError, match=r"plans\.task"):
-        react.resume(paused.run_id)
+        react.resume(run_id)
     assert SENT == [] and all("Mail the whole list" not in m.content for r in model.requests for m in r.messages)
+
+
+LAX = Policy.from_data(
+    {
+        "version": 1,
+        "name": "react",
+        "roles": {"staff": {"tools": ["send_note"], "scopes": ["mail:*"]}},
+        "default_role": "staff",
+    }
+)
+
+
+@pytest.mark.parametrize(
+    ("query", "value"),
+    [
+        ("UPDATE plan_versions SET policy_hash = ? WHERE policy_hash IS NOT NULL", None),
+        ("UPDATE policies SET body = ?", LAX.canonical_json()),
+    ],
+    ids=["its hash", "its text"],
+)
+def test_the_policy_a_react_run_paused_under_is_the_one_its_resume_keeps(
+    tmp_path: Path, query: str, value: str | None
+) -> None:
+    """A resume without a policy keeps the one the run paused under: neither its name beside the pending action
+    nor its stored text can be changed to shed a rule (its deny rule refuses the second note outright)."""
+    again = 'Thought: and the code.\nAction: send_note {"to": "ada@example.com", "text": "the password is 1234"}'
+    react, model, run_id, db = paused_react(tmp_path, again)
+    tamper(db, query, (value,))
+    report = verify(react.store)
+    assert not report.ok and any("policy" in t for t in report.tables), report
+    resumer = ReActAgent(model, REACT_CAT, react.store, user="ann")  # no policy given: the recorded one holds
+    with pytest.raises(GovernanceError, match="policy"):
+        resumer.resume(run_id)
+    assert SENT == []
 
 
 def test_a_rollback_undoes_with_the_rows_it_held_against_the_log(tmp_path: Path) -> None:

@@ -184,6 +184,8 @@ def _apply_react(ledger: PlanLedger, event: Event) -> None:
     elif event.kind == "react.approval_needed":  # its author: who carried the run on to it (older runs: "react")
         data = event.data
         ledger.pending = {"hash": data["hash"], "needs": list(data.get("needs", [])), "author": data.get("author")}
+        if "policy_hash" in data:  # the policy a resume keeps (older runs recorded none)
+            ledger.pending["policy_hash"] = data["policy_hash"]
     elif event.kind == "react.resumed":
         ledger.resumed.add(str(event.data.get("action_hash")))
 
@@ -325,6 +327,9 @@ def _react_problems(store: Store, row: PlanRow, ledger: PlanLedger) -> list[str]
             or row.hash != version.hash
         ):
             found.append(f"plan {ledger.plan_id} v{version.number}: the pending action's text or hash was changed")
+        elif ledger.pending is not None and "policy_hash" in ledger.pending:
+            where, named = f"plan {ledger.plan_id} v{version.number}", ledger.pending["policy_hash"]
+            found += _policy_problems(store, where, stored.policy_hash, named, "its approval_needed event")
     return found + _approval_problems(store, ledger)
 
 
@@ -399,14 +404,22 @@ def _version_problems(
     if row.author != version.author:
         found.append(f"{where}: plan_versions.author is {row.author!r}, the audit log says {version.author!r}")
     recorded = (version.check.policy if version.check else None) or {}
-    if row.policy_hash != recorded.get("policy_hash"):
-        found.append(f"{where}: plan_versions.policy_hash does not match the policy named by its check event")
+    found += _policy_problems(store, where, row.policy_hash, recorded.get("policy_hash"), "its check event")
     if version.check is not None and row.check != version.check:
         found.append(f"{where}: plan_versions.check_result differs from its check event")
-    if row.policy_hash is not None:
-        text = store.policy_text(row.policy_hash)
-        if text is None or hashlib.sha256(text.encode()).hexdigest() != row.policy_hash:
-            found.append(f"{where}: the stored text of policy {row.policy_hash[:12]}… is missing or was changed")
+    return found
+
+
+def _policy_problems(store: Store, where: str, stored: str | None, named: str | None, by: str) -> list[str]:
+    """The policy a version names (``stored``) must be the one its event names (``by`` says which), and its
+    stored text must hash to that name: a run, or a resumed ReAct run, is held to that policy."""
+    found: list[str] = []
+    if stored != named:
+        found.append(f"{where}: plan_versions.policy_hash does not match the policy named by {by}")
+    if stored is not None:
+        text = store.policy_text(stored)
+        if text is None or hashlib.sha256(text.encode()).hexdigest() != stored:
+            found.append(f"{where}: the stored text of policy {stored[:12]}… is missing or was changed")
     return found
 
 
