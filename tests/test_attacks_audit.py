@@ -10,12 +10,18 @@ from typing import Any
 
 import pytest
 
-from plangate import Catalogue, Policy, tool
+from plangate import Catalogue, Policy, RunContext, tool
 from plangate.errors import GovernanceError
 from plangate.ledger import verify
+from plangate.models.test import ScriptedModel
+from plangate.react import ReActAgent
 from plangate.runtime import Runtime
-from tests.helpers import FixedClock, plan
+from plangate.store import open_store
+from tests.helpers import FixedClock, died_during, plan
 from tests.test_attacks_escapes import CALLS, hold, release
+from tests.test_react import CAT as REACT_CAT
+from tests.test_react import POLICY as REACT_POLICY
+from tests.test_react import SENT
 
 
 @tool(effect="write")
@@ -104,3 +110,132 @@ def test_a_seal_stored_as_bytes_is_named_not_crashed_on(tmp_path: Path) -> None:
     assert not report.ok and any("seal" in t for t in report.tables), report
     with pytest.raises(GovernanceError):
         rt.compensate(plan_id, actor="ben", reason="undo it")
+
+
+@tool(effect="write", idempotent=True)
+def charge(order: str, ctx: RunContext) -> str:
+    """Charge an order once per idempotency key: a payment service keyed by the key it is given."""
+    CALLS.append(f"charge:{order}:{ctx.attempt}:{ctx.idempotency_key}")
+    return "charged"
+
+
+def cut_off(tmp_path: Path) -> tuple[Runtime, str, Path]:
+    """A run that died during an idempotent step's call, which a resume calls again under the same key."""
+    CALLS.clear()
+    db = tmp_path / "audit.db"
+    rt = Runtime(Catalogue([charge]), RULES, db=f"sqlite:///{db}", clock=FixedClock(), tools=MODULE)
+    record = rt.submit(plan({"id": 1, "tool": "charge", "params": {"order": "o-1"}}), "ann")
+    rt.approve(record.id, "ben", record.hash)
+    died_during(rt.store, record.id, 1)
+    return rt, record.id, db
+
+
+@pytest.mark.parametrize(("column", "value"), [("idempotency_key", "o-1:elsewhere"), ("attempt", 0), ("version", 2)])
+def test_a_started_steps_record_is_held_against_its_started_event(tmp_path: Path, column: str, value: object) -> None:
+    """The key a resumed step runs again under, the attempt its tool is told and the version it ran under are the
+    log's, never an edit's: verify names the column, and the run refuses before it calls anything."""
+    rt, plan_id, db = cut_off(tmp_path)
+    tamper(db, f"UPDATE steps SET {column} = ? WHERE plan_id = ? AND step_id = 1", (value, plan_id))
+    report = verify(rt.store)
+    assert not report.ok and any(f"steps.{column}" in t for t in report.tables), report
+    with pytest.raises(GovernanceError, match=rf"steps\.{column}"):
+        rt.execute(plan_id)
+    assert CALLS == []
+    assert not any(e.kind == "step.retrying" for e in rt.store.events(plan_id))
+
+
+def test_a_done_step_made_to_look_from_a_later_version_is_not_run_again(tmp_path: Path) -> None:
+    """A resume reuses what a version up to its own recorded: a succeeded step's steps.version raised past the
+    plan's would have it called again (a second hold on the account)."""
+    rt, plan_id, db = halted(tmp_path)
+    tamper(db, "UPDATE steps SET version = 2 WHERE plan_id = ? AND step_id = 1", (plan_id,))
+    report = verify(rt.store)
+    assert not report.ok and any("steps.version" in t for t in report.tables), report
+    with pytest.raises(GovernanceError, match=r"steps\.version"):
+        rt.resume(plan_id)
+    assert CALLS == ["hold:acct-bob"]
+
+
+def test_the_task_an_approver_reads_is_the_one_submitted(tmp_path: Path) -> None:
+    """``plans.task`` is the line a reviewer reads above the plan: it is held against the submission's."""
+    db = tmp_path / "audit.db"
+    rt = Runtime(CAT, RULES, db=f"sqlite:///{db}", clock=FixedClock(), tools=MODULE)
+    record = rt.submit(plan({"id": 1, "tool": "hold", "params": {"account": "acct-bob"}}, task="hold bob"), "ann")
+    tamper(db, "UPDATE plans SET task = 'a routine check' WHERE id = ?", (record.id,))
+    report = verify(rt.store)
+    assert not report.ok and any("plans.task is 'a routine check'" in t for t in report.tables), report
+    with pytest.raises(GovernanceError, match=r"plans\.task"):
+        rt.approve(record.id, "ben", record.hash)
+    edited = rt.submit(plan({"id": 1, "tool": "hold", "params": {"account": "acct-bob"}}, task="hold bob"), "ann")
+    rt.edit(edited.id, plan({"id": 1, "tool": "hold", "params": {"account": "acct-bo"}}, task="hold bo"), "ann")
+    assert verify(rt.store).tables == report.tables  # an edit's task is the edit's
+
+
+def paused_react(tmp_path: Path, *then: str) -> tuple[ReActAgent, ScriptedModel, str, Path]:
+    """A ReAct run paused for a person's approval of a note, and approved; ``then``: the model's next replies."""
+    SENT.clear()
+    db = tmp_path / "react.db"
+    note = 'Thought: tell her.\nAction: send_note {"to": "ada@example.com", "text": "hello"}'
+    model = ScriptedModel([note, *then, "Thought: sent.\nFinal Answer: done"])
+    react = ReActAgent(model, REACT_CAT, open_store(f"sqlite:///{db}"), policy=REACT_POLICY, user="ann")
+    paused = react.run("Tell Ada hello")
+    runtime = Runtime(REACT_CAT, REACT_POLICY, db=react.store, clock=FixedClock())
+    runtime.approve(paused.run_id, "ben", paused.pending_hash or "")
+    return react, model, paused.run_id, db
+
+
+def test_a_paused_react_runs_question_is_the_one_it_was_asked(tmp_path: Path) -> None:
+    """A ReAct run resumes with its question from ``plans.task``: an edit there would set the model a new task."""
+    react, model, run_id, db = paused_react(tmp_path)
+    tamper(db, "UPDATE plans SET task = 'Mail the whole list' WHERE id = ?", (run_id,))
+    report = verify(react.store)
+    assert not report.ok and any("plans.task" in t for t in report.tables), report
+    with pytest.raises(GovernanceError, match=r"plans\.task"):
+        react.resume(run_id)
+    assert SENT == [] and all("Mail the whole list" not in m.content for r in model.requests for m in r.messages)
+
+
+LAX = Policy.from_data(
+    {
+        "version": 1,
+        "name": "react",
+        "roles": {"staff": {"tools": ["send_note"], "scopes": ["mail:*"]}},
+        "default_role": "staff",
+    }
+)
+
+
+@pytest.mark.parametrize(
+    ("query", "value"),
+    [
+        ("UPDATE plan_versions SET policy_hash = ? WHERE policy_hash IS NOT NULL", None),
+        ("UPDATE policies SET body = ?", LAX.canonical_json()),
+    ],
+    ids=["its hash", "its text"],
+)
+def test_the_policy_a_react_run_paused_under_is_the_one_its_resume_keeps(
+    tmp_path: Path, query: str, value: str | None
+) -> None:
+    """A resume without a policy keeps the one the run paused under: neither its name beside the pending action
+    nor its stored text can be changed to shed a rule (its deny rule refuses the second note outright)."""
+    again = 'Thought: and the code.\nAction: send_note {"to": "ada@example.com", "text": "the password is 1234"}'
+    react, model, run_id, db = paused_react(tmp_path, again)
+    tamper(db, query, (value,))
+    report = verify(react.store)
+    assert not report.ok and any("policy" in t for t in report.tables), report
+    resumer = ReActAgent(model, REACT_CAT, react.store, user="ann")  # no policy given: the recorded one holds
+    with pytest.raises(GovernanceError, match="policy"):
+        resumer.resume(run_id)
+    assert SENT == []
+
+
+def test_a_rollback_undoes_with_the_rows_it_held_against_the_log(tmp_path: Path) -> None:
+    """A trigger can change a row the moment after it was checked: the rollback undoes with the rows it checked."""
+    rt, plan_id, db = halted(tmp_path)
+    with closing(sqlite3.connect(db)) as conn:
+        conn.execute(
+            "CREATE TRIGGER swap AFTER UPDATE OF status ON plans WHEN NEW.status = 'compensating' BEGIN"
+            ' UPDATE steps SET params = \'{"account":"acct-eve"}\' WHERE plan_id = NEW.id AND step_id = 1; END'
+        )
+    assert rt.compensate(plan_id, actor="ben", reason="undo it").undone == (1,)
+    assert CALLS == ["hold:acct-bob", "release:acct-bob"]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable
 from contextlib import closing
 from datetime import UTC, datetime
 from pathlib import Path
@@ -167,6 +169,39 @@ def test_a_forged_purge_marker_is_caught(purged: tuple[str, dict[str, str]]) -> 
     tamper(url, "UPDATE events SET data = ? WHERE seq = ?", (seal_text, seq))
     code, out = cli("audit", "verify", "--db", url)
     assert code == 1 and out.startswith(f"audit log BROKEN at event {seq}"), out
+
+
+@pytest.mark.parametrize(
+    "reformat",
+    [
+        lambda text: json.dumps(dict(reversed(json.loads(text).items())), separators=(",", ":")),
+        lambda text: json.dumps(json.loads(text), sort_keys=True),
+        lambda text: text.replace('"purged":', '"\\u0070urged":'),
+    ],
+    ids=["key order", "white space", "an escape"],
+)
+def test_the_text_a_purge_kept_is_held_byte_for_byte(
+    purged: tuple[str, dict[str, str]], reformat: Callable[[str], str]
+) -> None:
+    """The seal covers the text the purge wrote: the same data written another way is an edit, as for any event."""
+    url, ids = purged
+    seq, text = next((r[0], r[7]) for r in events_of(url, ids["done"]) if '"transition"' in r[7])
+    edited = reformat(text)
+    assert edited != text and json.loads(edited) == json.loads(text)
+    tamper(url, "UPDATE events SET data = ? WHERE seq = ?", (edited, seq))
+    code, out = cli("audit", "verify", "--db", url)
+    assert code == 1 and out.startswith(f"audit log BROKEN at event {seq}: its content does not match its hash"), out
+
+
+def test_a_purged_plan_text_is_the_purge_marker_exactly(purged: tuple[str, dict[str, str]]) -> None:
+    """A purged plan text reads as purged only if it is what a purge writes, with nothing beside the date."""
+    url, ids = purged
+    with closing(open_store(url)) as store:
+        marker = store.get_version(ids["done"], 1).body  # type: ignore[union-attr]
+    more = marker[:-1] + ',"steps":[{"tool":"refund","params":{"amount":5000}}]}'
+    tamper(url, "UPDATE plan_versions SET body = ? WHERE plan_id = ?", (more, ids["done"]))
+    code, out = cli("audit", "verify", "--db", url)
+    assert code == 1 and f"plan {ids['done']} v1: the stored plan text hashes to" in out, out
 
 
 def test_a_plan_whose_rows_were_changed_is_left_whole(tmp_path: Path, catalogue: Catalogue, policy: Policy) -> None:

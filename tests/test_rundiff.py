@@ -68,6 +68,16 @@ def test_a_run_against_itself_is_the_same_and_versions_still_diff(rt: Runtime) -
     assert result.exit_code == 2 and "no plan 'nosuchplan'" in result.stderr
 
 
+def test_a_number_and_its_float_differ_as_json_does(rt: Runtime) -> None:
+    """``1 == 1.0`` in Python, but a tool given 20 and one given 20.0 were given different JSON: the diff says so."""
+    refund = {"id": 1, "tool": "refund", "params": {"invoice_id": "41", "amount": 20}}
+    a = executed(rt, plan(refund))
+    b = executed(rt, plan({**refund, "params": {**refund["params"], "amount": 20.0}}))
+    (step,) = rt.compare(a, b).steps
+    assert step.differs == ("params",), step  # the tool took both for 20.0: its outputs are the same
+    assert rt.compare(a, a).same
+
+
 def ran(setup: dict[str, Any], to: str) -> str:
     body = {**MAIL, "steps": [{**MAIL["steps"][0], "params": {**MAIL["steps"][0]["params"], "to": to}}]}
     record = api(setup, "alice").post("/api/plans", json=body).json()

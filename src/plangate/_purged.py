@@ -34,14 +34,15 @@ def body(at: str) -> str:
 
 
 def body_purged_at(text: str) -> str | None:
-    """When a stored plan text was purged (it is :func:`body`), or None."""
+    """When a stored plan text was purged (it is :func:`body` of that date, exactly: nothing beside it), or None."""
     if not text.startswith('{"purged":'):
         return None
     try:
         data = json.loads(text)
     except ValueError:
         return None
-    return str(data["purged"]) if isinstance(data, dict) and isinstance(data.get("purged"), str) else None
+    at = data.get("purged") if isinstance(data, dict) else None
+    return at if isinstance(at, str) and text == body(at) else None
 
 
 def shown(data: dict[str, Any]) -> dict[str, Any]:

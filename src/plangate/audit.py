@@ -47,6 +47,7 @@ from typing import Any
 
 from plangate._auditkey import FILE_VARIABLE, KEY_VARIABLE, key_path
 from plangate._encode import reused_encoder
+from plangate.plan import canonical
 
 GENESIS = "0" * 64
 _HEADER = reused_encoder(json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False))
@@ -123,17 +124,21 @@ class Chain:
     def _sealed_purge(self, seq: int, digest: str, text: str) -> bool:
         """Whether ``text`` is what a purge by this key left of event ``seq`` (its data's ``purged`` names the seal).
 
-        Text a purge cannot have written (not JSON, nested past the stack, NaN, a lone
-        surrogate, a seal not in ASCII) is simply not sealed: the event is reported as edited, never crashed on.
+        The purge wrote its data in canonical JSON, and the seal covers that text less the
+        seal: text that only means the same (its keys in another order, white space, escapes)
+        is not what was sealed, and is reported as edited, as any other event's would be. Text
+        a purge cannot have written (not JSON, nested past the stack, NaN, a lone surrogate, a
+        seal not in ASCII) is simply not sealed: the event is reported as edited, never crashed on.
         """
         try:
             data = json.loads(text)
+            if canonical(data) != text:
+                return False
             marker = data.get("purged") if isinstance(data, dict) else None
             seal = marker.pop("seal", None) if isinstance(marker, dict) else None
             if not isinstance(seal, str):
                 return False
-            kept = json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
-            return hmac.compare_digest(seal.encode(), self.purge_seal(seq, digest, kept).encode())
+            return hmac.compare_digest(seal.encode(), self.purge_seal(seq, digest, canonical(data)).encode())
         except (ValueError, RecursionError):  # UnicodeEncodeError is a ValueError
             return False
 

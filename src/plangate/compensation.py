@@ -16,6 +16,7 @@ compensating tool are listed for a person. The plan ends ``compensated`` or
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
@@ -53,6 +54,8 @@ class Compensation:
     plan: PlanRow
     body: Plan
     actor: str
+    rows: Mapping[int, StepRow]
+    """The plan's step rows as the rollback's claim held them against the audit log."""
 
     @property
     def plan_id(self) -> str:
@@ -63,7 +66,7 @@ class Compensation:
         return self.plan.version
 
     def run(self) -> CompensationResult:
-        rows = self.store.steps(self.plan_id)
+        rows = self.rows
         undone: list[int] = []
         not_undoable: list[tuple[int, str]] = []
         failed: list[tuple[int, str]] = []

@@ -48,7 +48,7 @@ from plangate.plan import Plan, Step
 from plangate.policy import Policy
 from plangate.results import Progress, RunResult
 from plangate.store import DONE, PlanRow, StepRow, StepStatus, Store
-from plangate.tools import Catalogue, RunContext, Tool
+from plangate.tools import Catalogue, RunContext, Tool, idempotency_key
 from plangate.tracing import Traces
 
 DEFAULT_CONCURRENCY = 8
@@ -441,7 +441,7 @@ class _Run:
             version=self.version,
             status="started",
             attempt=attempt,
-            idempotency_key=f"{self.plan_id}:{step_id}",
+            idempotency_key=idempotency_key(self.plan_id, step_id),
             params=params,
             started_at=previous.started_at if previous and previous.status == "started" else self._now(),
         )
@@ -472,7 +472,7 @@ class _Run:
             version=self.version,
             status="skipped",
             attempt=0,
-            idempotency_key=f"{self.plan_id}:{step.id}",
+            idempotency_key=idempotency_key(self.plan_id, step.id),
             error=why,
             finished_at=self._now(),
         )
@@ -491,7 +491,7 @@ class _Run:
             version=self.version,
             status="failed",
             attempt=(previous.attempt if previous else 0) + 1,
-            idempotency_key=f"{self.plan_id}:{step.id}",
+            idempotency_key=idempotency_key(self.plan_id, step.id),
             error=error,
             finished_at=self._now(),
         )

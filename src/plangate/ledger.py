@@ -21,6 +21,7 @@ from plangate.audit import AuditReport
 from plangate.errors import GovernanceError
 from plangate.plan import Plan, same_json
 from plangate.store import ApprovalRow, CheckRecord, Event, PlanRow, StepRow, Store, VersionRow
+from plangate.tools import idempotency_key
 
 
 @dataclass
@@ -31,6 +32,18 @@ class Version:
     check: CheckRecord | None = None
 
 
+@dataclass(frozen=True)
+class Attempt:
+    """What a step's latest attempt wrote in its row, as its events record it (named as the columns of ``steps``)."""
+
+    attempt: int
+    """Which attempt: a resumed call is the next one, and its tool is told the number."""
+    idempotency_key: str
+    """The key a call made again runs under."""
+    version: int | None
+    """The plan version it ran under: a run reuses what a version up to its own completed."""
+
+
 @dataclass
 class PlanLedger:
     """What the events say about one plan."""
@@ -39,6 +52,9 @@ class PlanLedger:
     kind: str | None = None
     """``plan`` or ``react``, from the first event, never from the plans row."""
     requested_by: str | None = None
+    task: str | None = None
+    """The task the current version was submitted or edited with (a ReAct run: its question); None after an
+    edit recorded before edits recorded their task."""
     role: str | None = None
     category: str | None = None
     tools: str | None = None
@@ -50,6 +66,8 @@ class PlanLedger:
     """Each step's last recorded status and, once it succeeded, its output (undo steps: negative ids)."""
     params: dict[int, Any] = field(default_factory=dict)
     """The parameters each step (undo steps: negative ids) was last called with; a rollback undoes with them."""
+    attempts: dict[int, Attempt] = field(default_factory=dict)
+    """Each step's (undo steps: negative ids) latest attempt: its number, key and plan version."""
     pending: dict[str, Any] | None = None
     """A ReAct run's action waiting for approval: its hash and what it needs."""
     resumed: set[str] = field(default_factory=set)
@@ -130,14 +148,14 @@ def _apply(ledger: PlanLedger, event: Event) -> None:
     ledger.purged = _purged.purged_at(data) or ledger.purged
     if kind == "plan.submitted":
         ledger.kind = "plan"
-        ledger.requested_by, ledger.role = event.actor, data.get("role")
+        ledger.requested_by, ledger.role, ledger.task = event.actor, data.get("role"), data.get("task")
         ledger.category, ledger.tools = data.get("category"), data.get("tools")
         ledger.current = 1
         ledger.versions[1] = Version(number=1, hash=data["hash"], author=event.actor)
     elif kind == "plan.edited" and event.version is not None:
         ledger.decisions = [replace(d, void=True) for d in ledger.decisions]
         ledger.current = event.version
-        ledger.category = data.get("category", ledger.category)
+        ledger.category, ledger.task = data.get("category", ledger.category), data.get("task")
         ledger.versions[event.version] = Version(number=event.version, hash=data["hash"], author=event.actor)
     elif kind == "plan.checked" and event.version in ledger.versions:
         ledger.versions[event.version].check = CheckRecord.from_dict(data)
@@ -163,9 +181,12 @@ def _apply_react(ledger: PlanLedger, event: Event) -> None:
     """A ReAct run: who asked, which action waits for approval, which approved actions were carried out."""
     if event.kind == "react.started":  # its category: recorded since resumes are held to it (older runs: none)
         ledger.kind, ledger.requested_by, ledger.category = "react", event.actor, event.data.get("category")
+        ledger.task = event.data.get("question")
     elif event.kind == "react.approval_needed":  # its author: who carried the run on to it (older runs: "react")
         data = event.data
         ledger.pending = {"hash": data["hash"], "needs": list(data.get("needs", [])), "author": data.get("author")}
+        if "policy_hash" in data:  # the policy a resume keeps (older runs recorded none)
+            ledger.pending["policy_hash"] = data["policy_hash"]
     elif event.kind == "react.resumed":
         ledger.resumed.add(str(event.data.get("action_hash")))
 
@@ -216,6 +237,21 @@ def _apply_step(ledger: PlanLedger, event: Event) -> None:
         ledger.params[step] = event.data.get("params")
     elif event.kind == "step.skipped" or event.data.get("before_call"):  # no call made: its row keeps none
         ledger.params.pop(step, None)
+    else:
+        return  # an outcome: the row keeps its attempt
+    ledger.attempts[step] = _attempt(ledger, step, event)
+
+
+def _attempt(ledger: PlanLedger, step: int, event: Event) -> Attempt:
+    """The attempt a step's row records afresh: a start (or a failure before the call) is the next one, a skip none.
+
+    The key and the number are the ones the start recorded; a rollback's starts named no number (the next one),
+    and a skip or a failure before the call no key (a step's own).
+    """
+    before = ledger.attempts.get(step)
+    number = 0 if event.kind == "step.skipped" else event.data.get("attempt", (before.attempt if before else 0) + 1)
+    key = event.data.get("idempotency_key", idempotency_key(ledger.plan_id, step))
+    return Attempt(attempt=number, idempotency_key=key, version=event.version)
 
 
 def _decision(event: Event) -> ApprovalRow:
@@ -258,6 +294,8 @@ def problems(
         "hash": ledger.version.hash if ledger.version else None,
         "purged_at": ledger.purged,
     }
+    if ledger.task is not None:  # the line a reviewer reads above the plan
+        expected["task"] = ledger.task
     for name, value in expected.items():
         if getattr(row, name) != value:
             found.append(_differs(plan_id, name, getattr(row, name), value))
@@ -271,6 +309,7 @@ def problems(
 
 def _react_problems(store: Store, row: PlanRow, ledger: PlanLedger) -> list[str]:
     told = [("status", ledger.status), ("version", ledger.current), ("purged_at", ledger.purged)]
+    told += [("task", ledger.task)]  # the question the model is set again when the run resumes
     told += [("category", ledger.category)] if ledger.category is not None else []
     found = [
         _differs(ledger.plan_id, name, getattr(row, name), value) for name, value in told if getattr(row, name) != value
@@ -285,6 +324,9 @@ def _react_problems(store: Store, row: PlanRow, ledger: PlanLedger) -> list[str]
             or row.hash != version.hash
         ):
             found.append(f"plan {ledger.plan_id} v{version.number}: the pending action's text or hash was changed")
+        elif ledger.pending is not None and "policy_hash" in ledger.pending:
+            where, named = f"plan {ledger.plan_id} v{version.number}", ledger.pending["policy_hash"]
+            found += _policy_problems(store, where, stored.policy_hash, named, "its approval_needed event")
     return found + _approval_problems(store, ledger)
 
 
@@ -323,7 +365,18 @@ def _step_problems(store: Store, ledger: PlanLedger) -> list[str]:
             found.append(f"{where}: steps.output differs from the output the audit log recorded")
         elif not same_json(row.params, ledger.params.get(step_id)):  # what a rollback undoes with
             found.append(f"{where}: steps.params differs from the parameters the audit log recorded")
+        elif differs := _attempt_differs(row, ledger.attempts.get(step_id)):
+            found.append(f"{where}: {differs}")
     return found
+
+
+def _attempt_differs(row: StepRow, told: Attempt | None) -> str | None:
+    """Which column of a step's attempt (its number, key, plan version) differs from the audit log, if one does."""
+    for column in ("attempt", "idempotency_key", "version"):
+        stored, logged = getattr(row, column), getattr(told, column, None)
+        if not same_json(stored, logged):
+            return f"steps.{column} is {stored!r}, but the audit log says {logged!r}"
+    return None
 
 
 def _version_problems(
@@ -348,14 +401,22 @@ def _version_problems(
     if row.author != version.author:
         found.append(f"{where}: plan_versions.author is {row.author!r}, the audit log says {version.author!r}")
     recorded = (version.check.policy if version.check else None) or {}
-    if row.policy_hash != recorded.get("policy_hash"):
-        found.append(f"{where}: plan_versions.policy_hash does not match the policy named by its check event")
+    found += _policy_problems(store, where, row.policy_hash, recorded.get("policy_hash"), "its check event")
     if version.check is not None and row.check != version.check:
         found.append(f"{where}: plan_versions.check_result differs from its check event")
-    if row.policy_hash is not None:
-        text = store.policy_text(row.policy_hash)
-        if text is None or hashlib.sha256(text.encode()).hexdigest() != row.policy_hash:
-            found.append(f"{where}: the stored text of policy {row.policy_hash[:12]}… is missing or was changed")
+    return found
+
+
+def _policy_problems(store: Store, where: str, stored: str | None, named: str | None, by: str) -> list[str]:
+    """The policy a version names (``stored``) must be the one its event names (``by`` says which), and its
+    stored text must hash to that name: a run, or a resumed ReAct run, is held to that policy."""
+    found: list[str] = []
+    if stored != named:
+        found.append(f"{where}: plan_versions.policy_hash does not match the policy named by {by}")
+    if stored is not None:
+        text = store.policy_text(stored)
+        if text is None or hashlib.sha256(text.encode()).hexdigest() != stored:
+            found.append(f"{where}: the stored text of policy {stored[:12]}… is missing or was changed")
     return found
 
 

@@ -482,6 +482,7 @@ class ReActAgent:
                     "hash": digest,
                     "needs": needs,
                     "author": self.user,
+                    "policy_hash": self.policy.hash if self.policy else None,  # the one a resume keeps
                 },
                 fenced=False,  # the move below holds the run
             )

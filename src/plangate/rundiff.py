@@ -1,7 +1,8 @@
 """Two plans' runs side by side, step by step: one answer for the command line, the API and the dashboard.
 
 Steps are matched by id. For each: its tool, status, parameters (as resolved when it ran),
-output and duration in each run, the fields that differ, and the change in duration.
+output and duration in each run, the fields that differ (as JSON values: ``1``, ``1.0`` and
+``true`` differ, as they do to a tool), and the change in duration.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from plangate.errors import NotFoundError, quoted_id
-from plangate.plan import Plan
+from plangate.plan import Plan, same_json
 from plangate.store import Store
 
 _OUTCOMES = ("step.succeeded", "step.failed", "step.failed_optional")
@@ -119,7 +120,9 @@ def between_runs(store: Store, a: str, b: str) -> RunDiff:
     for sid in sorted({*a_steps, *b_steps}):
         one, two = a_steps.get(sid), b_steps.get(sid)
         differs = (
-            tuple(name for name in _COMPARED if getattr(one, name) != getattr(two, name)) if one and two else ("step",)
+            tuple(name for name in _COMPARED if not same_json(getattr(one, name), getattr(two, name)))
+            if one and two
+            else ("step",)
         )
         pairs.append(StepPair(id=sid, a=one, b=two, differs=differs))
     return RunDiff(a=a, b=b, a_status=a_status, b_status=b_status, steps=tuple(pairs))

@@ -295,6 +295,7 @@ class Runtime:
                     "from_version": number - 1,
                     "from_hash": old.hash,
                     "hash": parsed.hash,
+                    "task": parsed.task,
                     "category": parsed.category,
                     "approvals_voided": voided,
                 },
@@ -405,7 +406,7 @@ class Runtime:
             _not_react(plan)
             allowed = ("halted", "compensation_incomplete", "compensating")  # compensating: one that died
             person = actor if by_person else None
-            self._check_after_halt(plan, version, person, doing="compensate", allowed=allowed, category=category)
+            told = self._check_after_halt(plan, version, person, doing="compensate", allowed=allowed, category=category)
             plan = lifecycle.move(
                 self.store,
                 plan,
@@ -423,6 +424,7 @@ class Runtime:
             plan=plan,
             body=Plan.parse(version.body),
             actor=actor,
+            rows=told.rows or {},  # as held against the log: never read again, unchecked, once the plan is claimed
         )
         with lifecycle.LeaseKeeper(self.store, plan.id, owner, self.lease_seconds, self._lease_until):
             return rollback.run()
@@ -436,9 +438,10 @@ class Runtime:
         doing: str,
         allowed: tuple[str, ...],
         category: str | None,
-    ) -> None:
+    ) -> ledger.PlanLedger:
         """Settling, rolling back or closing: a halted plan no run holds, of the category the caller's right was
-        checked on, a person who may decide (None: the policy's own rollback), and rows that agree with the log."""
+        checked on, a person who may decide (None: the policy's own rollback), and rows that agree with the audit
+        log; the plan's story, with those rows."""
         _as_checked(plan, category, doing)
         recovery.refuse_closed(self.store, plan.id, plan.status, _AFTER_HALT[doing])
         lifecycle.require_idle(plan, self._now(), "closing it" if doing == "close" else f"to {doing} a step")
@@ -450,6 +453,7 @@ class Runtime:
         told = ledger.story(self.store, plan, "be rolled back" if doing == "compensate" else doing)
         if doing == "compensate":  # an effect that may have happened is neither undone nor left unsaid
             recovery.refuse_unknown((told.rows or {}).items(), "roll back")
+        return told
 
     # -- execute ---------------------------------------------------------------------------
     def execute(

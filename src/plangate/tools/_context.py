@@ -26,4 +26,9 @@ class RunContext:
     @property
     def idempotency_key(self) -> str:
         """``plan_id:step_id``: the same on every attempt of the same step."""
-        return f"{self.plan_id}:{self.step_id}"
+        return idempotency_key(self.plan_id, self.step_id)
+
+
+def idempotency_key(plan_id: str, step_id: int) -> str:
+    """The key every attempt of a step runs under, and its record in ``steps`` keeps: ``plan_id:step_id``."""
+    return f"{plan_id}:{step_id}"
