@@ -44,6 +44,8 @@ DEFAULT_CONCURRENCY = 8
 """Plans a worker runs at once unless told otherwise."""
 CLOCK_CHECK_SECONDS = 60.0
 """How often a worker compares its clock with the database server's (at most: at its claims)."""
+CLOCK_RECHECK_SECONDS = 2.0
+"""How often a worker that claims nothing for its clock compares again (at most: at its claims)."""
 TOLD_KEPT = 1000
 """How many of the newest reasons ``Worker.refused`` and ``Worker.failed`` keep."""
 ASIDE_SECONDS = (1.0, 60.0)
@@ -250,17 +252,19 @@ class Worker:
         before = self.clock.now()
         theirs = self._claiming().database_time()  # a store out of reach: compared again at the next claim
         after = self.clock.now()
-        self._clock_due = time.monotonic() + CLOCK_CHECK_SECONDS
         if theirs is None:  # no server: one machine, one clock
+            self._clock_due = time.monotonic() + CLOCK_CHECK_SECONDS
             return False
-        ahead = ((before + (after - before) / 2) - theirs).total_seconds()
+        # The server read its clock somewhere between before and after (a slow round trip, a busy machine,
+        # a wait for the connection): only how far its time falls outside that span is certain.
+        ahead = max((before - theirs).total_seconds(), 0.0) - max((theirs - after).total_seconds(), 0.0)
         bound = self.lease_seconds / 4
         problem = None
         if abs(ahead) > bound:
             problem = (
-                f"this machine's clock is {abs(ahead):.1f} s {'ahead of' if ahead > 0 else 'behind'} the database "
-                f"server's; with {self.lease_seconds:g}-second leases a worker may be at most {bound:g} s off, or it "
-                "could take over plans whose runners are alive: claiming nothing until the clocks agree "
+                f"this machine's clock is at least {abs(ahead):.1f} s {'ahead of' if ahead > 0 else 'behind'} the "
+                f"database server's; with {self.lease_seconds:g}-second leases a worker may be at most {bound:g} s "
+                "off, or it could take over plans whose runners are alive: claiming nothing until the clocks agree "
                 "(set the time right, e.g. with NTP)"
             )
         if problem != self.clock_problem:
@@ -269,6 +273,7 @@ class Worker:
             else:
                 _log.warning("worker %s: its clock agrees with the database server's again: claiming", self.name)
         self.clock_problem = problem
+        self._clock_due = time.monotonic() + (CLOCK_CHECK_SECONDS if problem is None else CLOCK_RECHECK_SECONDS)
         return problem is not None
 
     def _give_back(self, claimed: list[tuple[str, str]]) -> None:
