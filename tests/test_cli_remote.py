@@ -85,7 +85,8 @@ def test_a_remote_operator_runs_the_whole_path_without_the_database(server: dict
     code, out, err = remote(server, tmp_path, "execute", plan["id"], "--token", carol)
     assert code == 0 and "succeeded: 4 steps done" in out, err
     tools = ("--tools", str(EXAMPLES / "business.py"))  # a plan sent to the API has no tools module on record
-    for command in (("show", plan["id"], *tools), ("trace", plan["id"]), ("list",)):
+    listings = (("list",), ("list", "--order", "oldest", "--limit", "1"), ("list", "--after", plan["id"][:8]))
+    for command in (("show", plan["id"], *tools), ("trace", plan["id"]), *listings):
         code, out, err = remote(server, tmp_path, *command, "--token", carol)
         assert code == 0 and out == local(server, *command), f"{command}: the same output as on the server"
     code, out, _ = remote(server, tmp_path, "audit", "verify", "--token", token(server, tmp_path, "audrey"))

@@ -13,6 +13,7 @@ from plangate import Catalogue, Policy
 from plangate.cli import main
 from plangate.errors import GovernanceError, StateError, UsageError
 from plangate.runtime import Runtime
+from plangate.store import PlanQuery
 from plangate.story import tell
 from tests.conftest import EXAMPLES
 from tests.helpers import FixedClock, plan
@@ -242,7 +243,7 @@ def test_a_closed_plan_is_stored_and_listed_on_every_store(any_db: str, catalogu
     rt = Runtime(catalogue, policy, db=any_db, clock=FixedClock())
     plan_id = halted(rt, REFUND_THEN_FAIL)
     rt.close_plan(plan_id, actor="dave", reason="done by hand")
-    assert [row.id for row in rt.list_plans("closed")] == [plan_id]
+    assert [row.id for row in rt.list_plans(PlanQuery(status="closed"))] == [plan_id]
     assert ledger.verify(rt.store).ok
     rt.close()
 

@@ -158,6 +158,23 @@ def _matches_short(patterns: tuple[str, ...], value: str) -> bool:
     return any(glob(pattern).match(value) for pattern in patterns)
 
 
+def like(pattern: str) -> str:
+    """A SQL ``LIKE`` pattern (escaped with ``\\``) that every text ``pattern`` matches also matches.
+
+    ``*`` is ``%``, ``?`` is ``_``, and so is a ``[...]`` set, which LIKE cannot say: there it is
+    looser than the pattern, and so is a LIKE that ignores case (SQLite's, for ASCII letters).
+    The database narrows with it what Python then checks with :func:`matches_any`.
+    """
+    return "".join(
+        "%" if token == _STAR else "_" if token.wild else like_escaped(token.text) for token in _glob_tokens(pattern)
+    )
+
+
+def like_escaped(text: str) -> str:
+    """``text`` as itself in a SQL ``LIKE`` pattern escaped with ``\\``."""
+    return text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+
+
 def star_match(pattern: str, text: str, meter: Meter | None = None) -> bool:
     """Whether ``text`` matches ``pattern`` in which only ``*`` is special (any text).
 

@@ -40,7 +40,7 @@ from plangate._input import check_text
 from plangate._patterns import matches_any
 from plangate.errors import GovernanceError, NotFoundError, UsageError
 from plangate.names import canonical, new_name, skeleton
-from plangate.store import Store
+from plangate.store import ReadScope, Store
 
 Role = Literal["requester", "approver", "governance", "auditor"]
 ROLES: tuple[Role, ...] = get_args(Role)
@@ -63,10 +63,16 @@ class User:
         return self.role in ("approver", "governance") and matches_any(self.categories, category)
 
     def may_read(self, *, category: str, requested_by: str) -> bool:
-        """Auditors and governance read every plan; approvers the categories they decide; everyone their own."""
-        if self.role in ("auditor", "governance") or canonical(requested_by) == self.name:
-            return True
-        return self.may_approve(category)
+        """Whether a plan of ``category`` that ``requested_by`` asked for is one this user may read."""
+        scope = self.scope
+        return scope is None or scope.admits(category=category, requested_by=requested_by)
+
+    @property
+    def scope(self) -> ReadScope | None:
+        """Auditors and governance read every plan (None); approvers the categories they decide; everyone their own."""
+        if self.role in ("auditor", "governance"):
+            return None
+        return ReadScope(requester=self.name, categories=self.categories if self.role == "approver" else ())
 
     @property
     def read_only(self) -> bool:

@@ -51,7 +51,17 @@ from plangate.record import Claim, PlanRecord
 from plangate.replay import ReplayResult
 from plangate.results import Progress, RunResult, recorded_result
 from plangate.rundiff import RunDiff
-from plangate.store import ApprovalRow, CheckRecord, Event, PlanRow, Store, VersionRow, open_store
+from plangate.store import (
+    EVERY_PLAN,
+    ApprovalRow,
+    CheckRecord,
+    Event,
+    PlanQuery,
+    PlanRow,
+    Store,
+    VersionRow,
+    open_store,
+)
 from plangate.tools import Catalogue
 from plangate.tracing import Traces, traced_decision
 
@@ -704,8 +714,8 @@ class Runtime:
             _not_react(self._current(plan_id)[0])
         return rundiff.between_runs(self.store, *ids)
 
-    def list_plans(self, status: str | None = None, limit: int = 100) -> list[PlanRow]:
-        return self.store.list_plans(status, limit)
+    def list_plans(self, query: PlanQuery = EVERY_PLAN, limit: int = 100) -> list[PlanRow]:
+        return self.store.list_plans(query, limit)
 
     def trace(self, plan_id: str) -> list[Event]:
         """Every event recorded under the plan (or ReAct run), in order: the whole story."""

@@ -58,7 +58,7 @@ with workflow.unsafe.imports_passed_through():
     from plangate.policy import Policy
     from plangate.record import Claim
     from plangate.runtime import Runtime
-    from plangate.store import open_store
+    from plangate.store import PlanQuery, open_store
     from plangate.tools import Catalogue
 
 TASK_QUEUE = "plangate"
@@ -539,7 +539,7 @@ async def _running(client: Any, db: str) -> bool:
 
     store = open_store(db)
     try:
-        plan_ids = [row.id for row in store.list_plans("running", limit=10_000)]
+        plan_ids = [row.id for row in store.list_plans(PlanQuery(status="running"), limit=10_000)]
     finally:
         store.close()
     for plan_id in plan_ids:

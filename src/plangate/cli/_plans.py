@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, get_args
 
@@ -32,7 +33,7 @@ from plangate.errors import PlangateError, UsageError
 from plangate.plan import plan_json_schema
 from plangate.policy import POLICY_RULES, Policy
 from plangate.review import review
-from plangate.store import PlanStatus
+from plangate.store import MAX_LISTED, PlanQuery, PlanStatus
 from plangate.tools import Catalogue
 
 
@@ -258,13 +259,24 @@ def reject_command(
     type=click.Choice(sorted(get_args(PlanStatus))),
     help="Only plans in this state.",
 )
+@click.option("--order", type=click.Choice(["newest", "oldest"]), default="newest", show_default=True)
+@click.option("--limit", type=click.IntRange(1, MAX_LISTED), default=100, show_default=True)
+@click.option("--before", metavar="ID", help="Only plans submitted before plan ID (to page on, newest first).")
+@click.option("--after", metavar="ID", help="Only plans submitted after plan ID (to page on, oldest first).")
 @db_option
 @server_option
 @token_option
 @json_option
-def list_command(*, status: str | None, db: str | None, server: str | None, token: str | None, as_json: bool) -> None:
-    """List plans, oldest first (from a server: the plans you may see)."""
-    rows = _remote.rows(_remote.client(server, token), status) if server else open_runtime(db).list_plans(status)
+def list_command(*, db: str | None, server: str | None, token: str | None, as_json: bool, **options: Any) -> None:
+    """List plans, newest first (from a server: the plans you may see)."""
+    limit = options.pop("limit")
+    query = PlanQuery(**options)
+    if server:
+        rows = _remote.rows(_remote.client(server, token), query, limit)
+    else:
+        runtime = open_runtime(db)
+        before, after = (None if end is None else runtime.resolve_id(end) for end in (query.before, query.after))
+        rows = runtime.list_plans(replace(query, before=before, after=after), limit)
     if as_json:
         click.echo(json.dumps([row.__dict__ for row in rows], indent=2))
         return
@@ -273,7 +285,10 @@ def list_command(*, status: str | None, db: str | None, server: str | None, toke
             f"{row.id[:8]}  v{row.version}  {row.status:<16} {row.category:<12} {row.requested_by:<10} {row.task}"
         )
     if not rows:
-        click.echo("no plans" + (f" with status {status}" if status else ""))
+        click.echo("no plans" + (f" with status {query.status}" if query.status else ""))
+    elif len(rows) == limit:
+        end = "before" if query.order == "newest" else "after"
+        click.echo(f"(the first {limit}; for the next ones: --{end} {rows[-1].id})")
 
 
 @click.command("show")

@@ -17,7 +17,7 @@ from plangate.client import SERVER_VARIABLE, Client
 from plangate.plandiff import PlanDiff
 from plangate.record import PlanRecord
 from plangate.rundiff import RunDiff
-from plangate.store import Event, PlanRow
+from plangate.store import Event, PlanQuery, PlanRow
 
 server_option = click.option(
     "--server",
@@ -46,8 +46,10 @@ def decide(api: Client, plan_id: str, action: str, body: dict[str, Any]) -> Plan
     return PlanRecord.from_dict(api.call("POST", api.plan_path(plan_id, action), body))
 
 
-def rows(api: Client, status: str | None) -> list[PlanRow]:
-    return [PlanRow(**row) for row in api.call("GET", "/plans", status=status)]
+def rows(api: Client, query: PlanQuery, limit: int) -> list[PlanRow]:
+    """The plans ``query`` selects among those the caller may see (its ``scope`` is the server's to set)."""
+    wanted = {name: getattr(query, name) for name in ("status", "kind", "category", "order", "before", "after")}
+    return [PlanRow(**row) for row in api.call("GET", "/plans", limit=limit, **wanted)]
 
 
 def events(api: Client, plan_id: str) -> list[Event]:

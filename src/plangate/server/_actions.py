@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from typing import Any
 
 from starlette.exceptions import HTTPException
@@ -19,6 +19,7 @@ from plangate.record import PlanRecord
 from plangate.results import RunResult
 from plangate.runtime import Runtime
 from plangate.server._errors import log
+from plangate.store import PlanQuery, PlanRow
 from plangate.tools import Catalogue
 
 
@@ -46,6 +47,13 @@ def visible(rt: Runtime, user: User, plan_id: str) -> PlanRecord:
             f"{user.name} ({user.role}) may not see plan {record.id} of category {record.category!r}"
         )
     return record
+
+
+def listing(rt: Runtime, user: User, query: PlanQuery, limit: int) -> list[PlanRow]:
+    """The first ``limit`` plans ``query`` selects among those ``user`` may see. The plans it lists
+    before or after must be ones they may see too: nobody learns when a plan hidden from them was made."""
+    before, after = (None if end is None else visible(rt, user, end).id for end in (query.before, query.after))
+    return rt.list_plans(replace(query, scope=user.scope, before=before, after=after), limit)
 
 
 def _seen_prefix(rt: Runtime, user: User, prefix: str) -> str:

@@ -16,6 +16,7 @@ from plangate.server import _actions, views
 from plangate.server._auth import Password, UserName, check_password
 from plangate.server._bodies import MAX_VERSION, Version, read_json, validated
 from plangate.server._deps import Config, Reader, Rt, Writer, json_of
+from plangate.store import MAX_LISTED, PlanQuery, PlanStatus
 
 router = APIRouter(prefix="/api")
 JSON = Any
@@ -87,12 +88,29 @@ def submit(rt: Rt, caller: Writer, plan: Annotated[PlanBody, json_of(PlanBody)])
     return rt.submit(plan, requested_by=caller.user.name).to_dict()
 
 
+Cursor = Annotated[str | None, Query(max_length=80, description="a plan's id (or a unique prefix of one)")]
+
+
 @router.get("/plans")
-def list_plans(rt: Rt, caller: Reader, status: str | None = None) -> list[dict[str, Any]]:
-    """The plans the caller may see, oldest first."""
-    user = caller.user
-    rows = rt.list_plans(status)
-    return [dict(r.__dict__) for r in rows if user.may_read(category=r.category, requested_by=r.requested_by)]
+def list_plans(
+    rt: Rt,
+    caller: Reader,
+    *,
+    status: PlanStatus | None = None,
+    kind: Literal["plan", "react"] | None = None,
+    category: Annotated[str | None, Query(max_length=100)] = None,
+    order: Literal["oldest", "newest"] = "oldest",
+    limit: Annotated[int, Query(ge=1, le=MAX_LISTED)] = 100,
+    before: Cursor = None,
+    after: Cursor = None,
+) -> list[dict[str, Any]]:
+    """The plans the caller may see, oldest first (``order=newest``: newest first), at most ``limit``.
+
+    ``before`` / ``after``: only the plans submitted before / after that plan. To walk through them
+    all, give the last plan listed as ``after`` (oldest first) or ``before`` (newest first).
+    """
+    query = PlanQuery(status=status, kind=kind, category=category, order=order, before=before, after=after)
+    return [dict(row.__dict__) for row in _actions.listing(rt, caller.user, query, limit)]
 
 
 @router.get("/plans/{plan_id}")

@@ -26,6 +26,7 @@ from plangate.server import _actions, views
 from plangate.server._bodies import Version, read_json
 from plangate.server._deps import Caller, Config, FormWriter, Reader, Rt, form_of
 from plangate.server._errors import root
+from plangate.store import PlanQuery
 
 router = APIRouter(include_in_schema=False)
 STATIC = {"plangate.css": "text/css", "run.js": "text/javascript"}
@@ -58,37 +59,53 @@ def static(name: str) -> Response:
 
 
 # -- pages -----------------------------------------------------------------------------------
+Cursor = Annotated[str, Query(max_length=80)]
+
+
 def _listing(request: Request, rt: Runtime, caller: Caller, status: str | None, **context: str) -> HTMLResponse:
-    config = request.app.state.plangate
-    rows = views.queue(rt, config.catalogue, status, context["category"], context["risk"], reader=caller.user)
-    return render(request, "queue.html", caller, plans=rows, **context)
+    """A page of plans, newest first, and a link to the next one (older), its filters kept."""
+    category, risk, before = context["category"], context["risk"], context["before"]
+    query = PlanQuery(status=status, category=category or None, order="newest", before=before or None)
+    rows, more = views.queue(rt, request.app.state.plangate.catalogue, query, risk, reader=caller.user)
+    filters = {name: value for name, value in {"category": category, "risk": risk}.items() if value}
+    older = urlencode({**filters, "before": more}) if more else ""
+    links = {"newest": urlencode(filters), "older": older, "scan": str(views.SCAN)}
+    return render(request, "queue.html", caller, plans=rows, **links, **context)
 
 
 @router.get("/", response_class=HTMLResponse)
-def queue(request: Request, rt: Rt, caller: Reader, category: str = "", risk: str = "") -> HTMLResponse:
+def queue(
+    request: Request, rt: Rt, caller: Reader, *, category: str = "", risk: str = "", before: Cursor = ""
+) -> HTMLResponse:
     return _listing(
         request,
         rt,
         caller,
         "pending_approval",
+        path="/",
         category=category,
         risk=risk,
+        before=before,
         heading="Waiting for approval",
-        subtitle="Oldest first. Open a plan to review it.",
+        subtitle="Open a plan to review it.",
     )
 
 
 @router.get("/plans", response_class=HTMLResponse)
-def all_plans(request: Request, rt: Rt, caller: Reader, category: str = "", risk: str = "") -> HTMLResponse:
+def all_plans(
+    request: Request, rt: Rt, caller: Reader, *, category: str = "", risk: str = "", before: Cursor = ""
+) -> HTMLResponse:
     return _listing(
         request,
         rt,
         caller,
         None,
+        path="/plans",
         category=category,
         risk=risk,
+        before=before,
         heading="All plans",
-        subtitle="Every plan, oldest first.",
+        subtitle="Every plan you may see.",
     )
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from collections import Counter
 from collections.abc import Mapping
+from dataclasses import replace
 from html import escape
 from typing import Any
 
@@ -16,8 +17,8 @@ from plangate.plan import Plan
 from plangate.record import PlanRecord
 from plangate.rundiff import RunDiff
 from plangate.runtime import Runtime
-from plangate.server import _timeline, _timelinesvg
-from plangate.store import Store
+from plangate.server import _actions, _timeline, _timelinesvg
+from plangate.store import PlanQuery, Store
 from plangate.story import tell
 from plangate.tools import Catalogue, Tool
 
@@ -29,22 +30,32 @@ def risk(plan: Plan | None, catalogue: Catalogue) -> str:
     return max(effects, key=lambda e: _RISK[e], default="read")
 
 
+PAGE = 100
+"""The plans a page of the dashboard's listings shows."""
+SCAN = 500
+"""The plans a page reads at most to find those of one risk level."""
+
+
 def queue(
-    rt: Runtime, catalogue: Catalogue, status: str | None, category: str, level: str, *, reader: User
-) -> list[dict[str, Any]]:
-    """The plans ``reader`` may see, with their risk, filtered by category and risk level."""
-    rows = []
-    for row in rt.list_plans(status, limit=500):
-        if row.kind != "plan" or (category and row.category != category):
-            continue
-        if not reader.may_read(category=row.category, requested_by=row.requested_by):
-            continue
-        record = rt.get(row.id)
-        rating = risk(record.plan, catalogue)
-        if level and rating != level:
-            continue
-        rows.append({**row.__dict__, "risk": rating})
-    return rows
+    rt: Runtime, catalogue: Catalogue, query: PlanQuery, level: str, *, reader: User
+) -> tuple[list[dict[str, Any]], str | None]:
+    """A page of the plans (not ReAct runs) ``reader`` may see that ``query`` selects, each with its risk,
+    and of risk ``level`` if given; and the plan the next page goes on from (None: this is the last).
+
+    The store counts only what ``reader`` may see and ``query`` asks for; a risk is worked out from a
+    plan's steps, so a page reads at most :data:`SCAN` plans looking for those of ``level``.
+    """
+    fetch = SCAN if level else PAGE + 1
+    rows = _actions.listing(rt, reader, replace(query, kind="plan"), fetch)
+    page: list[dict[str, Any]] = []
+    last = None
+    for row in rows:
+        if len(page) == PAGE:  # more follow
+            return page, last
+        rating, last = risk(rt.get(row.id).plan, catalogue), row.id
+        if not level or rating == level:
+            page.append({**row.__dict__, "risk": rating})
+    return page, last if len(rows) == fetch else None
 
 
 def steps(record: PlanRecord, catalogue: Catalogue) -> list[dict[str, Any]]:

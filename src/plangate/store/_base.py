@@ -10,10 +10,12 @@ from typing import Any
 
 from plangate.audit import AuditReport
 from plangate.store._records import (
+    EVERY_PLAN,
     ApprovalRow,
     CallRow,
     CheckRecord,
     Event,
+    PlanQuery,
     PlanRow,
     StepRow,
     TemplateRow,
@@ -207,7 +209,9 @@ class Store(abc.ABC):
         """Ids that start with ``prefix`` (for short ids typed by people)."""
 
     @abc.abstractmethod
-    def list_plans(self, status: str | None = None, limit: int = 100) -> list[PlanRow]: ...
+    def list_plans(self, query: PlanQuery = EVERY_PLAN, limit: int = 100) -> list[PlanRow]:
+        """The first ``limit`` plans that ``query`` selects, in its order: only those, so that a page
+        is full whenever there are that many (``query.before``/``after``: a plan's id, which must exist)."""
 
     @abc.abstractmethod
     def get_version(self, plan_id: str, version: int) -> VersionRow | None: ...

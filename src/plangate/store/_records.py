@@ -5,6 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from plangate._patterns import matches_any
+from plangate.names import canonical
+
 PlanStatus = Literal[
     "rejected",
     "pending_approval",
@@ -42,6 +45,44 @@ class PlanRow:
     lease_until: str | None = None
     purged_at: str | None = None
     """When a retention purge removed the plan's payloads (see :mod:`plangate.retention`)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReadScope:
+    """The plans someone who may not read every plan may read: their own, and those of some categories."""
+
+    requester: str
+    """Their name, in canonical form: the plans whose ``requested_by`` is this name in that form."""
+    categories: tuple[str, ...] = ()
+    """Patterns (``refunds``, ``ref*``, ``*``): the plans of the categories they match."""
+
+    def admits(self, *, category: str, requested_by: str) -> bool:
+        return canonical(requested_by) == self.requester or matches_any(self.categories, category)
+
+
+MAX_LISTED = 500
+"""The most plans one page of a listing holds (the API's and the command line's ``limit``)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlanQuery:
+    """Which plans a listing holds, in which order (:meth:`plangate.store.Store.list_plans`)."""
+
+    status: str | None = None
+    kind: str | None = None
+    category: str | None = None
+    scope: ReadScope | None = None
+    """Only the plans it admits (None: every plan)."""
+    order: Literal["oldest", "newest"] = "oldest"
+    """By the time each plan was submitted (then by id)."""
+    before: str | None = None
+    """A plan's id: only the plans that come before it in time (to page on from the last one listed)."""
+    after: str | None = None
+    """A plan's id: only the plans that come after it in time."""
+
+
+EVERY_PLAN = PlanQuery()
+"""A listing of every plan, oldest first."""
 
 
 @dataclass(frozen=True, kw_only=True)

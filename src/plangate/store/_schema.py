@@ -2,6 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+
+from plangate.names import canonical
+from plangate.store._base import Store
+
+Migration = Sequence[str | Callable[[Store], None]]
+"""Statements, and functions of the store for data SQL cannot compute, in order."""
+
 SCHEMA_V1 = [
     """CREATE TABLE plans (
         id TEXT PRIMARY KEY, status TEXT NOT NULL, version INTEGER NOT NULL, hash TEXT NOT NULL,
@@ -82,7 +90,25 @@ SCHEMA_V10 = [
     # thousand waiting, 0.1 ms through this index).
     "CREATE INDEX plans_runnable ON plans (created_at, id) WHERE kind = 'plan' AND status IN ('approved', 'running')",
 ]
-MIGRATIONS: list[list[str]] = [
+
+
+def _fill_requesters(store: Store) -> None:
+    """Each plan's requester in canonical form (:mod:`plangate.names`), which listings filter by."""
+    for (name,) in store.query("SELECT DISTINCT requested_by FROM plans"):
+        store.command("UPDATE plans SET requester = ? WHERE requested_by = ?", (canonical(name), name))
+
+
+SCHEMA_V11: Migration = [
+    # Listings, newest or oldest first, read the first plans of an index in order and stop at
+    # the page's end, however many plans there are: by status, by requester, or all of them.
+    "ALTER TABLE plans ADD COLUMN requester TEXT",
+    _fill_requesters,
+    "CREATE INDEX plans_requester ON plans (requester, created_at, id)",
+    "CREATE INDEX plans_created ON plans (created_at, id)",
+    "DROP INDEX plans_status",
+    "CREATE INDEX plans_status ON plans (status, created_at, id)",
+]
+MIGRATIONS: list[Migration] = [
     SCHEMA_V1,
     SCHEMA_V2,
     SCHEMA_V3,
@@ -93,5 +119,6 @@ MIGRATIONS: list[list[str]] = [
     SCHEMA_V8,
     SCHEMA_V9,
     SCHEMA_V10,
+    SCHEMA_V11,
 ]
 """Schema migrations, in order: migration N brings the schema from version N-1 to N."""

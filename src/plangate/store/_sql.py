@@ -8,14 +8,19 @@ from contextlib import contextmanager
 from typing import Any, NamedTuple
 
 from plangate import audit
-from plangate.errors import LeaseLostError, StoreError
+from plangate._patterns import like, like_escaped
+from plangate.errors import LeaseLostError, NotFoundError, StoreError, quoted_id
+from plangate.names import canonical
 from plangate.store._base import Store
 from plangate.store._log import AuditLog, _dump, _load, _Pending
 from plangate.store._records import (
+    EVERY_PLAN,
     ApprovalRow,
     CallRow,
     CheckRecord,
+    PlanQuery,
     PlanRow,
+    ReadScope,
     StepRow,
     TemplateRow,
     VersionRow,
@@ -45,6 +50,11 @@ _Lost = str | Callable[[], str]
 _MOST_PARAMETERS = 20_000
 """More parameters than this in the waiting writes: they go out one by one (PostgreSQL takes 65,535 a statement)."""
 
+
+_Position = tuple[str, str]
+"""Where a plan stands in a listing: when it was submitted, and its id."""
+_READ_ON = 100
+"""The fewest rows a listing reads at a time once some it read were not in its scope."""
 
 # The longest text taken as a prefix of a plan id: ids are UUIDs (36 characters), so a longer one matches none.
 _LONGEST_ID = 255
@@ -108,6 +118,17 @@ class SQLStore(AuditLog, Store):
 
     def _sql(self, query: str) -> str:
         return query
+
+    def _ddl(self, statement: str) -> str:
+        """A migration's statement in this database's words."""
+        return statement
+
+    def _migrate_by(self, step: str | Callable[[Store], None]) -> None:
+        """One step of a migration, inside its transaction: a statement, or a function of the store."""
+        if callable(step):
+            step(self)
+        else:
+            self._conn.execute(self._ddl(step))
 
     def _exec(self, query: str, params: tuple[Any, ...] = ()) -> Any:
         if self._pending and ("events" in query or "audit_head" in query):  # it must see the events recorded
@@ -262,8 +283,8 @@ class SQLStore(AuditLog, Store):
     # -- writes --------------------------------------------------------------------------
     def insert_plan(self, row: PlanRow) -> None:
         self._require_tx()
-        values = tuple(getattr(row, name) for name in _PLAN_NAMES)
-        self._exec(f"INSERT INTO plans ({_PLAN_COLUMNS}) VALUES ({', '.join('?' for _ in _PLAN_NAMES)})", values)
+        values = (*(getattr(row, name) for name in _PLAN_NAMES), canonical(row.requested_by))
+        self._exec(f"INSERT INTO plans ({_PLAN_COLUMNS}, requester) VALUES ({', '.join('?' for _ in values)})", values)
 
     def update_plan(self, plan_id: str, **fields: Any) -> None:
         self._require_tx()
@@ -514,18 +535,33 @@ class SQLStore(AuditLog, Store):
     def find_plans(self, prefix: str) -> list[str]:
         if len(prefix) > _LONGEST_ID:  # no id is this long (and SQLite refuses LIKE patterns past 50,000 bytes)
             return []
-        escaped = prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
-        rows = self._exec("SELECT id FROM plans WHERE id LIKE ? ESCAPE '\\' LIMIT 10", (escaped + "%",))
+        rows = self._exec("SELECT id FROM plans WHERE id LIKE ? ESCAPE '\\' LIMIT 10", (like_escaped(prefix) + "%",))
         return [r[0] for r in rows.fetchall()]
 
-    def list_plans(self, status: str | None = None, limit: int = 100) -> list[PlanRow]:
-        query = f"SELECT {_PLAN_COLUMNS} FROM plans"
-        params: tuple[Any, ...] = ()
-        if status is not None:
-            query += " WHERE status = ?"
-            params = (status,)
-        rows = self._exec(query + " ORDER BY created_at, id LIMIT ?", (*params, limit)).fetchall()
-        return [_plan(r) for r in rows]
+    def list_plans(self, query: PlanQuery = EVERY_PLAN, limit: int = 100) -> list[PlanRow]:
+        """Read in an index's order and stopped at ``limit``. A scope's categories are narrowed in SQL
+        by LIKE, which may let through plans the scope does not admit: those are left out, and more read."""
+        before, after = self._position(query.before), self._position(query.after)
+        found: list[PlanRow] = []
+        wanted = limit
+        while len(found) < limit:
+            sql, params = _listing(query, before, after)
+            plans = [_plan(row) for row in self._exec(sql, (*params, wanted)).fetchall()]
+            found += [plan for plan in plans if _admitted(query.scope, plan)]
+            if len(plans) < wanted:
+                break
+            last = (plans[-1].created_at, plans[-1].id)  # the next rows come after the last one read
+            before, after = (last, after) if query.order == "newest" else (before, last)
+            wanted = max(limit - len(found), _READ_ON)
+        return found[:limit]
+
+    def _position(self, plan_id: str | None) -> _Position | None:
+        if plan_id is None:
+            return None
+        row = self._exec("SELECT created_at, id FROM plans WHERE id = ?", (plan_id,)).fetchone()
+        if row is None:
+            raise NotFoundError(f"no plan {quoted_id(plan_id)} to list plans before or after")
+        return (row[0], row[1])
 
     def get_version(self, plan_id: str, version: int) -> VersionRow | None:
         row = self._exec(
@@ -689,3 +725,25 @@ def _plan(row: Any) -> PlanRow:
         lease_until=row[13],
         purged_at=row[14],
     )
+
+
+def _admitted(scope: ReadScope | None, plan: PlanRow) -> bool:
+    return scope is None or scope.admits(category=plan.category, requested_by=plan.requested_by)
+
+
+def _listing(query: PlanQuery, before: _Position | None, after: _Position | None) -> tuple[str, tuple[Any, ...]]:
+    """A listing's SELECT, whose last parameter (its LIMIT) is left to add, and its other parameters."""
+    equal = {name: getattr(query, name) for name in ("status", "kind", "category")}
+    clauses = [f"{name} = ?" for name, value in equal.items() if value is not None]
+    params: list[Any] = [value for value in equal.values() if value is not None]
+    for side, at in (("<", before), (">", after)):
+        if at is not None:
+            clauses.append(f"(created_at, id) {side} (?, ?)")
+            params += at
+    if query.scope is not None:
+        patterns = query.scope.categories
+        clauses.append("(" + " OR ".join(["requester = ?", *("category LIKE ? ESCAPE '\\'" for _ in patterns)]) + ")")
+        params += [query.scope.requester, *(like(pattern) for pattern in patterns)]
+    way = "DESC" if query.order == "newest" else "ASC"
+    where = " AND ".join(clauses) or "1 = 1"
+    return f"SELECT {_PLAN_COLUMNS} FROM plans WHERE {where} ORDER BY created_at {way}, id {way} LIMIT ?", tuple(params)

@@ -61,5 +61,5 @@ class SQLiteStore(SQLStore):
                 )
             for number, statements in enumerate(MIGRATIONS[current:], start=current + 1):
                 for statement in statements:
-                    self._conn.execute(statement)
+                    self._migrate_by(statement)
                 self._conn.execute(f"PRAGMA user_version = {number}")
