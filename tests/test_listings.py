@@ -6,6 +6,7 @@ import re
 import sqlite3
 from collections.abc import Iterator
 from contextlib import closing
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,7 @@ import pytest
 from click.testing import CliRunner
 
 from plangate import Catalogue, Policy
+from plangate._clock import SystemClock
 from plangate.cli import main
 from plangate.runtime import Runtime
 from plangate.server import views
@@ -23,6 +25,7 @@ from plangate.store._sql import _listing
 from plangate.store.postgres import _dialect
 from tests import serverkit
 from tests.conftest import load_plan
+from tests.helpers import FixedClock
 from tests.serverkit import MAIL, api, browser
 
 CLEANUP = load_plan("cleanup")
@@ -49,9 +52,19 @@ def setup(tmp_path: Path, catalogue: Catalogue, policy: Policy) -> dict[str, Any
     return serverkit.setup(tmp_path, catalogue, policy)
 
 
+class Earlier(FixedClock):
+    """A millisecond a reading from 2020 on, and random ids: plans made with it come before any made now, in order."""
+
+    def __init__(self) -> None:
+        super().__init__(datetime(2020, 1, 1, tzinfo=UTC))
+
+    def new_id(self) -> str:
+        return SystemClock().new_id()
+
+
 def others(db: str, catalogue: Catalogue, policy: Policy | None, count: int, plan: dict[str, Any]) -> list[str]:
     """``count`` plans of bob's, submitted before the one a test looks for."""
-    rt = Runtime(catalogue, policy, db=db)
+    rt = Runtime(catalogue, policy, db=db, clock=Earlier())
     try:
         return [rt.submit(plan, "bob").id for _ in range(count)]
     finally:
@@ -116,7 +129,7 @@ SCOPES = [
 def test_a_limit_counts_only_the_plans_a_scope_admits(any_db: str, catalogue: Catalogue) -> None:
     names = ["alice", "Alice ", "ＡＬＩＣＥ", "bob", "dave"]
     categories = ["refunds", "Refunds", "re_unds", "maintenance", "lookups", "r%"]
-    rt = Runtime(catalogue, None, db=any_db)
+    rt = Runtime(catalogue, None, db=any_db, clock=Earlier())
     for n in range(30):  # every name with every category
         made = rt.submit({**MAIL, "category": categories[n % 6]}, names[n % 5])
         if n % 4 == 0:
@@ -249,7 +262,7 @@ def test_a_risk_filter_reads_a_bounded_page_and_goes_on(
 ) -> None:
     monkeypatch.setattr(views, "PAGE", 2)
     monkeypatch.setattr(views, "SCAN", 4)
-    rt = Runtime(catalogue, policy, db=setup["db"])
+    rt = Runtime(catalogue, policy, db=setup["db"], clock=Earlier())
     made = [(rt.submit(plan, "bob").id, plan) for plan in [CHORE, CHORE, LOOKUP, CHORE, VOID, CHORE, CHORE] * 2]
     rt.close()
     gina, _ = browser(setup, "gina")
