@@ -63,7 +63,7 @@ class _Story:
 
     def latest(self) -> tuple[str, str]:
         """The id and hash of the plan submitted last."""
-        plan = json.loads(self.output("list", "--json"))[-1]
+        plan = json.loads(self.output("list", "--json", "--limit", "1"))[0]  # newest first
         return plan["id"], plan["hash"]
 
     def plan(self, name: str) -> str:
