@@ -503,8 +503,7 @@ def _verify(store: Store, anchor: tuple[int, str] | None) -> AuditReport:
         for row in store.list_plans(limit=10**9)
         if row.id not in known
     ]
-    for plan_id in told:  # each plan's own chain and seal, then its rows against its story
-        events, broken = store.plan_events(plan_id)
+    for plan_id, events, broken in store.plans_events(told):  # each plan's own chain and seal, then its rows
         found += [f"plan {plan_id}: {broken}"] if broken else problems(store, fold(plan_id, events))
     return replace(report, ok=not found, tables=tuple(found))
 
