@@ -221,7 +221,11 @@ class _Writer:
         data = {
             "entries": [e.__dict__ for e in entries],
             "changes": [{"at": e.at, "by": e.actor, **e.data} for e in changes],
-            "evidence": {"days": max(days, 1), "categories": [{**s.__dict__} for s in evidence]},
+            "evidence": {
+                "days": max(days, 1),
+                "categories": [{**s.__dict__} for s in evidence.categories],
+                "left_out": list(evidence.left_out),
+            },
         }
         self.put("register.json", json.dumps(data, indent=2, sort_keys=True) + "\n")
         self.put("register.md", _register_document(data))
@@ -262,6 +266,9 @@ def _register_document(data: dict[str, Any]) -> str:
         cells = [s["category"], s["plans"], s["approved"], s["rejected"], s["edited"], median]
         lines.append("| " + " | ".join(str(c) for c in cells) + f" | {'yes' if s['candidate'] else 'no'} |")
     lines += ["", "A candidate has at least 5 decisions, every one an approval, and no edits."]
+    if evidence["left_out"]:
+        lines += ["", "Left out, because their audit events do not verify, so no category is a candidate:", ""]
+        lines += [f"- {line}" for line in evidence["left_out"]]
     return "\n".join(lines) + "\n"
 
 
