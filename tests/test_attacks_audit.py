@@ -239,3 +239,57 @@ def test_a_rollback_undoes_with_the_rows_it_held_against_the_log(tmp_path: Path)
         )
     assert rt.compensate(plan_id, actor="ben", reason="undo it").undone == (1,)
     assert CALLS == ["hold:acct-bob", "release:acct-bob"]
+
+
+def test_a_steps_error_is_held_against_its_failure_event(tmp_path: Path) -> None:
+    """``steps.error`` is what a person reads before settling, rolling back or closing a halted plan: an error
+    written there (say, that nothing happened) is named, and nothing is done."""
+    rt, plan_id, db = halted(tmp_path)
+    tamper(db, "UPDATE steps SET error = ? WHERE plan_id = ? AND step_id = 2", ("nothing was sent: close it", plan_id))
+    report = verify(rt.store)
+    assert not report.ok and any("step 2: steps.error" in t for t in report.tables), report
+    with pytest.raises(GovernanceError, match=r"steps\.error"):
+        rt.close_plan(plan_id, actor="ben", reason="as its error says")
+    assert rt.store.get_plan(plan_id).status == "halted"  # type: ignore[union-attr]
+
+
+def test_a_halt_a_run_taking_over_records_is_the_failure_the_log_records(tmp_path: Path) -> None:
+    """A runner that died between a step's failure and the halt leaves the halt to whoever takes the run over,
+    who records it with the step's error: under the audit key, so never an error written in the row."""
+    CALLS.clear()
+    db = tmp_path / "audit.db"
+    rt = Runtime(CAT, RULES, db=f"sqlite:///{db}", clock=FixedClock(), tools=MODULE)
+    record = rt.submit(plan({"id": 1, "tool": "hold", "params": {"account": "acct-bob"}}), "ann")
+    rt.approve(record.id, "ben", record.hash)
+    died_during(rt.store, record.id, 1)
+    at = "2026-01-01T00:00:01.000000Z"
+    with rt.store.transaction():  # its call failed, as the engine records it, and then the runner died
+        rt.store.finish_step(record.id, 1, attempt=1, status="failed", output=None, error="refused", at=at, lost="")
+        data = {"error": "refused", "ms": 1.0}
+        rt.store.append_event(
+            plan_id=record.id, version=1, step_id=1, kind="step.failed", actor="engine", at=at, data=data
+        )
+    tamper(db, "UPDATE steps SET error = ? WHERE plan_id = ?", ("timed out: safe to run again", record.id))
+    with pytest.raises(GovernanceError, match=r"steps\.error"):
+        rt.execute(record.id)
+    assert not [e for e in rt.store.events(record.id) if e.kind == "run.halted"], "a halt recorded the row's error"
+    assert CALLS == []
+
+
+@pytest.mark.parametrize("note", ["the bank says it never arrived", None])
+def test_a_settlement_is_the_error_its_row_keeps_and_no_other(tmp_path: Path, note: str | None) -> None:
+    """A step settled as not done keeps the settlement as its error, in the words plangate writes it ("settled as
+    not done by ben: ..."), which the log holds too: it verifies, and an edit of it does not."""
+    CALLS.clear()
+    db = tmp_path / "audit.db"
+    rt = Runtime(CAT, RULES, db=f"sqlite:///{db}", clock=FixedClock(), tools=MODULE)
+    record = rt.submit(plan({"id": 1, "tool": "hold", "params": {"account": "acct-bob"}}), "ann")
+    rt.approve(record.id, "ben", record.hash)
+    died_during(rt.store, record.id, 1)
+    assert rt.execute(record.id).status == "halted"  # hold is not idempotent: its outcome is unknown
+    rt.settle(record.id, 1, done=False, actor="ben", note=note)
+    assert verify(rt.store).ok, verify(rt.store)
+    tamper(db, "UPDATE steps SET error = 'settled as done by ben' WHERE plan_id = ?", (record.id,))
+    report = verify(rt.store)
+    assert not report.ok and any("step 1: steps.error" in t for t in report.tables), report
+

@@ -16,7 +16,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from plangate import _purged, approval
+from plangate import _purged, approval, recovery
 from plangate.audit import AuditReport
 from plangate.errors import GovernanceError
 from plangate.plan import Plan, same_json
@@ -66,6 +66,9 @@ class PlanLedger:
     """Each step's last recorded status and, once it succeeded, its output (undo steps: negative ids)."""
     params: dict[int, Any] = field(default_factory=dict)
     """The parameters each step (undo steps: negative ids) was last called with; a rollback undoes with them."""
+    errors: dict[int, str | None] = field(default_factory=dict)
+    """The error each step's (undo steps: negative ids) row keeps, as its last outcome's event tells it: a failure's,
+    a skip's reason, a settlement as not done; a halt records it, and a person reads it before settling."""
     attempts: dict[int, Attempt] = field(default_factory=dict)
     """Each step's (undo steps: negative ids) latest attempt: its number, key and plan version."""
     pending: dict[str, Any] | None = None
@@ -233,6 +236,7 @@ def _apply_step(ledger: PlanLedger, event: Event) -> None:
         ledger.broken.append(f"event {event.seq} ({event.kind}) happened while the plan was {ledger.status}")
     step = -event.step_id if undo else event.step_id
     ledger.steps[step] = (status, event.data.get("output") if status == "succeeded" else None)
+    ledger.errors[step] = _error(event, status)
     if status == "started":  # the values the call was made with, as resolved
         ledger.params[step] = event.data.get("params")
     elif event.kind == "step.skipped" or event.data.get("before_call"):  # no call made: its row keeps none
@@ -240,6 +244,17 @@ def _apply_step(ledger: PlanLedger, event: Event) -> None:
     else:
         return  # an outcome: the row keeps its attempt
     ledger.attempts[step] = _attempt(ledger, step, event)
+
+
+def _error(event: Event, status: str) -> str | None:
+    """The error a step's row keeps for this event, written as plangate writes it there."""
+    if status in ("started", "succeeded"):
+        return None
+    if event.kind == "step.skipped":
+        return event.data.get("reason")
+    if event.kind in ("step.settled", "compensation.step_settled"):
+        return recovery.not_done(event.actor, event.data.get("note"))
+    return event.data.get("error")
 
 
 def _attempt(ledger: PlanLedger, step: int, event: Event) -> Attempt:
@@ -365,6 +380,8 @@ def _step_problems(store: Store, ledger: PlanLedger) -> list[str]:
             found.append(f"{where}: steps.output differs from the output the audit log recorded")
         elif not same_json(row.params, ledger.params.get(step_id)):  # what a rollback undoes with
             found.append(f"{where}: steps.params differs from the parameters the audit log recorded")
+        elif row.error != (None if ledger.purged else ledger.errors.get(step_id)):  # a purge removed both
+            found.append(f"{where}: steps.error differs from the error the audit log recorded")
         elif differs := _attempt_differs(row, ledger.attempts.get(step_id)):
             found.append(f"{where}: {differs}")
     return found
