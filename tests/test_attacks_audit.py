@@ -293,3 +293,58 @@ def test_a_settlement_is_the_error_its_row_keeps_and_no_other(tmp_path: Path, no
     report = verify(rt.store)
     assert not report.ok and any("step 1: steps.error" in t for t in report.tables), report
 
+
+@tool
+def look_up(key: str) -> str:
+    """Read a public record."""
+    return key
+
+
+@tool
+def peek(key: str) -> str:
+    """Read a private record."""
+    CALLS.append(f"peek:{key}")
+    return key
+
+
+ROLES = Policy.from_data(
+    {
+        "version": 1,
+        "name": "roles",
+        "roles": {"support": {"tools": ["look_up"]}, "operator": {"tools": ["*"]}},
+        "users": {"ann": "support", "bob": "operator"},
+        "default_role": "support",
+        "approval": {"auto": ["lookups"]},
+    }
+)
+
+
+def test_an_edit_is_checked_with_the_requesters_role_the_log_records(tmp_path: Path) -> None:
+    """An edit is checked with the role the policy gives the plan's requester: with the requester changed in the row
+    to someone whose role uses any tool, a support account's edit to a tool support may not use was approved
+    automatically, and ran once the row was put back (then agreeing with the log again)."""
+    CALLS.clear()
+    db = tmp_path / "audit.db"
+    rt = Runtime(Catalogue([look_up, peek]), ROLES, db=f"sqlite:///{db}", clock=FixedClock())
+    record = rt.submit(plan({"id": 1, "tool": "look_up", "params": {"key": "a"}}, category="lookups"), "ann")
+    assert record.status == "approved"
+    tamper(db, "UPDATE plans SET requested_by = 'bob' WHERE id = ?", (record.id,))
+    peeks = plan({"id": 1, "tool": "peek", "params": {"key": "salaries"}}, category="lookups")
+    with pytest.raises(GovernanceError, match=r"may not be edited: plans\.requested_by is 'bob'"):
+        rt.edit(record.id, peeks, "ann")
+    tamper(db, "UPDATE plans SET requested_by = 'ann' WHERE id = ?", (record.id,))
+    assert rt.execute(record.id).ok
+    assert CALLS == [] and rt.store.get_plan(record.id).version == 1  # type: ignore[union-attr]
+
+
+def test_a_rejection_is_recorded_only_on_a_plan_whose_rows_agree_with_the_log(tmp_path: Path) -> None:
+    """A plan that ran, set back to waiting in its row, is not rejected: the log would record, under the key, a
+    decision by a person on a plan that was never waiting for one."""
+    db = tmp_path / "audit.db"
+    rt = Runtime(Catalogue([look_up, peek]), ROLES, db=f"sqlite:///{db}", clock=FixedClock())
+    record = rt.submit(plan({"id": 1, "tool": "look_up", "params": {"key": "a"}}, category="lookups"), "ann")
+    assert rt.execute(record.id).ok
+    tamper(db, "UPDATE plans SET status = 'pending_approval' WHERE id = ?", (record.id,))
+    with pytest.raises(GovernanceError, match=r"may not be rejected: plans\.status is 'pending_approval'"):
+        rt.reject(record.id, "ben", "not needed after all")
+    assert not [e for e in rt.store.events(record.id) if e.kind == "plan.approval"]
