@@ -163,7 +163,7 @@ def _apply(ledger: PlanLedger, event: Event) -> None:
     elif kind == "plan.checked" and event.version in ledger.versions:
         ledger.versions[event.version].check = CheckRecord.from_dict(data)
     elif kind == "plan.approval" or (kind == "plan.approved" and data.get("by") == "auto"):
-        ledger.decisions.append(_decision(event))
+        ledger.decisions.append(_decision(event, _policy_hash(ledger, event.version)))
     elif kind.startswith("react."):
         _apply_react(ledger, event)
     elif event.step_id is not None:
@@ -269,20 +269,29 @@ def _attempt(ledger: PlanLedger, step: int, event: Event) -> Attempt:
     return Attempt(attempt=number, idempotency_key=key, version=event.version)
 
 
-def _decision(event: Event) -> ApprovalRow:
+def _decision(event: Event, policy_hash: str | None) -> ApprovalRow:
+    """A decision as its event records it; an automatic approval's comment is the policy's reasons."""
     auto = event.kind == "plan.approved"
     return ApprovalRow(
         plan_id=event.plan_id or "",
         version=event.version or 0,
         plan_hash=event.data.get("hash", ""),
-        policy_hash=None,
+        policy_hash=policy_hash,
         decision="approved" if auto else event.data.get("decision", "rejected"),
         actor=event.actor,
         role=None if auto else event.data.get("role"),
         kind="auto" if auto else "person",
-        comment=event.data.get("comment"),
+        comment="; ".join(event.data.get("reasons", ())) if auto else event.data.get("comment"),
         at=event.at,
     )
+
+
+def _policy_hash(ledger: PlanLedger, number: int | None) -> str | None:
+    """The policy a version is held to as it is decided on: its check's (a ReAct action's: its pause's)."""
+    if ledger.kind == "react":
+        return ledger.pending.get("policy_hash") if ledger.pending else None
+    version = ledger.versions.get(number or 0)
+    return ((version.check.policy if version and version.check else None) or {}).get("policy_hash")
 
 
 def problems(
@@ -477,10 +486,14 @@ def _story(store: Store, plan: PlanRow, doing: str, version: VersionRow | None) 
     told.events = events
     found = problems(store, told, plan, version)
     if found:
-        more = f" (and {len(found) - 1} more; see plangate audit verify)" if len(found) > 1 else ""
-        first = found[0].removeprefix(f"plan {plan.id}: ").removeprefix(f"plan {plan.id} ")
-        raise GovernanceError(f"plan {plan.id} may not {doing}: {first}{more}; nothing was done")
+        raise GovernanceError(f"plan {plan.id} may not {doing}: {first_problem(plan.id, found)}; nothing was done")
     return told
+
+
+def first_problem(plan_id: str, found: list[str]) -> str:
+    """The first of a plan's problems without the plan's name, and how many more there are."""
+    more = f" (and {len(found) - 1} more; see plangate audit verify)" if len(found) > 1 else ""
+    return found[0].removeprefix(f"plan {plan_id}: ").removeprefix(f"plan {plan_id} ") + more
 
 
 def right_to_run(store: Store, plan: PlanRow, version: VersionRow) -> tuple[Plan, PlanLedger]:
