@@ -239,3 +239,112 @@ def test_a_rollback_undoes_with_the_rows_it_held_against_the_log(tmp_path: Path)
         )
     assert rt.compensate(plan_id, actor="ben", reason="undo it").undone == (1,)
     assert CALLS == ["hold:acct-bob", "release:acct-bob"]
+
+
+def test_a_steps_error_is_held_against_its_failure_event(tmp_path: Path) -> None:
+    """``steps.error`` is what a person reads before settling, rolling back or closing a halted plan: an error
+    written there (say, that nothing happened) is named, and nothing is done."""
+    rt, plan_id, db = halted(tmp_path)
+    tamper(db, "UPDATE steps SET error = ? WHERE plan_id = ? AND step_id = 2", ("nothing was sent: close it", plan_id))
+    report = verify(rt.store)
+    assert not report.ok and any("step 2: steps.error" in t for t in report.tables), report
+    with pytest.raises(GovernanceError, match=r"steps\.error"):
+        rt.close_plan(plan_id, actor="ben", reason="as its error says")
+    assert rt.store.get_plan(plan_id).status == "halted"  # type: ignore[union-attr]
+
+
+def test_a_halt_a_run_taking_over_records_is_the_failure_the_log_records(tmp_path: Path) -> None:
+    """A runner that died between a step's failure and the halt leaves the halt to whoever takes the run over,
+    who records it with the step's error: under the audit key, so never an error written in the row."""
+    CALLS.clear()
+    db = tmp_path / "audit.db"
+    rt = Runtime(CAT, RULES, db=f"sqlite:///{db}", clock=FixedClock(), tools=MODULE)
+    record = rt.submit(plan({"id": 1, "tool": "hold", "params": {"account": "acct-bob"}}), "ann")
+    rt.approve(record.id, "ben", record.hash)
+    died_during(rt.store, record.id, 1)
+    at = "2026-01-01T00:00:01.000000Z"
+    with rt.store.transaction():  # its call failed, as the engine records it, and then the runner died
+        rt.store.finish_step(record.id, 1, attempt=1, status="failed", output=None, error="refused", at=at, lost="")
+        data = {"error": "refused", "ms": 1.0}
+        rt.store.append_event(
+            plan_id=record.id, version=1, step_id=1, kind="step.failed", actor="engine", at=at, data=data
+        )
+    tamper(db, "UPDATE steps SET error = ? WHERE plan_id = ?", ("timed out: safe to run again", record.id))
+    with pytest.raises(GovernanceError, match=r"steps\.error"):
+        rt.execute(record.id)
+    assert not [e for e in rt.store.events(record.id) if e.kind == "run.halted"], "a halt recorded the row's error"
+    assert CALLS == []
+
+
+@pytest.mark.parametrize("note", ["the bank says it never arrived", None])
+def test_a_settlement_is_the_error_its_row_keeps_and_no_other(tmp_path: Path, note: str | None) -> None:
+    """A step settled as not done keeps the settlement as its error, in the words plangate writes it ("settled as
+    not done by ben: ..."), which the log holds too: it verifies, and an edit of it does not."""
+    CALLS.clear()
+    db = tmp_path / "audit.db"
+    rt = Runtime(CAT, RULES, db=f"sqlite:///{db}", clock=FixedClock(), tools=MODULE)
+    record = rt.submit(plan({"id": 1, "tool": "hold", "params": {"account": "acct-bob"}}), "ann")
+    rt.approve(record.id, "ben", record.hash)
+    died_during(rt.store, record.id, 1)
+    assert rt.execute(record.id).status == "halted"  # hold is not idempotent: its outcome is unknown
+    rt.settle(record.id, 1, done=False, actor="ben", note=note)
+    assert verify(rt.store).ok, verify(rt.store)
+    tamper(db, "UPDATE steps SET error = 'settled as done by ben' WHERE plan_id = ?", (record.id,))
+    report = verify(rt.store)
+    assert not report.ok and any("step 1: steps.error" in t for t in report.tables), report
+
+
+@tool
+def look_up(key: str) -> str:
+    """Read a public record."""
+    return key
+
+
+@tool
+def peek(key: str) -> str:
+    """Read a private record."""
+    CALLS.append(f"peek:{key}")
+    return key
+
+
+ROLES = Policy.from_data(
+    {
+        "version": 1,
+        "name": "roles",
+        "roles": {"support": {"tools": ["look_up"]}, "operator": {"tools": ["*"]}},
+        "users": {"ann": "support", "bob": "operator"},
+        "default_role": "support",
+        "approval": {"auto": ["lookups"]},
+    }
+)
+
+
+def test_an_edit_is_checked_with_the_requesters_role_the_log_records(tmp_path: Path) -> None:
+    """An edit is checked with the role the policy gives the plan's requester: with the requester changed in the row
+    to someone whose role uses any tool, a support account's edit to a tool support may not use was approved
+    automatically, and ran once the row was put back (then agreeing with the log again)."""
+    CALLS.clear()
+    db = tmp_path / "audit.db"
+    rt = Runtime(Catalogue([look_up, peek]), ROLES, db=f"sqlite:///{db}", clock=FixedClock())
+    record = rt.submit(plan({"id": 1, "tool": "look_up", "params": {"key": "a"}}, category="lookups"), "ann")
+    assert record.status == "approved"
+    tamper(db, "UPDATE plans SET requested_by = 'bob' WHERE id = ?", (record.id,))
+    peeks = plan({"id": 1, "tool": "peek", "params": {"key": "salaries"}}, category="lookups")
+    with pytest.raises(GovernanceError, match=r"may not be edited: plans\.requested_by is 'bob'"):
+        rt.edit(record.id, peeks, "ann")
+    tamper(db, "UPDATE plans SET requested_by = 'ann' WHERE id = ?", (record.id,))
+    assert rt.execute(record.id).ok
+    assert CALLS == [] and rt.store.get_plan(record.id).version == 1  # type: ignore[union-attr]
+
+
+def test_a_rejection_is_recorded_only_on_a_plan_whose_rows_agree_with_the_log(tmp_path: Path) -> None:
+    """A plan that ran, set back to waiting in its row, is not rejected: the log would record, under the key, a
+    decision by a person on a plan that was never waiting for one."""
+    db = tmp_path / "audit.db"
+    rt = Runtime(Catalogue([look_up, peek]), ROLES, db=f"sqlite:///{db}", clock=FixedClock())
+    record = rt.submit(plan({"id": 1, "tool": "look_up", "params": {"key": "a"}}, category="lookups"), "ann")
+    assert rt.execute(record.id).ok
+    tamper(db, "UPDATE plans SET status = 'pending_approval' WHERE id = ?", (record.id,))
+    with pytest.raises(GovernanceError, match=r"may not be rejected: plans\.status is 'pending_approval'"):
+        rt.reject(record.id, "ben", "not needed after all")
+    assert not [e for e in rt.store.events(record.id) if e.kind == "plan.approval"]

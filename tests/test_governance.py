@@ -309,3 +309,35 @@ def test_export_from_python_names_the_files_it_wrote(tmp_path: Path, store: tupl
     assert len(seen) == 6 and done.plans == 6 and done.incidents == 3
     manifest = json.loads((tmp_path / "py" / "manifest.json").read_text())
     assert manifest["exported_at"].startswith("2026-12-05T09:00") and done.files == len(manifest["files"])
+
+
+def test_the_approval_log_and_incidents_are_the_audit_logs(tmp_path: Path, store: tuple[str, dict[str, str]]) -> None:
+    """Someone with the database but not the audit key rewrites a rejection's reason and time, and inserts an
+    approval of a plan left open after a halt: the approval log says what the log says, and the plan whose rows
+    disagree with its events is left out of the approval log and the incidents, and named."""
+    from contextlib import closing
+
+    from plangate.store import open_store
+
+    db, ids = store
+    with closing(open_store(db)) as opened, opened.transaction():
+        opened.command(
+            "UPDATE approvals SET comment = 'fine by me', at = '2026-12-05T10:00:00.000000Z' WHERE plan_id = ?",
+            (ids["rejected"],),
+        )
+        opened.command(
+            "INSERT INTO approvals (plan_id, version, plan_hash, decision, actor, role, kind, at) SELECT plan_id,"
+            " version, plan_hash, 'approved', 'mallory', role, 'person', at FROM approvals WHERE plan_id = ?",
+            (ids["open"],),
+        )
+    out = exported(tmp_path, db)
+    with (out / "approvals.csv").open() as handle:
+        rows = list(csv.DictReader(handle))
+    rejected = next(r for r in rows if r["plan_id"] == ids["rejected"])
+    assert (rejected["comment"], rejected["at"][:16]) == ("wrong invoice", "2026-12-05T09:00")
+    assert not [r for r in rows if r["plan_id"] == ids["open"]], "a plan whose rows disagree with its events"
+    assert f"Plan {ids['open']}" not in (out / "incidents.md").read_text()
+    index = (out / "README.md").read_text()
+    assert f"- plan {ids['open']}: the approvals table does not match the audit log (a row with no event: " in index
+    assert json.loads((out / "manifest.json").read_text())["left_out"] == [ids["open"]]
+    assert run("governance", "verify", str(out)).exit_code == 0

@@ -1,11 +1,13 @@
 from __future__ import annotations
 
+from contextlib import closing
 from pathlib import Path
+from typing import Any
 
 import pytest
 from click.testing import CliRunner
 
-from plangate import Catalogue, Policy, tool
+from plangate import Catalogue, Policy, ledger, tool
 from plangate.accounts import Accounts
 from plangate.cli import main
 from plangate.errors import GovernanceError, StoreError, UsageError
@@ -69,7 +71,7 @@ def test_the_report_finds_categories_approved_without_changes(runtime: Runtime) 
     runtime.approve(edited.id, "erin", edited.hash)
     rejected = runtime.submit(plan({"id": 1, "tool": "look", "params": {"key": "z"}}, category="refunds"), "ann")
     runtime.reject(rejected.id, "dave", "no")
-    rows = {r.category: r for r in report(runtime.store, clock=runtime.clock)}
+    rows = {r.category: r for r in report(runtime.store, clock=runtime.clock).categories}
     assert rows["reports"].candidate and rows["reports"].approval_rate == 1.0 and rows["reports"].edit_rate == 0
     assert rows["reports"].median_minutes is not None and rows["reports"].median_minutes < 1
     refunds = rows["refunds"]
@@ -167,3 +169,75 @@ def test_the_command_line_refuses_a_misleading_register_entry_with_exit_4_unless
     )
     forced = CliRunner().invoke(main, [*turn_on, "--force"])
     assert forced.exit_code == 0 and "refunds: automatic approval on (by gina: x)" in forced.stdout
+
+
+def decided(runtime: Runtime) -> dict[str, str]:
+    """Five plans in 'reports' approved as they were, one rejected and one edited before its approval; one waiting."""
+
+    def look_up(key: str) -> dict[str, Any]:
+        return plan({"id": 1, "tool": "look", "params": {"key": key}}, category="reports")
+
+    ids = {}
+    for n in range(5):
+        record = runtime.submit(look_up(str(n)), "ann")
+        ids[f"approved{n}"] = runtime.approve(record.id, "dave", record.hash).id
+    rejected = runtime.submit(look_up("r"), "ann")
+    ids["rejected"] = runtime.reject(rejected.id, "dave", "not this one").id
+    edited = runtime.edit(runtime.submit(look_up("e"), "ann").id, look_up("f"), "dave")
+    ids["edited"] = runtime.approve(edited.id, "erin", edited.hash).id
+    ids["waiting"] = runtime.submit(look_up("w"), "ann").id
+    return ids
+
+
+def test_the_report_is_read_from_the_audit_log_not_from_rows_the_database_can_change(any_db: str) -> None:
+    """The evidence that clears a category for automatic approval: a rejection made an approval, an edit undone,
+    a decision inserted for a plan still waiting, all in the tables, change none of it."""
+    with closing(Runtime(Catalogue([look]), POLICY, db=any_db, clock=FixedClock())) as runtime:
+        Accounts(runtime.store).add("dave", "approver", categories=("*",))
+        ids = decided(runtime)
+        before = report(runtime.store, clock=runtime.clock)
+        reports = next(r for r in before.categories if r.category == "reports")
+        counts = (reports.plans, reports.approved, reports.rejected, reports.edited, reports.candidate)
+        assert counts == (8, 6, 1, 1, False)
+        with runtime.store.transaction():  # someone with the database, without the audit key
+            runtime.store.command("UPDATE approvals SET decision = 'approved' WHERE plan_id = ?", (ids["rejected"],))
+            runtime.store.command("UPDATE plans SET status = 'approved' WHERE id = ?", (ids["rejected"],))
+            runtime.store.command("UPDATE plans SET version = 1 WHERE id = ?", (ids["edited"],))
+            runtime.store.command("DELETE FROM plan_versions WHERE plan_id = ? AND version = 2", (ids["edited"],))
+            runtime.store.command(
+                "INSERT INTO approvals (plan_id, version, plan_hash, decision, actor, role, kind, at) SELECT ?,"
+                " version, plan_hash, 'approved', 'dave', role, 'person', at FROM approvals WHERE plan_id = ?",
+                (ids["waiting"], ids["approved0"]),
+            )
+        assert report(runtime.store, clock=runtime.clock) == before
+        assert not ledger.verify(runtime.store).ok, "the rows disagree with the log, as audit verify says"
+
+
+def test_a_plan_whose_events_do_not_verify_is_named_and_no_category_is_a_candidate(
+    runtime: Runtime, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A rejection's event rewritten, or a plan's events cut out with only its row left: the plan is left out of
+    the evidence and named, and while one is, no category is a candidate (its own cannot be known)."""
+    ids = decided(runtime)
+    for n in range(5, 10):
+        record = runtime.submit(plan({"id": 1, "tool": "look", "params": {"key": str(n)}}, category="notes"), "ann")
+        runtime.approve(record.id, "dave", record.hash)
+    assert [r.category for r in report(runtime.store, clock=runtime.clock).categories if r.candidate] == ["notes"]
+    with runtime.store.transaction():
+        runtime.store.command(
+            "UPDATE events SET data = replace(data, '\"rejected\"', '\"approved\"') WHERE plan_id = ?",
+            (ids["rejected"],),
+        )
+    evidence = report(runtime.store, clock=runtime.clock)
+    assert [r.category for r in evidence.categories if r.candidate] == []
+    reports = next(r for r in evidence.categories if r.category == "reports")
+    assert (reports.plans, reports.approved, reports.rejected) == (7, 6, 0), "the rewritten plan is left out"
+    assert len(evidence.left_out) == 1
+    assert evidence.left_out[0].startswith(f"plan {ids['rejected']}: its audit events do not verify (event ")
+    monkeypatch.setenv("PLANGATE_DB", f"sqlite:///{tmp_path}/r.db")
+    out = CliRunner().invoke(main, ["approvals", "report", "--days", "36500"]).stdout
+    assert f"1 plan(s) left out, so no category is a candidate:\n  plan {ids['rejected']}: its audit events" in out
+    with runtime.store.transaction():
+        runtime.store.command("DELETE FROM events WHERE plan_id = ?", (ids["edited"],))
+    evidence = report(runtime.store, clock=runtime.clock)
+    assert any(line.startswith(f"plan {ids['edited']}: ") for line in evidence.left_out), evidence.left_out

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import urllib.parse
+from contextlib import closing
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -140,7 +141,13 @@ def test_the_register_page(setup: dict[str, Any]) -> None:
     )
     assert done.status_code == 303
     page = gina.get("/register").text
-    assert "reviewed" in page and 'id="register-save"' in page
+    assert "reviewed" in page and 'id="register-save"' in page and 'id="left-out"' not in page
+    plan = api(setup, "alice").post("/api/plans", json=load_plan("refund")).json()
+    with closing(open_store(setup["db"])) as store, store.transaction():  # its events rewritten in the database
+        store.command("UPDATE events SET data = replace(data, 'refund', 'refunds') WHERE plan_id = ?", (plan["id"],))
+    page = gina.get("/register").text
+    assert 'id="left-out"' in page and f"plan {plan['id']}: its audit events do not verify" in page
+    assert api(setup, "gina").get("/api/register").json()["left_out"][0].startswith(f"plan {plan['id']}: ")
 
 
 def test_after_a_halt_settle_resume_and_roll_back_from_the_dashboard(setup: dict[str, Any]) -> None:

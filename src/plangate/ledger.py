@@ -16,7 +16,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from plangate import _purged, approval
+from plangate import _purged, approval, recovery
 from plangate.audit import AuditReport
 from plangate.errors import GovernanceError
 from plangate.plan import Plan, same_json
@@ -66,6 +66,9 @@ class PlanLedger:
     """Each step's last recorded status and, once it succeeded, its output (undo steps: negative ids)."""
     params: dict[int, Any] = field(default_factory=dict)
     """The parameters each step (undo steps: negative ids) was last called with; a rollback undoes with them."""
+    errors: dict[int, str | None] = field(default_factory=dict)
+    """The error each step's (undo steps: negative ids) row keeps, as its last outcome's event tells it: a failure's,
+    a skip's reason, a settlement as not done; a halt records it, and a person reads it before settling."""
     attempts: dict[int, Attempt] = field(default_factory=dict)
     """Each step's (undo steps: negative ids) latest attempt: its number, key and plan version."""
     pending: dict[str, Any] | None = None
@@ -160,7 +163,7 @@ def _apply(ledger: PlanLedger, event: Event) -> None:
     elif kind == "plan.checked" and event.version in ledger.versions:
         ledger.versions[event.version].check = CheckRecord.from_dict(data)
     elif kind == "plan.approval" or (kind == "plan.approved" and data.get("by") == "auto"):
-        ledger.decisions.append(_decision(event))
+        ledger.decisions.append(_decision(event, _policy_hash(ledger, event.version)))
     elif kind.startswith("react."):
         _apply_react(ledger, event)
     elif event.step_id is not None:
@@ -233,6 +236,7 @@ def _apply_step(ledger: PlanLedger, event: Event) -> None:
         ledger.broken.append(f"event {event.seq} ({event.kind}) happened while the plan was {ledger.status}")
     step = -event.step_id if undo else event.step_id
     ledger.steps[step] = (status, event.data.get("output") if status == "succeeded" else None)
+    ledger.errors[step] = _error(event, status)
     if status == "started":  # the values the call was made with, as resolved
         ledger.params[step] = event.data.get("params")
     elif event.kind == "step.skipped" or event.data.get("before_call"):  # no call made: its row keeps none
@@ -240,6 +244,17 @@ def _apply_step(ledger: PlanLedger, event: Event) -> None:
     else:
         return  # an outcome: the row keeps its attempt
     ledger.attempts[step] = _attempt(ledger, step, event)
+
+
+def _error(event: Event, status: str) -> str | None:
+    """The error a step's row keeps for this event, written as plangate writes it there."""
+    if status in ("started", "succeeded"):
+        return None
+    if event.kind == "step.skipped":
+        return event.data.get("reason")
+    if event.kind in ("step.settled", "compensation.step_settled"):
+        return recovery.not_done(event.actor, event.data.get("note"))
+    return event.data.get("error")
 
 
 def _attempt(ledger: PlanLedger, step: int, event: Event) -> Attempt:
@@ -254,20 +269,29 @@ def _attempt(ledger: PlanLedger, step: int, event: Event) -> Attempt:
     return Attempt(attempt=number, idempotency_key=key, version=event.version)
 
 
-def _decision(event: Event) -> ApprovalRow:
+def _decision(event: Event, policy_hash: str | None) -> ApprovalRow:
+    """A decision as its event records it; an automatic approval's comment is the policy's reasons."""
     auto = event.kind == "plan.approved"
     return ApprovalRow(
         plan_id=event.plan_id or "",
         version=event.version or 0,
         plan_hash=event.data.get("hash", ""),
-        policy_hash=None,
+        policy_hash=policy_hash,
         decision="approved" if auto else event.data.get("decision", "rejected"),
         actor=event.actor,
         role=None if auto else event.data.get("role"),
         kind="auto" if auto else "person",
-        comment=event.data.get("comment"),
+        comment="; ".join(event.data.get("reasons", ())) if auto else event.data.get("comment"),
         at=event.at,
     )
+
+
+def _policy_hash(ledger: PlanLedger, number: int | None) -> str | None:
+    """The policy a version is held to as it is decided on: its check's (a ReAct action's: its pause's)."""
+    if ledger.kind == "react":
+        return ledger.pending.get("policy_hash") if ledger.pending else None
+    version = ledger.versions.get(number or 0)
+    return ((version.check.policy if version and version.check else None) or {}).get("policy_hash")
 
 
 def problems(
@@ -365,6 +389,8 @@ def _step_problems(store: Store, ledger: PlanLedger) -> list[str]:
             found.append(f"{where}: steps.output differs from the output the audit log recorded")
         elif not same_json(row.params, ledger.params.get(step_id)):  # what a rollback undoes with
             found.append(f"{where}: steps.params differs from the parameters the audit log recorded")
+        elif row.error != (None if ledger.purged else ledger.errors.get(step_id)):  # a purge removed both
+            found.append(f"{where}: steps.error differs from the error the audit log recorded")
         elif differs := _attempt_differs(row, ledger.attempts.get(step_id)):
             found.append(f"{where}: {differs}")
     return found
@@ -460,10 +486,14 @@ def _story(store: Store, plan: PlanRow, doing: str, version: VersionRow | None) 
     told.events = events
     found = problems(store, told, plan, version)
     if found:
-        more = f" (and {len(found) - 1} more; see plangate audit verify)" if len(found) > 1 else ""
-        first = found[0].removeprefix(f"plan {plan.id}: ").removeprefix(f"plan {plan.id} ")
-        raise GovernanceError(f"plan {plan.id} may not {doing}: {first}{more}; nothing was done")
+        raise GovernanceError(f"plan {plan.id} may not {doing}: {first_problem(plan.id, found)}; nothing was done")
     return told
+
+
+def first_problem(plan_id: str, found: list[str]) -> str:
+    """The first of a plan's problems without the plan's name, and how many more there are."""
+    more = f" (and {len(found) - 1} more; see plangate audit verify)" if len(found) > 1 else ""
+    return found[0].removeprefix(f"plan {plan_id}: ").removeprefix(f"plan {plan_id} ") + more
 
 
 def right_to_run(store: Store, plan: PlanRow, version: VersionRow) -> tuple[Plan, PlanLedger]:
@@ -503,8 +533,7 @@ def _verify(store: Store, anchor: tuple[int, str] | None) -> AuditReport:
         for row in store.list_plans(limit=10**9)
         if row.id not in known
     ]
-    for plan_id in told:  # each plan's own chain and seal, then its rows against its story
-        events, broken = store.plan_events(plan_id)
+    for plan_id, events, broken in store.plans_events(told):  # each plan's own chain and seal, then its rows
         found += [f"plan {plan_id}: {broken}"] if broken else problems(store, fold(plan_id, events))
     return replace(report, ok=not found, tables=tuple(found))
 

@@ -83,6 +83,11 @@ def closed_note(store: Store, plan_id: str) -> str:
     return f"plan {plan_id} was closed by {event.actor} at {event.at[:19]}: {event.data.get('reason')!r}"
 
 
+def not_done(actor: str, note: str | None) -> str:
+    """The error a step settled as not done keeps: who settled it, and their note."""
+    return f"settled as not done by {actor}" + (f": {note}" if note else "")
+
+
 def settle(
     store: Store,
     catalogue: Catalogue,
@@ -121,8 +126,7 @@ def settle(
             raise UsageError(f"the output given does not match {tool.name}'s declared type: {exc}") from None
         store.put_step(replace(row, status="succeeded", output=output, error=None, finished_at=at))
     else:
-        error = f"settled as not done by {actor}" + (f": {note}" if note else "")
-        store.put_step(replace(row, status="failed", error=error, finished_at=at))
+        store.put_step(replace(row, status="failed", error=not_done(actor, note), finished_at=at))
     lifecycle.hold(store, plan, at)
     store.append_event(  # an undo's events name the step it undoes, as the rollback's own do
         plan_id=plan.id,

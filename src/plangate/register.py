@@ -10,6 +10,8 @@ audit event with who, when and why.
 many plans, how many a person approved or rejected, how many were edited before the
 decision, the median time to a decision, and whether the category is *consistently
 approved without modification* (enough plans, every decision an approval, no edits).
+Like the register, it is read from the audit log (each plan's events, checked under the
+key), never from the tables, which only mirror it.
 """
 
 from __future__ import annotations
@@ -19,12 +21,12 @@ from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import Any
 
-from plangate import _input
+from plangate import _input, audit, ledger
 from plangate._clock import Clock, SystemClock, iso, parse_iso
 from plangate.accounts import Accounts
 from plangate.errors import GovernanceError, UsageError
 from plangate.policy import Policy
-from plangate.store import CheckRecord, Store
+from plangate.store import ApprovalRow, CheckRecord, Event, Store
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -151,33 +153,86 @@ class CategoryStats:
         return self.edited / self.plans if self.plans else None
 
 
-def report(store: Store, *, days: int = 90, min_plans: int = 5, clock: Clock | None = None) -> list[CategoryStats]:
-    """Per category over the last ``days``: the evidence for (or against) automatic approval."""
+@dataclass(frozen=True, kw_only=True)
+class Evidence:
+    """The approvals report: each category's evidence, and the plans left out of it, each with why."""
+
+    categories: tuple[CategoryStats, ...]
+    left_out: tuple[str, ...]
+    """``plan ID: why``: a plan whose audit events do not verify (or a row no event records). While any plan is
+    left out, no category is a candidate: the one it belongs to cannot be known."""
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """One plan of the window as its verified events tell it."""
+
+    category: str
+    submitted: str
+    edited: bool
+    first: ApprovalRow | None
+    """The first decision a person made on it (any version), if any."""
+
+
+def report(store: Store, *, days: int = 90, min_plans: int = 5, clock: Clock | None = None) -> Evidence:
+    """Per category over the last ``days``: the evidence for (or against) automatic approval.
+
+    Read from each plan's own audit events, verified under the key, never from the plans or
+    approvals tables, which anyone who can write the database can change. A plan whose events
+    do not verify is left out and named; its category cannot be known, so while any plan is
+    left out no category is a candidate.
+    """
     since = iso((clock or SystemClock()).now() - timedelta(days=days))
-    plans = store.query(
-        "SELECT id, category, version, created_at FROM plans WHERE kind = 'plan' AND created_at >= ?", (since,)
+    categories: dict[str, list[_Plan]] = {}
+    left_out: list[str] = []
+    with store.snapshot():
+        for plan_id, events, broken in store.plans_events(_in_window(store, since)):
+            if broken is not None or not events:
+                left_out.append(f"plan {plan_id}: {_unverified(broken)}")
+            elif (plan := _plan(plan_id, events)) is not None and plan.submitted >= since:
+                categories.setdefault(plan.category, []).append(plan)
+    stats = (_stats(name, plans, min_plans, complete=not left_out) for name, plans in sorted(categories.items()))
+    return Evidence(categories=tuple(stats), left_out=tuple(left_out))
+
+
+def _in_window(store: Store, since: str) -> list[str]:
+    """The plans submitted since ``since``, by their first event or by their row: a plan dated out of the window
+    in one of them (which breaks its event's hash) is still read, and left out if it does not verify."""
+    rows = store.query(
+        "SELECT plan_id FROM events WHERE plan_prev = ? AND kind = 'plan.submitted' AND at >= ?"
+        " UNION SELECT id FROM plans WHERE kind = 'plan' AND created_at >= ? ORDER BY 1",
+        (audit.GENESIS, since, since),
     )
-    decisions = store.query("SELECT plan_id, decision, at FROM approvals WHERE kind = 'person' ORDER BY at")
-    first: dict[str, tuple[str, str]] = {}
-    for plan_id, decision, at in decisions:
-        first.setdefault(plan_id, (decision, at))
-    out = []
-    for category in sorted({row[1] for row in plans}):
-        rows = [r for r in plans if r[1] == category]
-        decided = [(first[r[0]], r) for r in rows if r[0] in first]
-        approved = sum(1 for (decision, _), _ in decided if decision == "approved")
-        rejected = len(decided) - approved
-        edited = sum(1 for r in rows if r[2] > 1)
-        waits = [(parse_iso(at) - parse_iso(r[3])).total_seconds() / 60 for (_, at), r in decided]
-        out.append(
-            CategoryStats(
-                category=category,
-                plans=len(rows),
-                approved=approved,
-                rejected=rejected,
-                edited=edited,
-                median_minutes=statistics.median(waits) if waits else None,
-                candidate=len(decided) >= min_plans and rejected == 0 and edited == 0,
-            )
-        )
-    return out
+    return [str(row[0]) for row in rows]
+
+
+def _unverified(broken: str | None) -> str:
+    if broken is None:
+        return "a row in plans that no audit event records"
+    return f"its audit events do not verify ({broken}); see plangate audit verify"
+
+
+def _plan(plan_id: str, events: list[Event]) -> _Plan | None:
+    """The plan as its events tell it; None for a ReAct run."""
+    story = ledger.fold(plan_id, events)
+    if story.kind != "plan" or story.category is None:
+        return None
+    first = next((d for d in story.decisions if d.kind == "person"), None)
+    return _Plan(category=story.category, submitted=events[0].at, edited=story.current > 1, first=first)
+
+
+def _stats(category: str, plans: list[_Plan], min_plans: int, *, complete: bool) -> CategoryStats:
+    decided = [(plan.first, plan) for plan in plans if plan.first is not None]
+    approved = sum(1 for decision, _ in decided if decision.decision == "approved")
+    rejected = len(decided) - approved
+    edited = sum(1 for plan in plans if plan.edited)
+    waits = [(parse_iso(d.at) - parse_iso(plan.submitted)).total_seconds() / 60 for d, plan in decided]
+    return CategoryStats(
+        category=category,
+        plans=len(plans),
+        approved=approved,
+        rejected=rejected,
+        edited=edited,
+        median_minutes=statistics.median(waits) if waits else None,
+        candidate=complete and len(decided) >= min_plans and rejected == 0 and edited == 0,
+    )

@@ -244,6 +244,7 @@ class Runtime:
             _as_checked(plan, category, "reject")
             recovery.refuse_closed(self.store, plan.id, plan.status, "be rejected")
             approval.check_can_decide(plan, approver, plan_hash, plan_version)
+            ledger.story(self.store, plan, "be rejected", version)  # what it is, and what the log says of it
             role = approval.role_of(self._policy_for(version), approver)
             self.store.insert_approval(
                 self._decision(plan, version, "rejected", actor=approver, role=role, comment=comment)
@@ -279,6 +280,7 @@ class Runtime:
                     f"plan {plan.id} is {plan.status}; only a plan not yet executed, or halted, can be edited"
                 )
             lifecycle.require_idle(plan, self._now(), "an edit")
+            ledger.story(self.store, plan, "be edited", old)  # checked as the requester the log names, and no other
             # Not only while halted: a correction waiting for approval (or sent back by a drift
             # re-check) is a plan that ran too, and what succeeded there stays as it ran.
             recovery.check_correction(self.store, plan, old, parsed)

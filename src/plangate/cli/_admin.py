@@ -176,23 +176,28 @@ def approvals_group() -> None:
 @db_option
 def approvals_report_command(*, days: int, min_plans: int, db: str | None) -> None:
     """Per category: plans, approval rate, edit rate, time to decision, and the candidates for auto-approval."""
+    from plangate._display import printable
     from plangate.register import report
 
-    rows = report(open_runtime(db).store, days=days, min_plans=min_plans)
+    evidence = report(open_runtime(db).store, days=days, min_plans=min_plans)
     click.echo(
         f"{'CATEGORY':<16} {'PLANS':>5} {'APPROVED':>8} {'REJECTED':>8} {'APPROVAL':>8} {'EDITED':>6} "
         f"{'MEDIAN MIN':>10}  CANDIDATE"
     )
-    for r in rows:
+    for r in evidence.categories:
         rate = f"{r.approval_rate:.0%}" if r.approval_rate is not None else "-"
         median = f"{r.median_minutes:.1f}" if r.median_minutes is not None else "-"
         click.echo(
             f"{r.category:<16} {r.plans:>5} {r.approved:>8} {r.rejected:>8} {rate:>8} {r.edited:>6} "
             f"{median:>10}  {'yes' if r.candidate else 'no'}"
         )
-    if not rows:
+    if not evidence.categories:
         click.echo(f"no plans in the last {days} days")
     click.echo(f"a candidate has at least {min_plans} decisions, all approvals, and no edits")
+    if evidence.left_out:
+        click.echo(f"{len(evidence.left_out)} plan(s) left out, so no category is a candidate:")
+        for line in evidence.left_out:
+            click.echo(f"  {printable(line)}")  # a plan id from the store: a row anyone could write
 
 
 COMMANDS = (serve_command, register_group, approvals_group)

@@ -1,5 +1,5 @@
 """The human approval log: every decision on every plan version, with who, in which role, when, why, and the
-edits that led to the version decided on.
+edits that led to the version decided on; as the audit log records them, never the approvals table.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from plangate import plandiff
+from plangate.ledger import PlanLedger
 from plangate.store import PlanRow, Store
 
 COLUMNS = (
@@ -55,13 +56,14 @@ class Decision:
         return {**asdict(self), "edits": list(self.edits)}
 
 
-def decisions(store: Store, plan: PlanRow) -> list[Decision]:
-    """The plan's decisions, oldest first, each with the edits that made the version it decided on."""
+def decisions(store: Store, plan: PlanRow, told: PlanLedger) -> list[Decision]:
+    """The plan's decisions as its audit events record them (``told``: its story, its rows held against it),
+    oldest first, each with the edits that made the version it decided on."""
     out = []
     edits: dict[int, tuple[str | None, tuple[str, ...]]] = {}
-    for row in store.approvals(plan.id):
+    for row in told.decisions:
         if row.version not in edits:
-            edits[row.version] = _edits(store, plan, row.version)
+            edits[row.version] = _edits(store, plan, told, row.version)
         editor, changes = edits[row.version]
         out.append(
             Decision(
@@ -84,12 +86,11 @@ def decisions(store: Store, plan: PlanRow) -> list[Decision]:
     return sorted(out, key=lambda d: (d.at, d.version))
 
 
-def _edits(store: Store, plan: PlanRow, version: int) -> tuple[str | None, tuple[str, ...]]:
+def _edits(store: Store, plan: PlanRow, told: PlanLedger, version: int) -> tuple[str | None, tuple[str, ...]]:
     if version <= 1 or plan.kind != "plan":
         return None, ()
-    row = store.get_version(plan.id, version)
     diff = plandiff.between(store, plan, version - 1, version)
-    return (row.author if row else None), tuple(line.strip() for line in diff.lines()[1:])
+    return told.versions[version].author, tuple(line.strip() for line in diff.lines()[1:])
 
 
 def to_csv(rows: list[Decision]) -> str:

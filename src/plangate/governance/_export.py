@@ -11,7 +11,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from plangate import __version__
+from plangate import __version__, ledger
 from plangate._clock import Clock, SystemClock, iso, parse_iso
 from plangate.errors import GovernanceError, PlangateError, UsageError
 from plangate.governance import _approvals, _incidents, _manifest, _policydoc, _schemadoc
@@ -47,10 +47,14 @@ class ExportReport:
     manifest_sha256: str
     audit_head: str
 
+    left_out: int = 0
+    """Plans left out of the approval log and the incidents (README.md names them, and why)."""
+
     def __str__(self) -> str:
+        left_out = f", {self.left_out} left out (see README.md)" if self.left_out else ""
         return (
-            f"exported {self.plans} plans ({self.incidents} incidents) to {self.folder}: {self.files} files; "
-            f"audit head {self.audit_head}; manifest sha256 {self.manifest_sha256} (keep it elsewhere)"
+            f"exported {self.plans} plans ({self.incidents} incidents{left_out}) to {self.folder}: {self.files} "
+            f"files; audit head {self.audit_head}; manifest sha256 {self.manifest_sha256} (keep it elsewhere)"
         )
 
 
@@ -90,6 +94,7 @@ def export(
         "audit_head": {"seq": head[0], "hash": head[1]},
         "audit_log": str(audit),
         "plans": len(writer.plans),
+        "left_out": [plan_id for plan_id, _ in writer.left_out],
     }
     digest = _manifest.write(out, meta)
     return ExportReport(
@@ -99,6 +104,7 @@ def export(
         files=len(_manifest.files_in(out)),
         manifest_sha256=digest,
         audit_head=f"{head[0]}:{head[1]}",
+        left_out=len(writer.left_out),
     )
 
 
@@ -165,6 +171,8 @@ class _Writer:
         ids = store.query("SELECT id FROM plans WHERE created_at >= ? ORDER BY created_at, id", (since or "",))
         self.plans = [row for (plan_id,) in ids if (row := store.get_plan(plan_id)) is not None]
         self.incidents = 0
+        self.left_out: list[tuple[str, str]] = []
+        """The plans left out of the approval log and the incidents, each with why (its trace is written)."""
 
     def put(self, name: str, text: str) -> None:
         if not _manifest.plain(name):  # a plan id or hash from the store names the file: never a path out
@@ -177,10 +185,10 @@ class _Writer:
         path.write_text(text, encoding="utf-8")
 
     def write_all(self, clock: Clock) -> None:
-        self.put("README.md", _index(self.since))
         self.put("plan-schema.json", json.dumps(_schemadoc.schema_file(), indent=2) + "\n")
         self.put("plan-schema.md", _schemadoc.schema_document())
         checks, decisions, incidents = self._plans()
+        self.put("README.md", _index(self.since, self.left_out))
         self._policy(checks)
         self.put("approvals.csv", _approvals.to_csv(decisions))
         self.put("approvals.jsonl", _approvals.to_jsonl(decisions))
@@ -191,17 +199,36 @@ class _Writer:
 
     def _plans(self) -> tuple[list[Event], list[_approvals.Decision], list[_incidents.Incident]]:
         checks, decisions, incidents = [], [], []
-        for number, plan in enumerate(self.plans, 1):
-            events = list(self.store.events(plan.id))
+        stories = self.store.plans_events([plan.id for plan in self.plans])
+        for number, (plan, (_, verified, broken)) in enumerate(zip(self.plans, stories, strict=True), 1):
+            events = verified if broken is None else list(self.store.events(plan.id))  # as stored, with hashes
             self.put(f"traces/{plan.id}.jsonl", "".join(_jsonl(e.to_dict()) for e in events))
             story = [f"plan {plan.id} ({plan.kind}): {plan.task} [{plan.category}], now {plan.status}", *tell(events)]
             self.put(f"traces/{plan.id}.txt", "\n".join(story) + "\n")
-            checks += [e for e in events if e.kind == "plan.checked"]
-            decisions += _approvals.decisions(self.store, plan)
-            found = _incidents.incident(plan, events, self.store.steps(plan.id), self.effects)
-            incidents += [found] if found is not None else []
             self.progress(f"  [{number}/{len(self.plans)}] plan {plan.id}: {len(events)} events, {plan.status}")
+            told = self._held(plan, verified, broken)
+            if told is None:
+                continue
+            checks += [e for e in events if e.kind == "plan.checked"]
+            decisions += _approvals.decisions(self.store, plan, told)
+            found = _incidents.incident(plan, events, told.rows or {}, self.effects)
+            incidents += [found] if found is not None else []
         return checks, sorted(decisions, key=lambda d: (d.at, d.plan_id, d.version)), incidents
+
+    def _held(self, plan: PlanRow, events: list[Event], broken: str | None) -> ledger.PlanLedger | None:
+        """The plan's story where its events verify and its rows agree with them; else None, and it is named."""
+        told = ledger.fold(plan.id, events)
+        found = (
+            ledger.problems(self.store, told, plan)
+            if broken is None
+            else [f"its audit events do not verify ({broken})"]
+        )
+        if not found:
+            return told
+        why = ledger.first_problem(plan.id, found)
+        self.left_out.append((plan.id, why))
+        self.progress(f"    left out of the approval log and the incidents: {why}")
+        return None
 
     def _policy(self, checks: list[Event]) -> None:
         revisions = _policydoc.history(self.store, checks)
@@ -221,7 +248,11 @@ class _Writer:
         data = {
             "entries": [e.__dict__ for e in entries],
             "changes": [{"at": e.at, "by": e.actor, **e.data} for e in changes],
-            "evidence": {"days": max(days, 1), "categories": [{**s.__dict__} for s in evidence]},
+            "evidence": {
+                "days": max(days, 1),
+                "categories": [{**s.__dict__} for s in evidence.categories],
+                "left_out": list(evidence.left_out),
+            },
         }
         self.put("register.json", json.dumps(data, indent=2, sort_keys=True) + "\n")
         self.put("register.md", _register_document(data))
@@ -231,12 +262,22 @@ def _jsonl(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False, sort_keys=True) + "\n"
 
 
-def _index(since: str | None) -> str:
+def _index(since: str | None, left_out: list[tuple[str, str]]) -> str:
     window = f"plans created at or after {since}" if since else "every plan in the store"
     lines = ["# Governance export", "", f"What the store holds, for {window}. Check it with", ""]
     lines += ["    plangate governance verify THIS_FOLDER [--db STORE_URL]", "", "| file | what it holds |"]
     lines += ["| --- | --- |", *(f"| `{name}` | {what} |" for name, what in ARTEFACTS.items())]
+    if left_out:
+        lines += ["", "## Left out", "", _LEFT_OUT, ""]
+        lines += [f"- plan {plan_id}: {why}" for plan_id, why in left_out]
     return "\n".join(lines) + "\n"
+
+
+_LEFT_OUT = (
+    "The approval log and the incidents are read from each plan's audit events. These plans' events do not "
+    "verify, or their stored rows disagree with them (changed outside plangate), so they are left out of both; "
+    "their traces are written as stored. See `plangate audit verify`."
+)
 
 
 def _register_document(data: dict[str, Any]) -> str:
@@ -262,6 +303,9 @@ def _register_document(data: dict[str, Any]) -> str:
         cells = [s["category"], s["plans"], s["approved"], s["rejected"], s["edited"], median]
         lines.append("| " + " | ".join(str(c) for c in cells) + f" | {'yes' if s['candidate'] else 'no'} |")
     lines += ["", "A candidate has at least 5 decisions, every one an approval, and no edits."]
+    if evidence["left_out"]:
+        lines += ["", "Left out, because their audit events do not verify, so no category is a candidate:", ""]
+        lines += [f"- {line}" for line in evidence["left_out"]]
     return "\n".join(lines) + "\n"
 
 

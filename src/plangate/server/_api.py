@@ -225,13 +225,17 @@ async def issue_token(request: Request, rt: Rt, config: Config) -> dict[str, Any
 
 @router.get("/register")
 def register(rt: Rt, _: Reader, days: Annotated[int, Query(ge=1, le=36_500)] = 90) -> dict[str, Any]:
-    """The auto-approval register, and the evidence per category over the last ``days``."""
+    """The auto-approval register, and the evidence per category over the last ``days`` (from the audit log; the
+    plans left out of it, whose events do not verify, each with why)."""
     from plangate.register import Register, report
 
-    rows = report(rt.store, days=days)
+    evidence = report(rt.store, days=days)
     return {
         "entries": [asdict(entry) for entry in Register(rt.store).all()],
-        "report": [{**asdict(r), "approval_rate": r.approval_rate, "edit_rate": r.edit_rate} for r in rows],
+        "report": [
+            {**asdict(r), "approval_rate": r.approval_rate, "edit_rate": r.edit_rate} for r in evidence.categories
+        ],
+        "left_out": list(evidence.left_out),
     }
 
 

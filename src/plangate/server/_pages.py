@@ -184,8 +184,8 @@ def audit_page(request: Request, rt: Rt, caller: Reader) -> HTMLResponse:
 def register_page(request: Request, rt: Rt, caller: Reader, days: Days = 90) -> HTMLResponse:
     from plangate.register import Register, report
 
-    entries, rows = Register(rt.store).all(), report(rt.store, days=days)
-    return render(request, "register.html", caller, entries=entries, days=days, report=rows)
+    entries, evidence = Register(rt.store).all(), report(rt.store, days=days)
+    return render(request, "register.html", caller, entries=entries, days=days, evidence=evidence)
 
 
 # -- forms -----------------------------------------------------------------------------------

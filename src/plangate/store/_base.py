@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import abc
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from datetime import datetime
 from typing import Any
@@ -245,6 +245,11 @@ class Store(abc.ABC):
     def plan_events(self, plan_id: str) -> tuple[list[Event], str | None]:
         """One plan's events, checked with this process's key (see :func:`plangate.audit.verify_plan`);
         or no events and what is wrong with them."""
+
+    @abc.abstractmethod
+    def plans_events(self, plan_ids: Iterable[str]) -> Iterator[tuple[str, list[Event], str | None]]:
+        """:meth:`plan_events` of many plans, each with its id, read in the caller's snapshot (:meth:`snapshot`):
+        what the whole log must hold for each (no event missing from its numbering) is checked once."""
 
     @abc.abstractmethod
     def audit_head(self) -> tuple[int, str]:

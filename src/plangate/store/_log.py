@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from plangate import audit
@@ -359,6 +359,18 @@ class AuditLog:
         return self._chain
 
     def plan_events(self, plan_id: str) -> tuple[list[Event], str | None]:
+        return self._plan_events(plan_id, numbered=False)
+
+    def plans_events(self, plan_ids: Iterable[str]) -> Iterator[tuple[str, list[Event], str | None]]:
+        """:meth:`plan_events` of each plan, in the caller's snapshot: whether an event is missing from the log's
+        numbering is asked once for them all, where each plan's alone counts the events after its own newest
+        (a count that made reading many plans take time in the square of their number)."""
+        numbered = self._gaps() is None
+        for plan_id in plan_ids:
+            yield plan_id, *self._plan_events(plan_id, numbered=numbered)
+
+    def _plan_events(self, plan_id: str, *, numbered: bool) -> tuple[list[Event], str | None]:
+        """``numbered``: the log is known to number its events with no gaps, up to its head."""
         try:
             self._keyed_chain()
         except StoreError as exc:
@@ -372,11 +384,13 @@ class AuditLog:
         last = (rows[-1][0], rows[-1][9]) if rows and sealed else None  # no row: the tables' check says so
         if problem := audit.tail_problem(self._chain, plan_id, last, sealed[0] if sealed else None):
             return [], problem
-        if last is not None and (problem := self._follows(last, (plan_id, None))):
+        if last is not None and (problem := self._follows(last, (plan_id, None), numbered=numbered)):
             return [], problem
         return [_event(r) for r in rows], None
 
-    def _follows(self, last: tuple[int, str], chain: tuple[str | None, str | None]) -> str | None:
+    def _follows(
+        self, last: tuple[int, str], chain: tuple[str | None, str | None], *, numbered: bool = False
+    ) -> str | None:
         """The log goes on from a chain's newest event, whole, and the chain does not go on elsewhere.
 
         Cheap checks against a chain's newest events cut out of the log (or given another
@@ -385,13 +399,15 @@ class AuditLog:
         keeps; counting the events after one reads only those); and no event after it
         continues the chain under another name (``chain``: the plan, or the kind of a plan-less
         chain, whose newer events are just newer). ``plangate audit verify`` checks everything.
+        ``numbered``: the whole log is known to number its events with no gaps (:meth:`_gaps`): none is counted.
         """
         seq, digest = last
-        row = self._exec(_FOLLOWS, (seq, seq, seq, digest, seq)).fetchone()  # one statement: one snapshot
+        query, params = (_NEXT, (seq, seq, digest, seq)) if numbered else (_FOLLOWS, (seq, seq, seq, digest, seq))
+        row = self._exec(query, params).fetchone()  # one statement: one snapshot
         after, count, top, head, moved = row[0:2], row[2], row[3], row[4], row[5:8]
         if after[0] is not None and tuple(after) != (seq + 1, digest):
             return f"the log does not go on from the chain's newest event {seq}: events after it were cut out"
-        if count != max(top - seq, 0) or (head or 0) > max(top, seq):
+        if (count is not None and count != max(top - seq, 0)) or (head or 0) > max(top, seq):
             return f"events after event {seq} were deleted: the log numbers them with gaps"
         plan_id, kind = chain
         if moved[0] is not None and (moved[1] != plan_id or (plan_id is None and moved[2] != kind)):
@@ -403,17 +419,20 @@ class AuditLog:
         return (row[0], row[1]) if row and row[0] else (0, audit.GENESIS)
 
 
-_FOLLOWS = (
-    "SELECT n.seq, n.prev, (SELECT COUNT(*) FROM events WHERE seq > ?), (SELECT COALESCE(MAX(seq), 0) FROM events"
+_AFTER = (
+    "SELECT n.seq, n.prev, {count}, (SELECT COALESCE(MAX(seq), 0) FROM events"
     " WHERE seq > ?), (SELECT seq FROM audit_head WHERE id = 1), g.seq, g.plan_id, g.kind FROM (SELECT 1) AS one"
     " LEFT JOIN (SELECT seq, prev FROM events WHERE seq > ? ORDER BY seq LIMIT 1) AS n ON 1 = 1"
     " LEFT JOIN (SELECT seq, plan_id, kind FROM events WHERE plan_prev = ? AND seq + 0 > ? ORDER BY seq + 0 LIMIT 1)"
     " AS g ON 1 = 1"
 )
+_FOLLOWS = _AFTER.format(count="(SELECT COUNT(*) FROM events WHERE seq > ?)")
 """What :meth:`AuditLog._follows` reads after a chain's newest event: the next event, how many follow and the
 newest number, the head, and the first later event that continues the chain; in one statement, one snapshot.
 The events that continue one chain are one or two, found through the index on plan_prev alone: compared as
 ``seq + 0``, the events after S are not also gathered from the primary key (a planner would, and AND them)."""
+_NEXT = _AFTER.format(count="NULL")
+"""The same, but for the count (reading every event after S), where the log is known to have no gaps."""
 
 _SEAL_SETTING = "INSERT INTO settings (key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value"
 _FENCED = (
