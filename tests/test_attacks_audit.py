@@ -119,12 +119,15 @@ def charge(order: str, ctx: RunContext) -> str:
     return "charged"
 
 
-def cut_off(tmp_path: Path) -> tuple[Runtime, str, Path]:
-    """A run that died during an idempotent step's call, which a resume calls again under the same key."""
+def cut_off(
+    tmp_path: Path, tools: Catalogue | None = None, step: dict[str, Any] | None = None
+) -> tuple[Runtime, str, Path]:
+    """A run that died during its one step's call: by default an idempotent one, which a resume calls again
+    under the same key."""
     CALLS.clear()
     db = tmp_path / "audit.db"
-    rt = Runtime(Catalogue([charge]), RULES, db=f"sqlite:///{db}", clock=FixedClock(), tools=MODULE)
-    record = rt.submit(plan({"id": 1, "tool": "charge", "params": {"order": "o-1"}}), "ann")
+    rt = Runtime(tools or Catalogue([charge]), RULES, db=f"sqlite:///{db}", clock=FixedClock(), tools=MODULE)
+    record = rt.submit(plan(step or {"id": 1, "tool": "charge", "params": {"order": "o-1"}}), "ann")
     rt.approve(record.id, "ben", record.hash)
     died_during(rt.store, record.id, 1)
     return rt, record.id, db
@@ -256,23 +259,18 @@ def test_a_steps_error_is_held_against_its_failure_event(tmp_path: Path) -> None
 def test_a_halt_a_run_taking_over_records_is_the_failure_the_log_records(tmp_path: Path) -> None:
     """A runner that died between a step's failure and the halt leaves the halt to whoever takes the run over,
     who records it with the step's error: under the audit key, so never an error written in the row."""
-    CALLS.clear()
-    db = tmp_path / "audit.db"
-    rt = Runtime(CAT, RULES, db=f"sqlite:///{db}", clock=FixedClock(), tools=MODULE)
-    record = rt.submit(plan({"id": 1, "tool": "hold", "params": {"account": "acct-bob"}}), "ann")
-    rt.approve(record.id, "ben", record.hash)
-    died_during(rt.store, record.id, 1)
+    rt, plan_id, db = cut_off(tmp_path, CAT, {"id": 1, "tool": "hold", "params": {"account": "acct-bob"}})
     at = "2026-01-01T00:00:01.000000Z"
     with rt.store.transaction():  # its call failed, as the engine records it, and then the runner died
-        rt.store.finish_step(record.id, 1, attempt=1, status="failed", output=None, error="refused", at=at, lost="")
+        rt.store.finish_step(plan_id, 1, attempt=1, status="failed", output=None, error="refused", at=at, lost="")
         data = {"error": "refused", "ms": 1.0}
         rt.store.append_event(
-            plan_id=record.id, version=1, step_id=1, kind="step.failed", actor="engine", at=at, data=data
+            plan_id=plan_id, version=1, step_id=1, kind="step.failed", actor="engine", at=at, data=data
         )
-    tamper(db, "UPDATE steps SET error = ? WHERE plan_id = ?", ("timed out: safe to run again", record.id))
+    tamper(db, "UPDATE steps SET error = ? WHERE plan_id = ?", ("timed out: safe to run again", plan_id))
     with pytest.raises(GovernanceError, match=r"steps\.error"):
-        rt.execute(record.id)
-    assert not [e for e in rt.store.events(record.id) if e.kind == "run.halted"], "a halt recorded the row's error"
+        rt.execute(plan_id)
+    assert not [e for e in rt.store.events(plan_id) if e.kind == "run.halted"], "a halt recorded the row's error"
     assert CALLS == []
 
 
@@ -280,16 +278,11 @@ def test_a_halt_a_run_taking_over_records_is_the_failure_the_log_records(tmp_pat
 def test_a_settlement_is_the_error_its_row_keeps_and_no_other(tmp_path: Path, note: str | None) -> None:
     """A step settled as not done keeps the settlement as its error, in the words plangate writes it ("settled as
     not done by ben: ..."), which the log holds too: it verifies, and an edit of it does not."""
-    CALLS.clear()
-    db = tmp_path / "audit.db"
-    rt = Runtime(CAT, RULES, db=f"sqlite:///{db}", clock=FixedClock(), tools=MODULE)
-    record = rt.submit(plan({"id": 1, "tool": "hold", "params": {"account": "acct-bob"}}), "ann")
-    rt.approve(record.id, "ben", record.hash)
-    died_during(rt.store, record.id, 1)
-    assert rt.execute(record.id).status == "halted"  # hold is not idempotent: its outcome is unknown
-    rt.settle(record.id, 1, done=False, actor="ben", note=note)
+    rt, plan_id, db = cut_off(tmp_path, CAT, {"id": 1, "tool": "hold", "params": {"account": "acct-bob"}})
+    assert rt.execute(plan_id).status == "halted"  # hold is not idempotent: its outcome is unknown
+    rt.settle(plan_id, 1, done=False, actor="ben", note=note)
     assert verify(rt.store).ok, verify(rt.store)
-    tamper(db, "UPDATE steps SET error = 'settled as done by ben' WHERE plan_id = ?", (record.id,))
+    tamper(db, "UPDATE steps SET error = 'settled as done by ben' WHERE plan_id = ?", (plan_id,))
     report = verify(rt.store)
     assert not report.ok and any("step 1: steps.error" in t for t in report.tables), report
 
