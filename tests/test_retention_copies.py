@@ -13,7 +13,7 @@ from click.testing import CliRunner
 from plangate import Catalogue, Policy, Runtime
 from plangate._clock import SystemClock
 from plangate.cli import main
-from plangate.store import open_store
+from plangate.store import CallRow, open_store
 from tests.conftest import load_plan
 from tests.helpers import FixedClock
 
@@ -77,3 +77,34 @@ def test_a_template_made_from_a_purged_plan_goes_with_its_payloads(
     code, out = cli("library", "list", "--db", url)
     assert code == 0 and "the library is empty" in out
     assert cli("audit", "verify", "--db", url)[0] == 0
+
+
+def test_the_cost_ledger_keeps_no_step_payload_of_a_purged_plan(
+    tmp_path: Path, catalogue: Catalogue, policy: Policy
+) -> None:
+    """An extraction step's model call is in the ledger under its instructions (a step parameter), and may fail."""
+    url = f"sqlite:///{tmp_path}/plangate.db"
+    plan_id = finished(url, catalogue, policy)
+    with closing(open_store(url)) as store, store.transaction():
+        for number, error in enumerate((None, f"model: cannot reach the server: {MARKER}")):
+            store.record_call(
+                CallRow(
+                    id=f"call-{number}",
+                    at="2020-01-01T09:00:01.000000Z",
+                    plan_id=plan_id,
+                    task=f"step 2: extract the reference {MARKER}",
+                    model="scripted:test",
+                    purpose="extract",
+                    expected_steps=None,
+                    budget=100,
+                    effort=None,
+                    ok=error is None,
+                    error=error,
+                )
+            )
+    code, out = cli("retention", "purge", "--older-than", "365", "--yes", "--db", url)
+    assert code == 0 and "purged 1 plan(s)" in out, out
+    assert survivors(url, MARKER) == []
+    with closing(open_store(url)) as store:
+        calls = store.calls(plan_id=plan_id)
+        assert [(c.ok, c.input_tokens, c.error) for c in calls] == [(True, 0, None), (False, 0, "(purged)")]

@@ -2,7 +2,8 @@
 
 A purge takes the plans that are finished for good (succeeded, rejected, compensated,
 closed) and whose last event is older than the limit, and removes their payloads (see
-:mod:`plangate._purged`): from their events, their step rows and their plan texts, and
+:mod:`plangate._purged`): from their events, their step rows and their plan texts, the
+cost ledger's words about their model calls (an extraction's instructions, an error), and
 the library's templates made from them (a template is a copy of its plan's text). What
 governance needs stays: status, versions and hashes, decisions, checks, transitions.
 Each purged event keeps its hash, which covers the digest of its data as first written,
@@ -37,6 +38,8 @@ _CANDIDATES = (
     f" WHERE p.purged_at IS NULL AND p.status IN ({', '.join(repr(s) for s in FINISHED)})"
     " GROUP BY p.id HAVING MAX(e.at) < ? ORDER BY p.id"
 )
+_LEDGER_TASKS = "UPDATE model_calls SET task = ? WHERE plan_id = ? AND purpose = 'extract'"
+_LEDGER_ERRORS = "UPDATE model_calls SET error = ? WHERE plan_id = ? AND error IS NOT NULL"
 _TEMPLATES = "SELECT name FROM templates WHERE source_plan = ? ORDER BY name"
 
 
@@ -172,5 +175,9 @@ def _plan(store: Store, plan_id: str, before: str, at: str, dry_run: bool) -> in
         store.purge_event(event.seq, {k: v for k, v in event.data.items() if k not in _purged.PAYLOADS}, at)
     store.command("UPDATE steps SET params = NULL, output = NULL, error = NULL WHERE plan_id = ?", (plan_id,))
     store.command("UPDATE plan_versions SET body = ? WHERE plan_id = ?", (_purged.body(at), plan_id))
+    # The cost ledger keeps its counts and costs; an extraction's task is its instructions (a
+    # step parameter), and a failed call's error may quote what the model was sent.
+    store.command(_LEDGER_TASKS, (_purged.SHOWN, plan_id))
+    store.command(_LEDGER_ERRORS, (_purged.SHOWN, plan_id))
     store.command("UPDATE plans SET purged_at = ? WHERE id = ?", (at, plan_id))
     return len(marked)
