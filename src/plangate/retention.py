@@ -2,7 +2,9 @@
 
 A purge takes the plans that are finished for good (succeeded, rejected, compensated,
 closed) and whose last event is older than the limit, and removes their payloads (see
-:mod:`plangate._purged`): from their events, their step rows and their plan texts. What
+:mod:`plangate._purged`): from their events, their step rows and their plan texts, the
+cost ledger's words about their model calls (an extraction's instructions, an error), and
+the library's templates made from them (a template is a copy of its plan's text). What
 governance needs stays: status, versions and hashes, decisions, checks, transitions.
 Each purged event keeps its hash, which covers the digest of its data as first written,
 and is sealed under the audit key, so ``plangate audit verify`` still passes and an
@@ -12,7 +14,8 @@ events were written with data digests (events written before cannot be purged).
 
 The limit never goes under :data:`~plangate.policy.RETENTION_FLOOR_DAYS`, nor under the
 policy's ``retention.min_days``. Each batch of plans is one transaction that ends with a
-``retention.purged`` event: who, when, the limit, which plans, how many events.
+``retention.purged`` event: who, when, the limit, which plans, how many events, which
+templates went with them.
 """
 
 from __future__ import annotations
@@ -35,6 +38,9 @@ _CANDIDATES = (
     f" WHERE p.purged_at IS NULL AND p.status IN ({', '.join(repr(s) for s in FINISHED)})"
     " GROUP BY p.id HAVING MAX(e.at) < ? ORDER BY p.id"
 )
+_LEDGER_TASKS = "UPDATE model_calls SET task = ? WHERE plan_id = ? AND purpose = 'extract'"
+_LEDGER_ERRORS = "UPDATE model_calls SET error = ? WHERE plan_id = ? AND error IS NOT NULL"
+_TEMPLATES = "SELECT name FROM templates WHERE source_plan = ? ORDER BY name"
 
 
 def floor(policy: Policy | None) -> int:
@@ -63,6 +69,8 @@ class Purged:
     events: int
     refused: tuple[str, ...] = ()
     """Plans left whole, each with why (their events do not verify, or predate data digests)."""
+    templates: tuple[str, ...] = ()
+    """The library's templates removed with the plans they were made from."""
     dry_run: bool = False
 
 
@@ -87,20 +95,42 @@ def purge(
     ids = candidates(store, before)
     plans: list[str] = []
     refused: list[str] = []
+    templates: list[str] = []
     events = 0
     for start in range(0, len(ids), batch):
         with store.transaction():
             store.lock_log()
             done, count = _batch(store, ids[start : start + batch], refused, before=before, at=at, dry_run=dry_run)
+            gone = _templates(store, done, dry_run=dry_run)
             if done and not dry_run:
-                data = {"older_than_days": days, "cutoff": before, "plans": done, "events": count}
+                data = {"older_than_days": days, "cutoff": before, "plans": done, "events": count, "templates": gone}
                 store.append_event(
                     plan_id=None, version=None, step_id=None, kind="retention.purged", actor=actor, at=at, data=data
                 )
-        plans, events = plans + done, events + count
+        plans, events, templates = plans + done, events + count, templates + gone
         if progress is not None:
             progress(min(start + batch, len(ids)), len(ids))
-    return Purged(cutoff=before, plans=tuple(plans), events=events, refused=tuple(refused), dry_run=dry_run)
+    return Purged(
+        cutoff=before,
+        plans=tuple(plans),
+        events=events,
+        refused=tuple(refused),
+        templates=tuple(templates),
+        dry_run=dry_run,
+    )
+
+
+def _templates(store: Store, plans: list[str], *, dry_run: bool) -> list[str]:
+    """Remove the templates made from these purged plans (inside the batch's transaction): their names.
+
+    A template keeps its plan's text, the values its slots do not take included, so it
+    cannot outlive the plan's payloads.
+    """
+    names = [str(row[0]) for plan_id in plans for row in store.query(_TEMPLATES, (plan_id,))]
+    if not dry_run:
+        for name in names:
+            store.delete_template(name)
+    return names
 
 
 def _batch(
@@ -145,5 +175,9 @@ def _plan(store: Store, plan_id: str, before: str, at: str, dry_run: bool) -> in
         store.purge_event(event.seq, {k: v for k, v in event.data.items() if k not in _purged.PAYLOADS}, at)
     store.command("UPDATE steps SET params = NULL, output = NULL, error = NULL WHERE plan_id = ?", (plan_id,))
     store.command("UPDATE plan_versions SET body = ? WHERE plan_id = ?", (_purged.body(at), plan_id))
+    # The cost ledger keeps its counts and costs; an extraction's task is its instructions (a
+    # step parameter), and a failed call's error may quote what the model was sent.
+    store.command(_LEDGER_TASKS, (_purged.SHOWN, plan_id))
+    store.command(_LEDGER_ERRORS, (_purged.SHOWN, plan_id))
     store.command("UPDATE plans SET purged_at = ? WHERE id = ?", (at, plan_id))
     return len(marked)

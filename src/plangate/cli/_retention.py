@@ -38,11 +38,11 @@ def purge_command(
     """Remove the payloads of finished plans (succeeded, rejected, compensated, closed) whose
     last event is older than DAYS.
 
-    Step parameters, outputs and errors, the plan's text and a ReAct run's thoughts go; the
-    status, versions, hashes, checks and decisions stay, and the audit chain still verifies.
-    DAYS may not be under 90, nor under the policy's retention.min_days (exit 2). Each batch
-    is one transaction, recorded as a retention.purged audit event. Governance only, once the
-    store has accounts.
+    Step parameters, outputs and errors, the plan's text, a ReAct run's thoughts and the
+    library's templates made from the plan go; the status, versions, hashes, checks and
+    decisions stay, and the audit chain still verifies. DAYS may not be under 90, nor under
+    the policy's retention.min_days (exit 2). Each batch is one transaction, recorded as a
+    retention.purged audit event. Governance only, once the store has accounts.
     """
     from plangate import retention
 
@@ -76,6 +76,8 @@ def purge_command(
         runtime.close()
     verb = "would purge" if dry_run else "purged"
     click.echo(f"{verb} {len(purged.plans)} plan(s), {purged.events} event(s), last touched before {purged.cutoff}")
+    for name in purged.templates:
+        click.echo(f"  {'would remove' if dry_run else 'removed'} template {name!r}: it holds a purged plan's text")
     for why in purged.refused:
         click.echo(f"  left whole: {why}")
 
