@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
-from plangate.errors import PlangateError
+from plangate._bounded import BoundedTransport
+from plangate.errors import PlangateError, RefusedInputError, UsageError
 
 Effort = Literal["low", "medium", "high"]
 
@@ -104,6 +106,33 @@ def token_count(model: str, what: str, value: object, *, absent: int | None = No
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_TOKEN_COUNT:
         raise ModelError(f"{model}: malformed response: usage {what} is {value!r}, not a count of tokens")
     return value
+
+
+MAX_RESPONSE_BYTES = 8 * 1024 * 1024
+"""The most a provider's reply may take on the wire unless an adapter is told otherwise: far more than any
+real reply to the ``max_tokens`` a request may ask (a reply of 128,000 tokens is well under 2 MiB of JSON)."""
+
+
+def bounded_http(default_client: Callable[..., Any], model: str, limit: int) -> Any:
+    """An SDK's own default HTTP client, whose replies are cut off while read past ``limit`` bytes.
+
+    The SDKs read a reply whole before looking at it, so a misconfigured or hostile base URL could
+    send gigabytes; past the limit the read stops and the call fails (see :func:`cut_off`).
+    """
+    if limit < 1:
+        raise UsageError(f"{model}: max_response_bytes must be at least 1")
+    return default_client(transport=BoundedTransport(limit, what=model))
+
+
+def cut_off(model: str, exc: BaseException) -> ModelError | None:
+    """The plain error for a call whose reply was refused while read (over the limit, compressed), if it was.
+
+    Not retryable: the same endpoint would send the same reply.
+    """
+    cause: BaseException | None = exc
+    while cause is not None and not isinstance(cause, RefusedInputError):
+        cause = cause.__cause__
+    return ModelError(f"{model}: malformed response: {cause} (max_response_bytes)") if cause else None
 
 
 def http_error(model: str, status: int, exc: Any) -> ModelError:

@@ -1,7 +1,8 @@
 """Claude through the official ``anthropic`` SDK, with extended thinking.
 
 Install with ``pip install 'plangate[anthropic]'``; the key comes from
-``ANTHROPIC_API_KEY`` as the SDK reads it.
+``ANTHROPIC_API_KEY`` as the SDK reads it. A reply is read to at most ``max_response_bytes``
+(8 MiB by default): past it the call fails as a malformed response.
 """
 
 from __future__ import annotations
@@ -10,12 +11,15 @@ import time
 from typing import Any
 
 from plangate.models._base import (
+    MAX_RESPONSE_BYTES,
     Message,
     ModelError,
     ModelRequest,
     ModelResponse,
     ToolCall,
     Usage,
+    bounded_http,
+    cut_off,
     http_error,
     token_count,
 )
@@ -31,9 +35,19 @@ MIN_THINKING = 1024  # the API's smallest thinking budget
 class AnthropicModel:
     """``anthropic:MODEL``. Extended thinking is on when the request carries a thinking budget."""
 
-    def __init__(self, model: str, *, client: Any = None, timeout: float = 600.0, **client_options: Any) -> None:
+    def __init__(
+        self,
+        model: str,
+        *,
+        client: Any = None,
+        timeout: float = 600.0,
+        max_response_bytes: int = MAX_RESPONSE_BYTES,
+        **client_options: Any,
+    ) -> None:
         self.model = model
         self.name = f"anthropic:{model}"
+        if client is None and "http_client" not in client_options:
+            client_options["http_client"] = bounded_http(anthropic.DefaultHttpxClient, self.name, max_response_bytes)
         try:
             self.client = client or anthropic.Anthropic(timeout=timeout, **client_options)
         except anthropic.AnthropicError as exc:
@@ -64,7 +78,9 @@ class AnthropicModel:
         except anthropic.APITimeoutError:
             raise ModelError(f"{self.name}: the request timed out", retryable=True) from None
         except anthropic.APIConnectionError as exc:
-            raise ModelError(f"{self.name}: cannot reach the API: {exc}", retryable=True) from None
+            raise cut_off(self.name, exc) or ModelError(
+                f"{self.name}: cannot reach the API: {exc}", retryable=True
+            ) from None
         except anthropic.APIStatusError as exc:
             raise http_error(self.name, exc.status_code, exc) from None
         return _response(self.name, message, time.perf_counter() - start)

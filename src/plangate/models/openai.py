@@ -2,7 +2,8 @@
 
 ``openai:MODEL`` talks to OpenAI (key from ``OPENAI_API_KEY``), with ``reasoning_effort``
 and structured output. ``openai-compatible:MODEL`` talks to any server that speaks the
-same API (vLLM, Ollama, the llama.cpp server) at ``base_url``.
+same API (vLLM, Ollama, the llama.cpp server) at ``base_url``. A reply is read to at most
+``max_response_bytes`` (8 MiB by default): past it the call fails as a malformed response.
 Install with ``pip install 'plangate[openai]'``.
 """
 
@@ -15,12 +16,15 @@ from typing import Any, Literal
 from plangate import _input
 from plangate.errors import RefusedInputError
 from plangate.models._base import (
+    MAX_RESPONSE_BYTES,
     Message,
     ModelError,
     ModelRequest,
     ModelResponse,
     ToolCall,
     Usage,
+    bounded_http,
+    cut_off,
     http_error,
     token_count,
 )
@@ -52,12 +56,15 @@ class OpenAIModel:
         reasoning: bool = True,
         client: Any = None,
         timeout: float = 600.0,
+        max_response_bytes: int = MAX_RESPONSE_BYTES,
         **client_options: Any,
     ) -> None:
         self.model = model
         self.name = f"{provider}:{model}"
         self.structured = structured
         self.reasoning = reasoning
+        if client is None and "http_client" not in client_options:
+            client_options["http_client"] = bounded_http(openai.DefaultHttpxClient, self.name, max_response_bytes)
         try:
             self.client = client or openai.OpenAI(base_url=base_url, timeout=timeout, **client_options)
         except openai.OpenAIError as exc:
@@ -92,8 +99,10 @@ class OpenAIModel:
             completion = self.client.chat.completions.create(**params)
         except openai.APITimeoutError:
             raise ModelError(f"{self.name}: the request timed out", retryable=True) from None
-        except openai.APIConnectionError as exc:
-            raise ModelError(f"{self.name}: cannot reach the server: {exc}", retryable=True) from None
+        except (openai.APIConnectionError, RefusedInputError) as exc:  # the SDK lets a reply cut off pass as it is
+            raise cut_off(self.name, exc) or ModelError(
+                f"{self.name}: cannot reach the server: {exc}", retryable=True
+            ) from None
         except openai.APIStatusError as exc:
             raise http_error(self.name, exc.status_code, exc) from None
         return _response(self.name, completion, time.perf_counter() - start)

@@ -21,6 +21,8 @@ the request's ``_meta`` (``plangate/idempotency_key``, with ``plangate/plan_id``
 ``plangate/step_id`` and ``plangate/attempt``). A result the server marks ``isError`` is
 the tool failing. A result over the connection's ``max_result_bytes`` (as JSON) is refused
 whole; since the server answered, the call's outcome is unknown (unless it said it failed).
+Over HTTP an answer far past it (more than the JSON of a result of that size can take) is cut
+off while read, and its outcome is unknown too: what it said was never read.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from plangate.errors import CatalogueError, OutcomeUnknownError
+from plangate.errors import CatalogueError, OutcomeUnknownError, RefusedInputError
 from plangate.tools._context import RunContext
 from plangate.tools._mcpconn import McpConnection
 from plangate.tools._schematool import schema_tool
@@ -92,6 +94,11 @@ def _caller(connection: McpConnection, name: str, *, structured: bool) -> Callab
             result = connection.call_tool(name, kwargs, meta(ctx))
         except CatalogueError:
             raise  # the session could not be opened, or is not the one approved: nothing was sent
+        except RefusedInputError as exc:  # an answer over the bound, cut off while read: the server answered
+            raise OutcomeUnknownError(
+                f"the MCP tool {name!r}: {exc} (max_result_bytes is {connection.max_result_bytes}): its output is "
+                "refused, and the call's effect may have happened"
+            ) from None
         except Exception as exc:
             if _answered(exc):
                 raise

@@ -22,6 +22,9 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
+import httpx2
+
+from plangate._bounded import AsyncBoundedTransport
 from plangate._extras import need
 from plangate.errors import CatalogueError
 
@@ -82,6 +85,7 @@ class _Held:
     init: Any
     stop: asyncio.Event
     task: concurrent.futures.Future[None]
+    bounded: AsyncBoundedTransport | None  # over HTTP: what reads its answers, and the last it refused
 
 
 class McpConnection:
@@ -147,10 +151,13 @@ class McpConnection:
             return future.result()
         except BaseException:
             future.cancel()
-            if held.task.done():  # the transport or the session ended: open a new one next time
+            refused = held.bounded.refused if held.bounded is not None else None
+            if held.task.done() or refused:  # the transport or the session ended: open a new one next time
                 with self._lock:
                     if self._held is held:
                         self._drop()
+            if refused:
+                raise refused from None  # an answer over the bound ended the session: that is why the call failed
             raise
 
     def _session(self) -> _Held:
@@ -220,12 +227,13 @@ class McpConnection:
         from mcp import ClientSession
 
         stop = asyncio.Event()
+        bounded = self._bounded() if self.spec.url is not None else None
         try:
-            async with self._transport(errlog) as (read, write), ClientSession(read, write) as session:
+            async with self._transport(errlog, bounded) as (read, write), ClientSession(read, write) as session:
                 init = await session.initialize()
                 this = asyncio.current_task()
                 assert this is not None
-                ready.set_result(_Held(session=session, init=init, stop=stop, task=_task_future(this)))
+                ready.set_result(_Held(session=session, init=init, stop=stop, task=_task_future(this), bounded=bounded))
                 await stop.wait()
         except BaseException as exc:
             if not ready.done():
@@ -233,14 +241,23 @@ class McpConnection:
             if not isinstance(exc, Exception):
                 raise
 
-    @contextlib.asynccontextmanager
-    async def _transport(self, errlog: Any) -> AsyncIterator[tuple[Any, Any]]:
-        if self.spec.url is not None:
-            from mcp.client.streamable_http import streamable_http_client
+    def _bounded(self) -> AsyncBoundedTransport:
+        """What reads a session's HTTP answers: a plain JSON body is cut off past the bound while read (an
+        event stream is many messages: the SDK bounds each event to the same)."""
+        bound = self.max_result_bytes * _ESCAPED + _ENVELOPE
+        return AsyncBoundedTransport(bound, what=f"MCP server {self._what()}", unbounded=("text/event-stream",))
 
-            # An event (a result) is read whole before the session sees it: bounded here, not only once read.
-            bound = self.max_result_bytes * _ESCAPED + _ENVELOPE
-            async with streamable_http_client(self.spec.url, max_sse_event_size=bound) as streams:
+    @contextlib.asynccontextmanager
+    async def _transport(self, errlog: Any, bounded: AsyncBoundedTransport | None) -> AsyncIterator[tuple[Any, Any]]:
+        if self.spec.url is not None and bounded is not None:
+            from mcp.client.streamable_http import streamable_http_client
+            from mcp.shared._httpx_utils import MCP_DEFAULT_SSE_READ_TIMEOUT, MCP_DEFAULT_TIMEOUT
+
+            timeout = httpx2.Timeout(MCP_DEFAULT_TIMEOUT, read=MCP_DEFAULT_SSE_READ_TIMEOUT)
+            async with (
+                httpx2.AsyncClient(transport=bounded, timeout=timeout) as client,
+                streamable_http_client(self.spec.url, http_client=client, max_sse_event_size=bounded.limit) as streams,
+            ):
                 yield streams[0], streams[1]
             return
         from mcp.client.stdio import StdioServerParameters, stdio_client
