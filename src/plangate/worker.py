@@ -249,14 +249,15 @@ class Worker:
         """
         if time.monotonic() < self._clock_due:
             return self.clock_problem is not None
+        store = self._claiming()  # connected first: the round trip timed is the question's alone
         before = self.clock.now()
-        theirs = self._claiming().database_time()  # a store out of reach: compared again at the next claim
+        theirs = store.database_time()  # a store out of reach: compared again at the next claim
         after = self.clock.now()
         if theirs is None:  # no server: one machine, one clock
             self._clock_due = time.monotonic() + CLOCK_CHECK_SECONDS
             return False
-        # The server read its clock somewhere between before and after (a slow round trip, a busy machine,
-        # a wait for the connection): this clock is off it by something between these two.
+        # The server read its clock somewhere between before and after (a slow round trip, a busy machine):
+        # this clock is off it by something between these two.
         problem = self._off_by((before - theirs).total_seconds(), (after - theirs).total_seconds())
         if problem != self.clock_problem:
             if problem is not None:
