@@ -233,11 +233,11 @@ def test_a_plan_whose_events_do_not_verify_is_named_and_no_category_is_a_candida
     reports = next(r for r in evidence.categories if r.category == "reports")
     assert (reports.plans, reports.approved, reports.rejected) == (7, 6, 0), "the rewritten plan is left out"
     assert len(evidence.left_out) == 1
-    assert evidence.left_out[0].startswith(f"plan {ids['rejected']}: its audit events do not verify (event ")
+    assert evidence.named[0].startswith(f"plan {ids['rejected']}: its audit events do not verify (event ")
     monkeypatch.setenv("PLANGATE_DB", f"sqlite:///{tmp_path}/r.db")
     out = CliRunner().invoke(main, ["approvals", "report", "--days", "36500"]).stdout
     assert f"1 plan(s) left out, so no category is a candidate:\n  plan {ids['rejected']}: its audit events" in out
     with runtime.store.transaction():
         runtime.store.command("DELETE FROM events WHERE plan_id = ?", (ids["edited"],))
     evidence = report(runtime.store, clock=runtime.clock)
-    assert any(line.startswith(f"plan {ids['edited']}: ") for line in evidence.left_out), evidence.left_out
+    assert any(line.startswith(f"plan {ids['edited']}: ") for line in evidence.named), evidence.left_out

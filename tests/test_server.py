@@ -150,6 +150,26 @@ def test_the_register_page(setup: dict[str, Any]) -> None:
     assert api(setup, "gina").get("/api/register").json()["left_out"][0].startswith(f"plan {plan['id']}: ")
 
 
+def test_the_register_names_a_plan_left_out_only_to_those_who_may_see_it(setup: dict[str, Any]) -> None:
+    """Anyone signed in reads the register: a plan left out of its evidence, named there, gave a requester or an
+    approver of other categories the whole id of a plan hidden from them (and with it, its category)."""
+    Accounts(open_store(setup["db"])).add("gina", "governance", password=PASSWORD, categories=("*",))
+    gina, csrf = browser(setup, "gina")
+    form = {"category": "lookups", "state": "on", "reason": "reviewed", "csrf": csrf}
+    assert gina.post("/register", data=form, follow_redirects=False).status_code == 303
+    plan = api(setup, "alice").post("/api/plans", json=load_plan("refund")).json()
+    with closing(open_store(setup["db"])) as store, store.transaction():  # its events rewritten in the database
+        store.command("UPDATE events SET data = replace(data, 'refund', 'refunds') WHERE plan_id = ?", (plan["id"],))
+    erin, _ = browser(setup, "erin")  # decides maintenance, not refunds
+    page = erin.get("/register").text
+    assert 'id="left-out"' in page and "1 plan(s) left out" in page and plan["id"] not in page
+    assert "1 of them you may not see" in page
+    told = api(setup, "erin").get("/api/register").json()
+    assert told["left_out"] == [] and told["left_out_unseen"] == 1 and plan["id"] not in str(told)
+    for who in ("alice", "dave", "gina"):  # hers; an approver of refunds; governance
+        assert api(setup, who).get("/api/register").json()["left_out"][0].startswith(f"plan {plan['id']}: "), who
+
+
 def test_after_a_halt_settle_resume_and_roll_back_from_the_dashboard(setup: dict[str, Any]) -> None:
     from tests.helpers import died_during
 

@@ -156,9 +156,11 @@ def test_a_slow_answer_from_the_server_does_not_make_agreeing_clocks_look_apart(
 ) -> None:
     """The server may read its clock anywhere in the round trip: at its very end here, two seconds after the
     worker's read before it (a busy machine). Taken as the middle, that looked a second off, over a quarter of
-    a 2-second lease, and the worker claimed nothing for a minute, though the clocks agree."""
+    a 2-second lease, and the worker claimed nothing for a minute, though the clocks agree. A slow answer tells
+    nothing either way: the worker asks again at its next claim, and claims once an answer comes quickly."""
     from plangate.store.postgres import PostgresStore
 
+    monkeypatch.setattr(worker_module, "CLOCK_RECHECK_SECONDS", 0.0)  # looked at again at the next claim
     (plan_id,) = submit(pg_db, ["count"], 1)
     clock = Skewed(-2.0)  # the worker's read before the question: two seconds before the server's
     real = PostgresStore.database_time
@@ -166,13 +168,50 @@ def test_a_slow_answer_from_the_server_does_not_make_agreeing_clocks_look_apart(
     def late(self: PostgresStore) -> datetime:
         moment = real(self)
         clock.seconds = 0.0  # its read after the answer: the server's own moment
+        monkeypatch.setattr(PostgresStore, "database_time", real)  # the next answer comes at once
         return moment
 
     monkeypatch.setattr(PostgresStore, "database_time", late)
     w = worker(pg_db, clock, lease=2.0)
     try:
+        assert w.run_one() is None
+        assert re.search(r"may be anywhere from 2\.\d s behind to 0\.\d s ahead", w.clock_problem or "")
         result = w.run_one()
     finally:
         w.close()
     assert w.clock_problem is None
     assert result is not None and result.plan_id == plan_id and result.ok and len(calls) == 1
+
+
+def test_a_round_trip_too_slow_to_tell_the_clocks_apart_claims_nothing_until_one_can(
+    pg_db: str, calls: list[tuple[str, int]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker 20 s ahead whose question took 20 s to answer (a busy machine): the server's time fell inside
+    the round trip, so the clocks looked to agree, and the worker took a live runner's plan over (by its clock,
+    the lease had run out). The offset lay anywhere from 0 to 20 s: it claims nothing until an answer tells."""
+    from plangate.store.postgres import PostgresStore
+
+    monkeypatch.setattr(worker_module, "CLOCK_RECHECK_SECONDS", 0.0)  # looked at again at the next claim
+    (plan_id,) = submit(pg_db, ["count"], 1)
+    lease_live(pg_db, plan_id, "runner-elsewhere#1", 10)
+    clock = Skewed(0.0)  # its read before the question: 20 s before the server's moment, on its own clock
+    real = PostgresStore.database_time
+
+    def slow(self: PostgresStore) -> datetime:
+        clock.seconds = 20.0  # its read after the answer: the server's moment, on a clock 20 s ahead
+        return real(self)
+
+    monkeypatch.setattr(PostgresStore, "database_time", slow)
+    w = worker(pg_db, clock, lease=8.0)
+    try:
+        assert w.run_one() is None
+        assert re.search(r"took 20\.\d s to answer.* from 0\.\d s behind to 20\.\d s ahead", w.clock_problem or "")
+        assert "at most 2 s off" in (w.clock_problem or "")
+        monkeypatch.setattr(PostgresStore, "database_time", real)  # a quick answer: 20 s ahead, for certain
+        assert w.run_one() is None
+        assert re.search(r"at least (19|20)\.\d s ahead of", w.clock_problem or "")
+    finally:
+        w.close()
+    assert calls == []  # the plan was not taken from its live runner
+    with closing(open_store(pg_db)) as store:
+        assert store.get_plan(plan_id).lease_owner == "runner-elsewhere#1"  # type: ignore[union-attr]

@@ -158,9 +158,14 @@ class Evidence:
     """The approvals report: each category's evidence, and the plans left out of it, each with why."""
 
     categories: tuple[CategoryStats, ...]
-    left_out: tuple[str, ...]
-    """``plan ID: why``: a plan whose audit events do not verify (or a row no event records). While any plan is
+    left_out: tuple[tuple[str, str], ...]
+    """``(plan ID, why)``: a plan whose audit events do not verify (or a row no event records). While any plan is
     left out, no category is a candidate: the one it belongs to cannot be known."""
+
+    @property
+    def named(self) -> list[str]:
+        """Each plan left out, as ``plan ID: why`` (to whoever may see every plan: see the dashboard's register)."""
+        return [f"plan {plan_id}: {why}" for plan_id, why in self.left_out]
 
 
 @dataclass(frozen=True)
@@ -184,11 +189,11 @@ def report(store: Store, *, days: int = 90, min_plans: int = 5, clock: Clock | N
     """
     since = iso((clock or SystemClock()).now() - timedelta(days=days))
     categories: dict[str, list[_Plan]] = {}
-    left_out: list[str] = []
+    left_out: list[tuple[str, str]] = []
     with store.snapshot():
         for plan_id, events, broken in store.plans_events(_in_window(store, since)):
             if broken is not None or not events:
-                left_out.append(f"plan {plan_id}: {_unverified(broken)}")
+                left_out.append((plan_id, _unverified(broken)))
             elif (plan := _plan(plan_id, events)) is not None and plan.submitted >= since:
                 categories.setdefault(plan.category, []).append(plan)
     stats = (_stats(name, plans, min_plans, complete=not left_out) for name, plans in sorted(categories.items()))

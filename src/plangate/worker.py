@@ -249,24 +249,16 @@ class Worker:
         """
         if time.monotonic() < self._clock_due:
             return self.clock_problem is not None
+        store = self._claiming()  # connected first: the round trip timed is the question's alone
         before = self.clock.now()
-        theirs = self._claiming().database_time()  # a store out of reach: compared again at the next claim
+        theirs = store.database_time()  # a store out of reach: compared again at the next claim
         after = self.clock.now()
         if theirs is None:  # no server: one machine, one clock
             self._clock_due = time.monotonic() + CLOCK_CHECK_SECONDS
             return False
-        # The server read its clock somewhere between before and after (a slow round trip, a busy machine,
-        # a wait for the connection): only how far its time falls outside that span is certain.
-        ahead = max((before - theirs).total_seconds(), 0.0) - max((theirs - after).total_seconds(), 0.0)
-        bound = self.lease_seconds / 4
-        problem = None
-        if abs(ahead) > bound:
-            problem = (
-                f"this machine's clock is at least {abs(ahead):.1f} s {'ahead of' if ahead > 0 else 'behind'} the "
-                f"database server's; with {self.lease_seconds:g}-second leases a worker may be at most {bound:g} s "
-                "off, or it could take over plans whose runners are alive: claiming nothing until the clocks agree "
-                "(set the time right, e.g. with NTP)"
-            )
+        # The server read its clock somewhere between before and after (a slow round trip, a busy machine):
+        # this clock is off it by something between these two.
+        problem = self._off_by((before - theirs).total_seconds(), (after - theirs).total_seconds())
         if problem != self.clock_problem:
             if problem is not None:
                 _log.error("worker %s: %s", self.name, problem)
@@ -275,6 +267,27 @@ class Worker:
         self.clock_problem = problem
         self._clock_due = time.monotonic() + (CLOCK_CHECK_SECONDS if problem is None else CLOCK_RECHECK_SECONDS)
         return problem is not None
+
+    def _off_by(self, early: float, late: float) -> str | None:
+        """Why a clock off the server's by something from ``early`` to ``late`` seconds (ahead: > 0) may not
+        claim, if it may not: off by more than a quarter of the lease for certain, or perhaps (a slow answer)."""
+        bound = self.lease_seconds / 4
+        ahead = max(early, 0.0) - max(-late, 0.0)  # at least this far off
+        if abs(ahead) > bound:
+            return (
+                f"this machine's clock is at least {abs(ahead):.1f} s {'ahead of' if ahead > 0 else 'behind'} the "
+                f"database server's; with {self.lease_seconds:g}-second leases a worker may be at most {bound:g} s "
+                "off, or it could take over plans whose runners are alive: claiming nothing until the clocks agree "
+                "(set the time right, e.g. with NTP)"
+            )
+        if max(-early, late) > bound:  # the server's moment lies within the round trip: which end, nobody knows
+            return (
+                f"the database server took {late - early:.1f} s to answer, so this machine's clock may be anywhere "
+                f"from {abs(early):.1f} s behind to {late:.1f} s ahead of the server's; with {self.lease_seconds:g}"
+                f"-second leases a worker may be at most {bound:g} s off, or it could take over plans whose runners "
+                "are alive: claiming nothing until an answer comes quickly enough to tell"
+            )
+        return None
 
     def _give_back(self, claimed: list[tuple[str, str]]) -> None:
         """Release these leases (claimed but not started, or left at the drain), so that the plans need not

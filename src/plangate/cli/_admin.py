@@ -196,7 +196,7 @@ def approvals_report_command(*, days: int, min_plans: int, db: str | None) -> No
     click.echo(f"a candidate has at least {min_plans} decisions, all approvals, and no edits")
     if evidence.left_out:
         click.echo(f"{len(evidence.left_out)} plan(s) left out, so no category is a candidate:")
-        for line in evidence.left_out:
+        for line in evidence.named:
             click.echo(f"  {printable(line)}")  # a plan id from the store: a row anyone could write
 
 

@@ -251,7 +251,7 @@ class _Writer:
             "evidence": {
                 "days": max(days, 1),
                 "categories": [{**s.__dict__} for s in evidence.categories],
-                "left_out": list(evidence.left_out),
+                "left_out": evidence.named,
             },
         }
         self.put("register.json", json.dumps(data, indent=2, sort_keys=True) + "\n")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from dataclasses import asdict, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from starlette.exceptions import HTTPException
 
@@ -21,6 +21,9 @@ from plangate.runtime import Runtime
 from plangate.server._errors import log
 from plangate.store import PlanQuery, PlanRow
 from plangate.tools import Catalogue
+
+if TYPE_CHECKING:
+    from plangate.register import Evidence
 
 
 def may_decide(user: User, record: PlanRecord) -> None:
@@ -54,6 +57,20 @@ def listing(rt: Runtime, user: User, query: PlanQuery, limit: int) -> list[PlanR
     before or after must be ones they may see too: nobody learns when a plan hidden from them was made."""
     before, after = (None if end is None else visible(rt, user, end).id for end in (query.before, query.after))
     return rt.list_plans(replace(query, scope=user.scope, before=before, after=after), limit)
+
+
+def left_out_seen(rt: Runtime, user: User, evidence: Evidence) -> tuple[list[str], int]:
+    """The plans left out of the register's evidence that ``user`` may see, each ``plan ID: why``, and how many
+    others there are. Anyone signed in reads the register: nobody learns from it the id of a plan hidden from them."""
+    seen = tuple((plan_id, why) for plan_id, why in evidence.left_out if _may_see(rt, user, plan_id))
+    return replace(evidence, left_out=seen).named, len(evidence.left_out) - len(seen)
+
+
+def _may_see(rt: Runtime, user: User, plan_id: str) -> bool:
+    if user.scope is None:  # auditors and governance: every plan
+        return True
+    row = rt.store.get_plan(plan_id)  # None: a plan only its events tell of, named to those who see every plan
+    return row is not None and user.may_read(category=row.category, requested_by=row.requested_by)
 
 
 def _seen_prefix(rt: Runtime, user: User, prefix: str) -> str:

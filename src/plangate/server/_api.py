@@ -224,18 +224,20 @@ async def issue_token(request: Request, rt: Rt, config: Config) -> dict[str, Any
 
 
 @router.get("/register")
-def register(rt: Rt, _: Reader, days: Annotated[int, Query(ge=1, le=36_500)] = 90) -> dict[str, Any]:
+def register(rt: Rt, caller: Reader, days: Annotated[int, Query(ge=1, le=36_500)] = 90) -> dict[str, Any]:
     """The auto-approval register, and the evidence per category over the last ``days`` (from the audit log; the
-    plans left out of it, whose events do not verify, each with why)."""
+    plans left out of it, whose events do not verify, each with why: those the caller may see, and how many more)."""
     from plangate.register import Register, report
 
     evidence = report(rt.store, days=days)
+    left_out, unseen = _actions.left_out_seen(rt, caller.user, evidence)
     return {
         "entries": [asdict(entry) for entry in Register(rt.store).all()],
         "report": [
             {**asdict(r), "approval_rate": r.approval_rate, "edit_rate": r.edit_rate} for r in evidence.categories
         ],
-        "left_out": list(evidence.left_out),
+        "left_out": left_out,
+        "left_out_unseen": unseen,
     }
 
 

@@ -185,7 +185,9 @@ def register_page(request: Request, rt: Rt, caller: Reader, days: Days = 90) -> 
     from plangate.register import Register, report
 
     entries, evidence = Register(rt.store).all(), report(rt.store, days=days)
-    return render(request, "register.html", caller, entries=entries, days=days, evidence=evidence)
+    left_out, unseen = _actions.left_out_seen(rt, caller.user, evidence)
+    context = {"entries": entries, "days": days, "evidence": evidence, "left_out": left_out, "unseen": unseen}
+    return render(request, "register.html", caller, **context)
 
 
 # -- forms -----------------------------------------------------------------------------------
