@@ -283,7 +283,7 @@ class Worker:
         if max(-early, late) > bound:  # the server's moment lies within the round trip: which end, nobody knows
             return (
                 f"the database server took {late - early:.1f} s to answer, so this machine's clock may be anywhere "
-                f"from {abs(early):.1f} s behind to {late:.1f} s ahead of the server's; with {self.lease_seconds:g}"
+                f"from {early:+.1f} s to {late:+.1f} s off the server's (+: ahead); with {self.lease_seconds:g}"
                 f"-second leases a worker may be at most {bound:g} s off, or it could take over plans whose runners "
                 "are alive: claiming nothing until an answer comes quickly enough to tell"
             )
