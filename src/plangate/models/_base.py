@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
-from plangate._bounded import BoundedTransport
 from plangate.errors import PlangateError, RefusedInputError, UsageError
 
 Effort = Literal["low", "medium", "high"]
@@ -119,9 +120,25 @@ def bounded_http(default_client: Callable[..., Any], model: str, limit: int) -> 
     The SDKs read a reply whole before looking at it, so a misconfigured or hostile base URL could
     send gigabytes; past the limit the read stops and the call fails (see :func:`cut_off`).
     """
+    from plangate._bounded import BoundedTransport  # with the SDK: not when plangate alone is imported
+
     if limit < 1:
         raise UsageError(f"{model}: max_response_bytes must be at least 1")
-    return default_client(transport=BoundedTransport(limit, what=model))
+    return _closing(default_client)(transport=BoundedTransport(limit, what=model))
+
+
+@functools.cache
+def _closing(default_client: type) -> type:
+    """``default_client``, closed when it is collected, as the SDK's own is when the SDK makes it (a client
+    given to the SDK is left to its giver): its connections are not left open."""
+
+    class Closing(default_client):  # type: ignore[misc]
+        def __del__(self) -> None:
+            if not self.is_closed:
+                with contextlib.suppress(Exception):
+                    self.close()
+
+    return Closing
 
 
 def cut_off(model: str, exc: BaseException) -> ModelError | None:

@@ -20,13 +20,13 @@ import threading
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import httpx2
-
-from plangate._bounded import AsyncBoundedTransport
 from plangate._extras import need
 from plangate.errors import CatalogueError
+
+if TYPE_CHECKING:  # imported where used, as the SDK is: a Temporal workflow's sandbox imports plangate whole
+    from plangate._bounded import AsyncBoundedTransport
 
 PREFIX = "mcp:"
 CONNECT_SECONDS = 30.0
@@ -244,12 +244,15 @@ class McpConnection:
     def _bounded(self) -> AsyncBoundedTransport:
         """What reads a session's HTTP answers: a plain JSON body is cut off past the bound while read (an
         event stream is many messages: the SDK bounds each event to the same)."""
+        from plangate._bounded import AsyncBoundedTransport
+
         bound = self.max_result_bytes * _ESCAPED + _ENVELOPE
         return AsyncBoundedTransport(bound, what=f"MCP server {self._what()}", unbounded=("text/event-stream",))
 
     @contextlib.asynccontextmanager
     async def _transport(self, errlog: Any, bounded: AsyncBoundedTransport | None) -> AsyncIterator[tuple[Any, Any]]:
         if self.spec.url is not None and bounded is not None:
+            import httpx2
             from mcp.client.streamable_http import streamable_http_client
             from mcp.shared._httpx_utils import MCP_DEFAULT_SSE_READ_TIMEOUT, MCP_DEFAULT_TIMEOUT
 
