@@ -273,19 +273,21 @@ class Worker:
         claim, if it may not: off by more than a quarter of the lease for certain, or perhaps (a slow answer)."""
         bound = self.lease_seconds / 4
         ahead = max(early, 0.0) - max(-late, 0.0)  # at least this far off
+        rule = (
+            f"with {self.lease_seconds:g}-second leases a worker may be at most {bound:g} s off, or it could take "
+            "over plans whose runners are alive: claiming nothing until"
+        )
         if abs(ahead) > bound:
+            way = "ahead of" if ahead > 0 else "behind"
             return (
-                f"this machine's clock is at least {abs(ahead):.1f} s {'ahead of' if ahead > 0 else 'behind'} the "
-                f"database server's; with {self.lease_seconds:g}-second leases a worker may be at most {bound:g} s "
-                "off, or it could take over plans whose runners are alive: claiming nothing until the clocks agree "
-                "(set the time right, e.g. with NTP)"
+                f"this machine's clock is at least {abs(ahead):.1f} s {way} the database server's; {rule} "
+                "the clocks agree (set the time right, e.g. with NTP)"
             )
         if max(-early, late) > bound:  # the server's moment lies within the round trip: which end, nobody knows
             return (
                 f"the database server took {late - early:.1f} s to answer, so this machine's clock may be anywhere "
-                f"from {early:+.1f} s to {late:+.1f} s off the server's (+: ahead); with {self.lease_seconds:g}"
-                f"-second leases a worker may be at most {bound:g} s off, or it could take over plans whose runners "
-                "are alive: claiming nothing until an answer comes quickly enough to tell"
+                f"from {early:+.1f} s to {late:+.1f} s off the server's (+: ahead); {rule} an answer comes quickly "
+                "enough to tell"
             )
         return None
 
