@@ -137,7 +137,8 @@ def known_values(value: Any) -> Any:
     string that takes no reference read as :func:`known_text` reads it, one that takes a reference as written.
     What holds no escape comes back as it is, not copied (the checker reads every step's parameters)."""
     if isinstance(value, str):
-        return unescaped(value) if "$${" in value and not takes_refs(value) else value
+        known = known_text(value)
+        return value if known is None else known
     if isinstance(value, Mapping):
         changed = {k: new for k, item in value.items() if _escaped(item) and (new := known_values(item)) is not item}
         return {**value, **changed} if changed else value
