@@ -18,6 +18,11 @@ expire (a worker's claim goes by the lease's expiry alone; ``plangate resume`` o
 machine takes over at once a lease naming a dead process), and the engine's resume rules
 decide what runs again: never a completed step, an idempotent step with no
 outcome under the same key, anything else halts for a person.
+
+A run whose store goes away mid-run (a PostgreSQL restart, a network cut) is not lost with its
+connection: the worker waits for the store, at most until the run's lease would have run out,
+claims the run again under that same lease, and records the outcomes its tools had answered
+(:class:`plangate.engine.Unconfirmed`), once; a lease lost meanwhile records nothing, and says so.
 """
 
 from __future__ import annotations
