@@ -81,7 +81,7 @@ def note(n: int, ctx: RunContext) -> int:
 
 
 def tools() -> list[Any]:
-    return [pay, put, note, ship, pay_and_lose_the_lease, pay_then_cut_the_commit]
+    return [pay, put, note, ship, pay_first, pay_beside, pay_and_lose_the_lease, pay_then_cut_the_commit]
 
 
 def submitted(db: str, *steps: dict[str, Any]) -> str:
@@ -133,6 +133,43 @@ def test_a_known_payment_is_recorded_after_the_store_comes_back(pg_db: str) -> N
     assert result.outputs == {1: "paid 5", 2: 1}
     assert w.failed == []
     ran_once_and_verifies(pg_db, plan_id, 2)
+
+
+PAID = threading.Event()
+
+
+@tool(effect="irreversible")
+def pay_first(amount: int, ctx: RunContext) -> str:
+    """Pay; the store goes away while the payment is made; the payment beside it then ends too."""
+    CALLS.append((ctx.plan_id, ctx.step_id))
+    cut_every_connection()
+    PAID.set()
+    return f"paid {amount}"
+
+
+@tool(effect="irreversible")
+def pay_beside(amount: int, ctx: RunContext) -> str:
+    """A payment in flight beside the first, which ends once the store is gone."""
+    CALLS.append((ctx.plan_id, ctx.step_id))
+    assert PAID.wait(30)
+    return f"paid {amount} too"
+
+
+def test_calls_in_flight_side_by_side_are_all_kept(pg_db: str) -> None:
+    """Two payments run side by side; the store goes away during them: both answers are recorded."""
+    PAID.clear()
+    rt = Runtime(Catalogue(tools()), db=pg_db)
+    body = plan(
+        {"id": 1, "tool": "pay_first", "params": {"amount": 5}},
+        {"id": 2, "tool": "pay_beside", "params": {"amount": 6}},
+    )
+    record = rt.submit({**body, "order": "dataflow"}, "ann")
+    rt.approve(record.id, "ben", record.hash)
+    rt.close()
+    result, _ = run_one(pg_db)
+    assert result is not None and result.status == "succeeded", result
+    assert result.outputs == {1: "paid 5", 2: "paid 6 too"}
+    ran_once_and_verifies(pg_db, record.id, 2)
 
 
 def test_an_idempotent_step_is_not_called_again_after_an_outage(pg_db: str) -> None:
