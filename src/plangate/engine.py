@@ -18,6 +18,11 @@ outcome has an *unknown* outcome (the process died during the call): it is re-ru
 the same idempotency key only when its tool is idempotent; otherwise the run halts for a
 person.
 
+If the store goes away mid-run (a PostgreSQL restart, a connection cut), the run stops with a
+:class:`~plangate.errors.StoreLostError` that carries the outcomes its tools had answered and no
+commit confirmed (:class:`Unconfirmed`); the run that takes it back under the same lease records
+each of them, once, only where the step's record is still that call's ``started`` one.
+
 Every call runs under a time limit (:mod:`plangate.timeouts`). A call that overruns it, or
 raises, is made again under the same key when its tool is idempotent and has ``retries``
 left (after a backoff, without holding up other steps); a call to a tool that is not
@@ -42,7 +47,7 @@ from plangate._calls import Outcome
 from plangate._clock import Clock, iso, parse_iso
 from plangate._decide import SKIPPED, decide
 from plangate._overrides import governed, origin
-from plangate.errors import LeaseLostError, StateError
+from plangate.errors import LeaseLostError, StateError, StoreLostError
 from plangate.graph import run_deps
 from plangate.plan import Plan, Step
 from plangate.policy import Policy
@@ -52,6 +57,27 @@ from plangate.tools import Catalogue, RunContext, Tool, idempotency_key
 from plangate.tracing import Traces
 
 DEFAULT_CONCURRENCY = 8
+
+
+@dataclass(frozen=True)
+class Unconfirmed:
+    """What a run cut off from its store knew and no commit confirmed: the outcomes of the calls its tools
+    answered, each with the attempt that answered (``(attempt, outcome)``).
+
+    The run that takes the plan back under the same lease records each one only if the step's record is
+    still that attempt's ``started`` one: a commit cut in flight may have recorded it already (the record
+    says so, and it is not written again), and a step another runner took over, or a person settled, is
+    theirs to decide.
+    """
+
+    outcomes: tuple[tuple[int, Outcome], ...] = ()
+    uncalled: tuple[tuple[int, int], ...] = ()
+    """Steps (``(attempt, step id)``) the broken transaction recorded as started, whose tools were never
+    called: if that commit went through in flight, they run again (never read as of unknown outcome)."""
+
+    @property
+    def steps(self) -> list[int]:
+        return sorted(outcome.step_id for _, outcome in self.outcomes)
 
 
 @dataclass
@@ -86,6 +112,7 @@ class Engine:
         rows: Mapping[int, StepRow] | None = None,
         claimed: PlanRow | None = None,
         failed: tuple[int, ...] = (),
+        known: Unconfirmed | None = None,
     ) -> RunResult:
         """Run (or continue) the plan to its end or to a halt.
 
@@ -96,11 +123,15 @@ class Engine:
         row as the run's owner claimed it, which its end moves on without reading it again. ``failed``:
         steps whose failure the run this one takes over recorded before it died, with no halt after it;
         this run halts on the first of them (as that run would have) and calls none of them again.
+        ``known``: the outcomes a run of the same lease knew when its store went away (:class:`Unconfirmed`).
         """
         run = _Run(self, plan_id, version, plan, actor)
         run.known = None if rows is None else dict(rows)
         run.claimed = claimed
         run.unhalted = failed
+        known = known or Unconfirmed()
+        run.carried = {outcome.step_id: (attempt, outcome) for attempt, outcome in known.outcomes}
+        run.uncalled = {step_id: attempt for attempt, step_id in known.uncalled}
         return run.watched()
 
     def stepper(
@@ -128,6 +159,10 @@ class _Run:
         self.known: dict[int, StepRow] | None = None  # the step rows as the claim read them, for _load
         self.claimed: PlanRow | None = None  # the plan's row as the owner claimed it, for _move
         self.unhalted: tuple[int, ...] = ()  # failures of the run this one takes over, never halted on, for _load
+        self.carried: dict[int, tuple[int, Outcome]] = {}  # outcomes a run cut off from its store knew, for _load
+        self.uncalled: dict[int, int] = {}  # steps it started and never called, by attempt, for _load
+        self.recording: list[Outcome] = []  # the outcomes handed to the open transaction, until it commits
+        self.starting: list[int] = []  # the steps it records as started, until it commits
         self.position = {step_id: index for index, step_id in enumerate(self.order)}
         self.waiting: set[int] = set()  # not started yet in this run
         self.blockers: dict[int, set[int]] = {}  # what each waiting step still waits for
@@ -181,6 +216,14 @@ class _Run:
         return result
 
     async def _go(self, load: bool = True) -> RunResult:
+        try:
+            return await self._loop(load)
+        except Exception as exc:
+            if not self.store.broken():
+                raise
+            raise await self._cut_off(exc) from exc
+
+    async def _loop(self, load: bool) -> RunResult:
         self.halting = asyncio.Event()  # of this event loop (the run may go on in another after an overrun)
         while True:
             with self.store.transaction():
@@ -189,6 +232,7 @@ class _Run:
                     self._load()
                     load = False
                 self._sort_calls()
+                self.recording = list(self.finished)  # until the commit confirms them (see _cut_off)
                 self._record_finished()
                 if not self.in_flight and (self.halt is not None or not self.waiting):
                     return self._end()  # the plan moves on only from the runner that holds it (_move)
@@ -199,9 +243,10 @@ class _Run:
                 lost = self.e.lease_lost is not None and self.e.lease_lost.is_set()
                 if not lost:
                     self._check_lease()
-                    launch = self._start_ready()
+                    launch = self.starting = self._start_ready()
                     if not launch and not self.in_flight and self.waiting and self.halt is None:
                         raise RuntimeError(f"engine stalled: steps {sorted(self.waiting)} can never start")
+            self.recording, self.starting = [], []
             if lost:  # the outcomes just recorded commit (over their own started records, fenced); nothing starts
                 raise self._lease_lost()
             if len(launch) == 1 and not self.in_flight and not self._tool(launch[0]).is_async:
@@ -211,6 +256,20 @@ class _Run:
                 self.in_flight[asyncio.create_task(self._call(step_id))] = step_id
             if self.in_flight:
                 await self._next_done()
+
+    async def _cut_off(self, cause: Exception) -> StoreLostError:
+        """The store went away: the calls in flight are waited for (each within its limit), and the outcomes
+        that no commit confirmed go back with the error, for the run that takes the plan back to record."""
+        answered = {outcome.step_id: outcome for outcome in [*self.recording, *self.finished]}
+        ended = await asyncio.gather(*self.in_flight, return_exceptions=True)  # a retry's own commit fails too
+        answered.update({outcome.step_id: outcome for outcome in ended if isinstance(outcome, Outcome)})
+        self.in_flight.clear()
+        known = Unconfirmed(
+            tuple((self.rows[step_id].attempt, answered[step_id]) for step_id in sorted(answered)),
+            tuple((self.rows[step_id].attempt, step_id) for step_id in self.starting),
+        )
+        held = f"; the outcomes of steps {known.steps} are known and not confirmed recorded" if answered else ""
+        return StoreLostError(f"plan {self.plan_id}'s run lost its store ({cause}){held}", known)
 
     async def _next_done(self) -> None:
         """Wait for the next call (or retry) to end; once the run halts, retries waiting out a backoff stop."""
@@ -317,6 +376,10 @@ class _Run:
             if row is not None and row.status in DONE and row.version <= self.version:
                 self._recorded(row)
                 self._report("reused", step_id, row.status)
+            elif row is not None and self._answered(row):
+                continue  # recorded with the outcomes of this run's first transaction
+            elif row is not None and row.status == "started" and self.uncalled.get(step_id) == row.attempt:
+                self._run_again(row, "its start was recorded as the store went away, before its tool was called")
             elif row is not None and row.status in ("started", "outcome_unknown"):
                 self._unknown_outcome(row)
             elif row is not None and row.status == "failed" and step_id in self.unhalted:
@@ -329,6 +392,21 @@ class _Run:
                 self.dependents[dep].append(step_id)
             if not self.blockers[step_id]:
                 heapq.heappush(self.ready, (self.position[step_id], step_id))
+
+    def _answered(self, row: StepRow) -> bool:
+        """Whether the run this one takes back knew the outcome of the call this started record stands for
+        (see :class:`Unconfirmed`): if so, it is recorded, as if the call had just ended in this run."""
+        carried = self.carried.pop(row.step_id, None)
+        if carried is None or row.status != "started" or carried[0] != row.attempt:
+            return False
+        self.finished.append(carried[1])
+        return True
+
+    def _run_again(self, row: StepRow, why: str) -> None:
+        """The step starts again (the next attempt, the same key), and the log says why."""
+        reason = f"{why}, so it runs again with the same key {row.idempotency_key}"
+        self._event("step.retrying", row.step_id, {"reason": reason, "attempt": row.attempt + 1})
+        self.waiting.add(row.step_id)
 
     def _recorded(self, row: StepRow) -> None:
         """What a finished step's row says it gave: its output, null (an optional failure) or a skip."""
@@ -352,16 +430,7 @@ class _Run:
         """
         tool = self._tool(row.step_id)
         if tool.idempotent and cause is None:
-            self._event(
-                "step.retrying",
-                row.step_id,
-                {
-                    "reason": "started but no outcome recorded; the tool is idempotent, so it runs again with "
-                    f"the same key {row.idempotency_key}",
-                    "attempt": row.attempt + 1,
-                },
-            )
-            self.waiting.add(row.step_id)
+            self._run_again(row, "started but no outcome recorded; the tool is idempotent")
             return
         cause = cause or f"the step started at {row.started_at} but no outcome was recorded"
         error = (

@@ -21,6 +21,7 @@ Three families, so callers can tell a mistake from a failure from a signal::
     │   ├── SignInRequiredError    the store has accounts and no live token or session was given
     │   └── NotPermittedError      the account's role does not allow this
     ├── StoreError                 the store cannot be opened, or is of a newer schema
+    │   └── StoreLostError         the store went away mid-run: carries the outcomes the run knew
     └── LeaseLostError             a control-flow signal: a worker's lease expired and another took the plan
 
 Run failures (a tool raising, an output of the wrong type) are not raised: the engine
@@ -33,6 +34,10 @@ Exceptions never log and never do I/O: they carry data, callers decide what to s
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from plangate.engine import Unconfirmed
 
 
 class PlangateError(Exception):
@@ -152,6 +157,21 @@ class NotPermittedError(GovernanceError):
 
 class StoreError(PlangateError):
     """The store cannot be opened or used (a bad URL, a newer schema, a locked file)."""
+
+
+class StoreLostError(StoreError):
+    """The connection to the store broke during a run (a server restart, a network cut): the run stopped.
+
+    ``known`` holds what the run knew and could not confirm recorded: the outcomes of the calls its
+    tools had answered, each with the attempt it answered (an
+    :class:`plangate.engine.Unconfirmed`). Whoever takes the run back under the same lease hands
+    them to it (``Runtime.drive(claim, known=...)``), and they are recorded only for a step still
+    started at that attempt; a retry can help once the store answers again.
+    """
+
+    def __init__(self, message: str, known: Unconfirmed) -> None:
+        self.known = known
+        super().__init__(message)
 
 
 class OutcomeUnknownError(PlangateError):

@@ -33,7 +33,7 @@ from plangate._clock import Clock, SystemClock, iso
 from plangate._overrides import governed
 from plangate.check import CheckResult, check
 from plangate.compensation import Compensation, CompensationResult
-from plangate.engine import DEFAULT_CONCURRENCY, Engine
+from plangate.engine import DEFAULT_CONCURRENCY, Engine, Unconfirmed
 from plangate.errors import (
     GovernanceError,
     LeaseLostError,
@@ -597,8 +597,14 @@ class Runtime:
         events = proof[1].events  # the plan's events, verified in this snapshot: the newest is the last
         return (plan, version, events[-1].hash if events else None), proof
 
-    def drive(self, claim: Claim, progress: Callable[[Progress], None] | None = None) -> RunResult:
-        """Run a claimed plan to its end or a halt, renewing the lease as it goes."""
+    def drive(
+        self, claim: Claim, progress: Callable[[Progress], None] | None = None, *, known: Unconfirmed | None = None
+    ) -> RunResult:
+        """Run a claimed plan to its end or a halt, renewing the lease as it goes.
+
+        ``known``: the outcomes a run of the same lease knew when its store went away (the
+        :class:`~plangate.errors.StoreLostError` it raised carries them), recorded where they still may be.
+        """
         _aio.refuse_in_loop("Runtime.drive", "runtime.aexecute")
         keeper = lifecycle.LeaseKeeper(self.store, claim.plan.id, claim.owner, self.lease_seconds, self._lease_until)
         engine = Engine(
@@ -621,6 +627,7 @@ class Runtime:
                 rows=claim.rows,
                 claimed=claim.plan,
                 failed=claim.failed,
+                known=known,
             )
         policy = claim.policy
         if result.ok or policy is None or policy.compensation.on_halt != "auto":

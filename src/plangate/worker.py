@@ -18,6 +18,11 @@ expire (a worker's claim goes by the lease's expiry alone; ``plangate resume`` o
 machine takes over at once a lease naming a dead process), and the engine's resume rules
 decide what runs again: never a completed step, an idempotent step with no
 outcome under the same key, anything else halts for a person.
+
+A run whose store goes away mid-run (a PostgreSQL restart, a network cut) is not lost with its
+connection: the worker waits for the store, at most until the run's lease would have run out,
+claims the run again under that same lease, and records the outcomes its tools had answered
+(:class:`plangate.engine.Unconfirmed`), once; a lease lost meanwhile records nothing, and says so.
 """
 
 from __future__ import annotations
@@ -27,17 +32,19 @@ import functools
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 
 from plangate import lifecycle, timeouts
 from plangate._clock import Clock, SystemClock, iso
-from plangate.errors import GovernanceError, LeaseLostError, PlangateError, StateError
+from plangate.engine import Unconfirmed
+from plangate.errors import GovernanceError, LeaseLostError, PlangateError, StateError, StoreError, StoreLostError
 from plangate.policy import Policy
+from plangate.record import Claim
 from plangate.results import RunResult
 from plangate.runtime import Runtime
-from plangate.store import Store, open_store
+from plangate.store import DONE, StepRow, Store, open_store
 from plangate.tools import Catalogue
 
 DEFAULT_CONCURRENCY = 8
@@ -301,11 +308,13 @@ class Worker:
                 _log.warning("plan %s: giving the claim back failed (it will expire): %s", plan_id, exc)
 
     def _claiming(self) -> Store:
-        """The claiming connection, made when first needed (again after an outage dropped it); runner
+        """The claiming connection, made when first needed (again after an outage dropped or broke it); runner
         threads use it too (to give a plan back), so it is swapped under the lock."""
         with self._cond:
-            if self._claims is not None:
+            if self._claims is not None and not self._claims.broken():
                 return self._claims
+            broken, self._claims = self._claims, None
+        self._dropped_store(broken)
         made = open_store(self.db)  # not under the lock: a connection may take its time
         with self._cond:
             claims = self._claims = self._claims or made
@@ -376,7 +385,14 @@ class Worker:
             # only under this claim's lease (a drain may have given it back meanwhile, or a person's decision)
             claim = runtime.start(plan_id, actor=f"worker:{self.name}", owner=owner, leased=True)
             owner = self._run_under(plan_id, owner, claim.owner)
-            result = runtime.drive(claim)
+            known: Unconfirmed | None = None
+            while result is None:
+                try:
+                    result = runtime.drive(claim, known=known)
+                except StoreLostError as cut:  # what the run knew is recorded once the store is back, if it may be
+                    runtime = self._dropped(runtime)
+                    runtime, claim = self._take_back(plan_id, owner, cut)
+                    owner, known = self._run_under(plan_id, owner, claim.owner), cut.known
         except GovernanceError as refused:  # it may not run: sent back for approval, or the log disagrees
             self._set_aside(plan_id, str(refused), self.refused, logging.ERROR)
         except LeaseLostError:
@@ -393,6 +409,37 @@ class Worker:
         finally:
             self._finish(plan_id, owner, runtime if healthy else self._dropped(runtime), ran=result is not None)
         return result
+
+    def _take_back(self, plan_id: str, owner: str, cut: StoreLostError) -> tuple[Runtime, Claim]:
+        """The store went away mid-run: wait for it (doubling the waits, as for claims), at most until the
+        run's lease would have run out, and claim the run again under that same lease, to record what it
+        knew. A claim that finds the lease another's (it ran out, and another runner took the plan over)
+        says so and records nothing: what the run knew is then that runner's to decide, by the usual rules.
+        The store not back in time: the run fails as after any other failure (the next claim resumes it)."""
+        deadline, times = time.monotonic() + self.lease_seconds, 0
+        while True:
+            times += 1
+            wait = timeouts.doubled(timeouts.STORE_RETRY_SECONDS, times)
+            if time.monotonic() + wait > deadline or self._stopping.wait(wait):
+                _log.error("plan %s: %s; not back within the lease: %s", plan_id, cut, _unrecorded(cut.known))
+                raise cut
+            runtime: Runtime | None = None
+            try:
+                runtime = self._new_runtime()
+                return runtime, runtime.start(plan_id, actor=f"worker:{self.name}", owner=owner, leased=True)
+            except StoreError:
+                pass  # not back yet (a connection refused)
+            except PlangateError as refused:
+                assert runtime is not None
+                with self._cond:
+                    self._idle.append(runtime)  # its connection is sound: the claim only refused
+                if isinstance(refused, (LeaseLostError, StateError)):
+                    told = _told(runtime.store.steps(plan_id), cut.known)
+                    _log.warning("plan %s: the store is back; %s: %s", plan_id, refused, told)
+                raise
+            except Exception as exc:  # noqa: BLE001 - a connection that broke again: waited out like the first
+                _log.debug("plan %s: the store is not back yet: %s", plan_id, exc)
+            self._dropped(runtime)
 
     def _run_under(self, plan_id: str, leased: str, claimed: str) -> str:
         """The run's own lease, which took the place of the worker's at its claim: what the drain and the
@@ -435,6 +482,10 @@ class Worker:
         with self._cond:
             if self._idle:
                 return self._idle.pop()
+        return self._new_runtime()
+
+    def _new_runtime(self) -> Runtime:
+        """A runtime on a connection of its own, made now (not one of the pool's, which an outage may have cut)."""
         return Runtime(self.catalogue, self.policy, db=self.db, clock=self.clock, lease_seconds=self.lease_seconds)
 
     def _drain(self) -> None:
@@ -450,3 +501,25 @@ class Worker:
 
     def _until(self) -> str:
         return iso(self.clock.now() + timedelta(seconds=self.lease_seconds))
+
+
+def _told(rows: Mapping[int, StepRow], known: Unconfirmed) -> str:
+    """What became of the outcomes a run cut off from its store knew, once another runner holds its plan (or
+    it ended): all on record already (the commit cut in flight went through), or not recorded, and never by it."""
+    done = [o.step_id for attempt, o in known.outcomes if _done_at(rows.get(o.step_id), attempt)]
+    if known.outcomes and done == known.steps:
+        return f"the outcomes this run knew (steps {done}) were recorded before the store went away"
+    return _unrecorded(known)
+
+
+def _done_at(row: StepRow | None, attempt: int) -> bool:
+    return row is not None and row.attempt == attempt and row.status in DONE
+
+
+def _unrecorded(known: Unconfirmed) -> str:
+    return (
+        f"the outcomes this run knew (steps {known.steps}) are not recorded: whoever runs the plan decides them "
+        "by the usual rules"
+        if known.outcomes
+        else "this run knew no outcome that was not recorded"
+    )

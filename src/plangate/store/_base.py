@@ -277,6 +277,11 @@ class Store(abc.ABC):
         store has no server (SQLite: every process that opens the file shares one machine's clock)."""
         return None
 
+    def broken(self) -> bool:
+        """Whether the connection to the database broke (a server restart, a network cut): the store went
+        away, as opposed to a statement it refused. False for SQLite, whose file does not go away."""
+        return False
+
     @abc.abstractmethod
     def release(self, plan_id: str, worker: str) -> None: ...
 

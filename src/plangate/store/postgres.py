@@ -126,6 +126,9 @@ class PostgresStore(SQLStore):
         assert isinstance(moment, datetime)
         return moment
 
+    def broken(self) -> bool:
+        return bool(self._conn.broken)
+
     def _sql(self, query: str) -> str:
         return _numbered(query)
 
