@@ -644,3 +644,30 @@ def test_a_run_the_drain_gave_up_closes_its_connection_when_it_ends(db: str, mon
     finally:
         tools.HELD.set()
         w.close()
+
+
+@pytest.mark.parametrize(
+    ("setting", "value"),
+    [
+        ("concurrency", 2.5),
+        ("concurrency", -1),
+        ("lease_seconds", 0.0),
+        ("lease_seconds", -30.0),
+        ("lease_seconds", float("nan")),
+        ("lease_seconds", float("inf")),
+        ("drain_timeout", -1.0),
+        ("drain_timeout", float("nan")),
+        ("drain_timeout", float("inf")),
+    ],
+)
+def test_a_worker_refuses_settings_it_could_not_keep_when_made(db: str, setting: str, value: float) -> None:
+    """Refused when made, naming the setting, as the command line refuses them.
+
+    Before, a worker of the Python API took them: a concurrency of 2.5, or a lease that is not a number or is
+    infinite, failed every claim, which the worker took for a store out of reach and waited out for ever,
+    saying "cannot claim: datatype mismatch"; a lease of 0 s or less was renewed in a loop that never waited
+    and written already run out, for any worker to take over; an infinite drain raised from the drain itself,
+    so the leases of the plans still running were never released.
+    """
+    with pytest.raises(ValueError, match=setting):
+        Worker(Catalogue([tools.count]), db=db, **{setting: value})

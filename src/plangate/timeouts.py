@@ -34,6 +34,9 @@ if TYPE_CHECKING:
 
 DEFAULT_TIMEOUT = 300.0
 """Seconds a call may take when neither its tool nor the policy says."""
+MOST_SECONDS = 365 * 86400.0
+"""The longest lease, drain or timeout a worker takes: a year (a longer one is a mistake, not a length of time),
+well within what a wait on a lock or a Temporal workflow's durations hold."""
 
 _IDLE_WAKE = 60.0  # how long the watcher sleeps with no call to watch: a later, sooner deadline wakes it
 P = ParamSpec("P")

@@ -94,8 +94,7 @@ class Worker:
     """Why this worker claims nothing for now: its clock too far from the database server's (None: it claims)."""
 
     def __post_init__(self) -> None:
-        if self.concurrency < 1:
-            raise ValueError("a worker's concurrency is at least 1")
+        self._check()
         self._idle: list[Runtime] = []  # the pool: a runtime (and its store connection) per runner, reused
         self._claims: Store | None = None  # the claiming connection
         self._cond = threading.Condition()
@@ -107,6 +106,18 @@ class Worker:
         self._ran = 0  # runs that came to an end or a halt
         self._ended = 0  # runs that ended in any way: capacity freed
         self._rollbacks_due = time.monotonic()  # when to look for rollbacks to carry on again (if idle)
+
+    def _check(self) -> None:
+        """Refuse what the command line refuses. A concurrency or lease the claim's SQL cannot take failed
+        every claim, which was waited out for ever as a store out of reach; a lease of 0 s or less was renewed
+        in a loop that never waited; an infinite drain raised in the drain, leaving the running plans' leases."""
+        if not isinstance(self.concurrency, int) or self.concurrency < 1:
+            raise ValueError(f"a worker's concurrency is a whole number, at least 1, not {self.concurrency!r}")
+        most = timeouts.MOST_SECONDS
+        if not 0 < self.lease_seconds <= most:  # NaN fails every comparison
+            raise ValueError(f"a worker's lease_seconds is more than 0 and at most {most:g}, not {self.lease_seconds}")
+        if not 0 <= self.drain_timeout <= most:
+            raise ValueError(f"a worker's drain_timeout is from 0 to {most:g} seconds, not {self.drain_timeout}")
 
     # -- the loop ------------------------------------------------------------------------
     def serve(

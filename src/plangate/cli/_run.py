@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 
-from plangate import tracing
+from plangate import timeouts, tracing
 from plangate._extras import need
 from plangate.cli import _remote
 from plangate.cli._common import (
@@ -35,9 +35,6 @@ from plangate.tools import Catalogue
 
 if TYPE_CHECKING:
     from plangate.worker import Worker
-
-MOST_SECONDS = 365 * 24 * 3600.0
-"""The longest lease or drain a worker takes: a year (a longer one is a mistake, not a length of time)."""
 
 
 def finite(value: float) -> float:
@@ -249,7 +246,7 @@ def close_command(
 @click.option(
     "--lease",
     "lease_seconds",
-    type=click.FloatRange(min=0, min_open=True, max=MOST_SECONDS),
+    type=click.FloatRange(min=0, min_open=True, max=timeouts.MOST_SECONDS),
     callback=lambda _ctx, _param, value: finite(value),
     default=30.0,
     show_default=True,
@@ -269,7 +266,7 @@ def close_command(
 )
 @click.option(
     "--drain-timeout",
-    type=click.FloatRange(0, MOST_SECONDS),
+    type=click.FloatRange(0, timeouts.MOST_SECONDS),
     callback=lambda _ctx, _param, value: finite(value),
     default=30.0,
     show_default=True,
