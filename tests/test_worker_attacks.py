@@ -671,3 +671,91 @@ def test_a_worker_refuses_settings_it_could_not_keep_when_made(db: str, setting:
     """
     with pytest.raises(ValueError, match=setting):
         Worker(Catalogue([tools.count]), db=db, **{setting: value})
+
+
+# -- a rollback the policy began, carried on by a worker ------------------------------------------
+UNDONE: list[str] = []
+UNDO_GATE = threading.Event()  # set: undo returns at once; clear: it waits (a slow refund, a hung API)
+
+
+@tool(effect="write", compensate="undo")
+def charge(n: int) -> dict[str, str]:
+    """A charge, undone by undo."""
+    return {"charge_id": f"c{n}"}
+
+
+@tool(effect="write", idempotent=True)
+def undo(charge_id: str) -> str:
+    """Refund a charge; waits while the test holds the gate."""
+    UNDONE.append(charge_id)
+    UNDO_GATE.wait(timeout=120)
+    return f"refunded {charge_id}"
+
+
+@tool(effect="write")
+def fails(n: int) -> int:
+    """Always fails."""
+    raise RuntimeError("no")
+
+
+def cut_off_rollback(db: str, monkeypatch: pytest.MonkeyPatch) -> tuple[Catalogue, Any, str]:
+    """A plan the policy began to roll back, whose runner stopped after the undo's call, its lease run out."""
+    from plangate.policy import Policy
+
+    rolling = Policy.from_yaml("version: 1\nname: rolling\ncompensation: {on_halt: auto}\n")
+    catalogue = Catalogue([charge, undo, fails, tools.count])
+    rt = Runtime(catalogue, rolling, db=db)
+    put_step = rt.store.put_step
+
+    def killed(row: Any) -> None:
+        if row.step_id < 0 and row.status == "succeeded":
+            raise SystemExit("killed")
+        put_step(row)
+
+    UNDO_GATE.set()
+    with closing(rt), monkeypatch.context() as patched:
+        patched.setattr(rt.store, "put_step", killed)
+        steps = [{"id": 1, "tool": "charge", "params": {"n": 1}}, {"id": 2, "tool": "fails", "params": {"n": 1}}]
+        record = rt.submit({"task": "t", "category": "c", "steps": [{"rationale": "r", **s} for s in steps]}, "bob")
+        rt.approve(record.id, "dave", record.hash)
+        with pytest.raises(SystemExit):
+            rt.execute(record.id)
+    with closing(open_store(db)) as store, store.transaction():
+        store.command("UPDATE plans SET lease_until = '2000-01-01T00:00:00.000000Z' WHERE id = ?", (record.id,))
+    return catalogue, rolling, record.id
+
+
+def test_a_rollback_carried_on_neither_holds_the_claims_nor_outlasts_the_drain(
+    db: str, monkeypatch: pytest.MonkeyPatch, calls: list[tuple[str, int]]
+) -> None:
+    """The worker carried on a rollback in its claiming loop: while an undo's call took its time (up to its
+    limit, 300 s by default, for each undo), it claimed nothing, with capacity free, and a SIGTERM's drain
+    did not begin: its deadline passed and the running plans' leases stayed held until the rollback ended."""
+    catalogue, rolling, rolled = cut_off_rollback(db, monkeypatch)
+    UNDONE.clear()
+    UNDO_GATE.clear()
+    w = Worker(catalogue, db=db, policy=rolling, concurrency=2, drain_timeout=0.2)
+    thread = serve_in_thread(w, [], drain=False)
+    try:
+        until("the worker carries the rollback on", lambda: bool(UNDONE))
+        (waiting,) = submit(db, ["count"], 1)
+        until("the plan approved meanwhile runs", lambda: [plan for plan, _ in calls] == [waiting], limit=30)
+        w.stop()
+        thread.join(30)
+        assert not thread.is_alive(), "the drain waited for the rollback past its deadline"
+        assert w.left == [rolled]
+        UNDO_GATE.set()  # the undo returns after the drain gave the rollback up: nothing more is recorded
+        until(
+            "the rollback's runner ended",
+            lambda: not any(t.name.startswith("plangate-w") for t in threading.enumerate()),
+        )
+        with closing(open_store(db)) as store:
+            row = store.get_plan(rolled)
+            assert row is not None and row.status == "compensating" and row.lease_owner is None
+            assert [e.kind for e in store.events(rolled)][-1] == "compensation.step_started"
+            assert store.steps(rolled)[-1].status == "started", "the next worker carries it on, under the same key"
+            assert store.verify_audit().ok
+    finally:
+        UNDO_GATE.set()
+        thread.join(30)
+        w.close()

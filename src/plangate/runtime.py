@@ -365,11 +365,12 @@ class Runtime:
         _aio.refuse_in_loop("Runtime.compensate", "runtime.acompensate")
         return self._roll_back(plan_id, actor=actor, reason=reason, by_person=True, category=category)
 
-    def carry_on_rollback(self, plan_id: str) -> CompensationResult:
+    def carry_on_rollback(self, plan_id: str, *, owner: str | None = None) -> CompensationResult:
         """Carry on a rollback the policy began (``compensation.on_halt: auto``) whose runner stopped, once its
         lease has run out: as the policy, under the rules of any rollback (nothing undone twice). A rollback
         a person began is theirs to run again (``plangate compensate``), and so is one the policy in force no
-        longer begins on its own. Workers call this for the rollbacks they find cut off."""
+        longer begins on its own. Workers call this for the rollbacks they find cut off, naming the lease
+        (``owner``, a :func:`lifecycle.runner` name beginning ``policy:``) that their drain gives back."""
         _aio.refuse_in_loop("Runtime.carry_on_rollback", "runtime.acompensate")
         with self.store.snapshot():
             plan, version = self._current(plan_id)
@@ -383,9 +384,8 @@ class Runtime:
                 f"the rollback of plan {plan_id} was begun by {actor}, and the policy in force does not roll back "
                 "on its own: a person runs it again (plangate compensate)"
             )
-        return self._roll_back(
-            plan_id, actor=actor, reason="the policy's rollback, carried on after its runner stopped", by_person=False
-        )
+        reason = "the policy's rollback, carried on after its runner stopped"
+        return self._roll_back(plan_id, actor=actor, reason=reason, by_person=False, owner=owner)
 
     def close_plan(self, plan_id: str, *, actor: str, reason: str, category: str | None = None) -> PlanRecord:
         """End a halted plan that will not be resumed: ``closed``, for good, with who and why.
@@ -408,11 +408,18 @@ class Runtime:
         return self._record_of(plan, version)
 
     def _roll_back(
-        self, plan_id: str, *, actor: str, reason: str, by_person: bool, category: str | None = None
+        self,
+        plan_id: str,
+        *,
+        actor: str,
+        reason: str,
+        by_person: bool,
+        category: str | None = None,
+        owner: str | None = None,
     ) -> CompensationResult:
         if not _input.check_text(reason, "reason", what="rollback").strip():
             raise UsageError("say why the plan is rolled back")
-        owner = lifecycle.runner(actor)
+        owner = owner or lifecycle.runner(actor)
         with self.store.transaction():
             plan, version = self._locked(plan_id)
             _not_react(plan)

@@ -137,12 +137,13 @@ class Worker:
                 if self._stopping.is_set():  # stopped during the claim: what it took is given back, not started
                     self._give_back(claimed)
                     break
+                with self._cond:
+                    for plan_id, owner in claimed:
+                        self._start(plan_id, owner, functools.partial(self._run_told, plan_id, owner, on_result))
                 self._carry_on_rollbacks(idle=not claimed)
                 with self._cond:
                     if not claimed and drain and not self._running:
                         break
-                    for plan_id, owner in claimed:
-                        self._start(plan_id, owner, on_result)
                     # Wake when a run ends (capacity is free again), when stopped, or to poll for new plans.
                     self._cond.wait_for(functools.partial(self._woken, seen), timeout=poll)
         finally:
@@ -328,8 +329,9 @@ class Worker:
     def _carry_on_rollbacks(self, *, idle: bool) -> None:
         """Carry on the rollbacks the policy began whose runner stopped, once their lease ran out: looked for
         when the worker claimed nothing (``idle``), every ROLLBACK_POLL seconds at most, and by a busy worker
-        once a minute; a few at a time, here in the claiming loop (they are rare, and each undo is held to
-        its time limit). A person's rollback is left to them."""
+        once a minute; a few at a time, each on a runner thread within the concurrency, like a plan's run, so
+        that claims go on meanwhile and the drain gives it up at its deadline. A person's rollback is left to
+        them."""
         now = time.monotonic()
         if now < self._rollbacks_due or (not idle and now < self._rollbacks_due + 60.0 - ROLLBACK_POLL):
             return
@@ -340,42 +342,50 @@ class Worker:
             _log.debug("looking for rollbacks to carry on failed: %s", exc)
             return
         aside = set(self._left_aside())
+        label = f"policy:{self.policy.name if self.policy is not None else ''}"
         for (plan_id,) in rows:
-            if plan_id in aside or self._stopping.is_set():
-                continue
-            runtime: Runtime | None = None
-            try:
-                runtime = self._runtime()
-                result = runtime.carry_on_rollback(plan_id)
-                _log.warning("plan %s: the policy's rollback carried on: %s", plan_id, result.status)
-            except (StateError, LeaseLostError):
-                pass  # another runner carries it on now
-            except PlangateError as exc:
-                self._set_aside(plan_id, str(exc), self.refused)
-            except Exception as exc:  # noqa: BLE001 - a broken connection must not end the worker
-                self._set_aside(plan_id, str(exc), self.failed)
-                runtime = self._dropped(runtime)
-            if runtime is not None:
-                with self._cond:
-                    self._idle.append(runtime)
+            owner = lifecycle.runner(label)  # the lease its drain gives back
+            with self._cond:
+                if len(self._running) >= self.concurrency or self._stopping.is_set():
+                    return
+                if plan_id not in aside and plan_id not in self._running:
+                    self._start(plan_id, owner, functools.partial(self._roll_back, plan_id, owner))
+
+    def _roll_back(self, plan_id: str, owner: str) -> None:
+        """Carry on the policy's rollback of the plan under the lease ``owner`` (on its runner thread)."""
+        runtime: Runtime | None = None
+        healthy = True
+        try:
+            runtime = self._runtime()
+            result = runtime.carry_on_rollback(plan_id, owner=owner)
+            _log.warning("plan %s: the policy's rollback carried on: %s", plan_id, result.status)
+        except (StateError, LeaseLostError):
+            pass  # another runner carries it on now, or the drain gave it up
+        except PlangateError as exc:
+            self._set_aside(plan_id, str(exc), self.refused)
+        except Exception as exc:  # noqa: BLE001 - a broken connection must not end the worker
+            healthy = False
+            self._set_aside(plan_id, str(exc), self.failed)
+        finally:
+            self._finish(plan_id, owner, runtime if healthy else self._dropped(runtime), ran=False)
 
     # -- runs ----------------------------------------------------------------------------
-    def _start(self, plan_id: str, owner: str, on_result: Callable[[RunResult], object] | None) -> None:
-        """Run the plan on a runner thread of its own (called holding the condition)."""
+    def _start(self, plan_id: str, owner: str, work: Callable[[], object]) -> None:
+        """Do ``work`` (the plan's run, or the policy's rollback of it) under the lease ``owner``, on a runner
+        thread of its own (called holding the condition)."""
         self._running[plan_id] = owner
-
-        def body() -> None:
-            result = self._run(plan_id, owner)
-            if result is not None and on_result is not None:
-                on_result(result)
-
         # A daemon: a run that overran the drain is left to the next worker, not waited for at exit.
         try:
-            threading.Thread(target=body, name=f"plangate-worker-{plan_id[:8]}", daemon=True).start()
+            threading.Thread(target=work, name=f"plangate-worker-{plan_id[:8]}", daemon=True).start()
         except RuntimeError as exc:  # no thread to be had (the process is out of them): the plan is given back
             del self._running[plan_id]
             self._set_aside(plan_id, f"no runner thread could be started ({exc})", self.failed, logging.ERROR)
             self._give_back([(plan_id, owner)])
+
+    def _run_told(self, plan_id: str, owner: str, on_result: Callable[[RunResult], object] | None) -> None:
+        result = self._run(plan_id, owner)
+        if result is not None and on_result is not None:
+            on_result(result)
 
     def _run(self, plan_id: str, owner: str) -> RunResult | None:
         runtime: Runtime | None = None
