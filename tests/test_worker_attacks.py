@@ -726,19 +726,19 @@ def cut_off_rollback(db: str, monkeypatch: pytest.MonkeyPatch) -> tuple[Catalogu
 
 
 def test_a_rollback_carried_on_neither_holds_the_claims_nor_outlasts_the_drain(
-    db: str, monkeypatch: pytest.MonkeyPatch, calls: list[tuple[str, int]]
+    any_db: str, monkeypatch: pytest.MonkeyPatch, calls: list[tuple[str, int]]
 ) -> None:
     """The worker carried on a rollback in its claiming loop: while an undo's call took its time (up to its
     limit, 300 s by default, for each undo), it claimed nothing, with capacity free, and a SIGTERM's drain
     did not begin: its deadline passed and the running plans' leases stayed held until the rollback ended."""
-    catalogue, rolling, rolled = cut_off_rollback(db, monkeypatch)
+    catalogue, rolling, rolled = cut_off_rollback(any_db, monkeypatch)
     UNDONE.clear()
     UNDO_GATE.clear()
-    w = Worker(catalogue, db=db, policy=rolling, concurrency=2, drain_timeout=0.2)
+    w = Worker(catalogue, db=any_db, policy=rolling, concurrency=2, drain_timeout=0.2)
     thread = serve_in_thread(w, [], drain=False)
     try:
         until("the worker carries the rollback on", lambda: bool(UNDONE))
-        (waiting,) = submit(db, ["count"], 1)
+        (waiting,) = submit(any_db, ["count"], 1)
         until("the plan approved meanwhile runs", lambda: [plan for plan, _ in calls] == [waiting], limit=30)
         w.stop()
         thread.join(30)
@@ -749,11 +749,50 @@ def test_a_rollback_carried_on_neither_holds_the_claims_nor_outlasts_the_drain(
             "the rollback's runner ended",
             lambda: not any(t.name.startswith("plangate-w") for t in threading.enumerate()),
         )
-        with closing(open_store(db)) as store:
+        with closing(open_store(any_db)) as store:
             row = store.get_plan(rolled)
             assert row is not None and row.status == "compensating" and row.lease_owner is None
             assert [e.kind for e in store.events(rolled)][-1] == "compensation.step_started"
             assert store.steps(rolled)[-1].status == "started", "the next worker carries it on, under the same key"
+            assert store.verify_audit().ok
+    finally:
+        UNDO_GATE.set()
+        thread.join(30)
+        w.close()
+
+
+def test_a_rollback_the_policy_begins_as_a_run_halts_is_given_up_at_the_drain(any_db: str) -> None:
+    """The run halts and the policy rolls back at once, on the run's runner thread, under a lease of its own.
+
+    Before, the drain gave back the run's lease, which the rollback had taken the place of: the plan was
+    said to be left with its lease released, while the rollback went on under its live lease after the
+    worker returned, and recorded its undo's outcome after the drain (or was killed mid-call as the
+    command's process left, its lease held until it ran out).
+    """
+    from plangate.policy import Policy
+
+    rolling = Policy.from_yaml("version: 1\nname: rolling\ncompensation: {on_halt: auto}\n")
+    catalogue = Catalogue([charge, undo, fails])
+    rt = Runtime(catalogue, rolling, db=any_db)
+    steps = [{"id": 1, "tool": "charge", "params": {"n": 1}}, {"id": 2, "tool": "fails", "params": {"n": 1}}]
+    record = rt.submit({"task": "t", "category": "c", "steps": [{"rationale": "r", **s} for s in steps]}, "bob")
+    rt.approve(record.id, "dave", record.hash)
+    rt.close()
+    UNDONE.clear()
+    UNDO_GATE.clear()
+    w = Worker(catalogue, db=any_db, policy=rolling, concurrency=2, drain_timeout=0.2)
+    thread = serve_in_thread(w, [], drain=False)
+    try:
+        until("the policy's rollback calls the undo", lambda: bool(UNDONE))
+        w.stop()
+        thread.join(30)
+        assert not thread.is_alive() and w.left == [record.id]
+        UNDO_GATE.set()  # the undo returns after the drain gave the rollback up: nothing more is recorded
+        until("the runner ended", lambda: not any(t.name.startswith("plangate-w") for t in threading.enumerate()))
+        with closing(open_store(any_db)) as store:
+            row = store.get_plan(record.id)
+            assert row is not None and row.status == "compensating" and row.lease_owner is None
+            assert [e.kind for e in store.events(record.id)][-1] == "compensation.step_started"
             assert store.verify_audit().ok
     finally:
         UNDO_GATE.set()

@@ -604,8 +604,11 @@ class Runtime:
         events = proof[1].events  # the plan's events, verified in this snapshot: the newest is the last
         return (plan, version, events[-1].hash if events else None), proof
 
-    def drive(self, claim: Claim, progress: Callable[[Progress], None] | None = None) -> RunResult:
-        """Run a claimed plan to its end or a halt, renewing the lease as it goes."""
+    def drive(
+        self, claim: Claim, progress: Callable[[Progress], None] | None = None, *, rollback_owner: str | None = None
+    ) -> RunResult:
+        """Run a claimed plan to its end or a halt, renewing the lease as it goes. ``rollback_owner``: the
+        lease the policy's rollback of a halted run takes (a worker names it, to release it at its drain)."""
         _aio.refuse_in_loop("Runtime.drive", "runtime.aexecute")
         keeper = lifecycle.LeaseKeeper(self.store, claim.plan.id, claim.owner, self.lease_seconds, self._lease_until)
         engine = Engine(
@@ -642,6 +645,7 @@ class Runtime:
                 actor=f"policy:{policy.name}",
                 reason="the policy rolls back halted plans",
                 by_person=False,
+                owner=rollback_owner,
             )
         return result
 

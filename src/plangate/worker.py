@@ -99,6 +99,7 @@ class Worker:
         self._claims: Store | None = None  # the claiming connection
         self._cond = threading.Condition()
         self._running: dict[str, str] = {}  # plan id -> the lease owner running it
+        self._rolling: dict[str, str] = {}  # plan id -> the lease the policy's rollback takes if its run halts
         self._aside: dict[str, _Aside] = {}  # plans that could not run, left alone for a while
         self._outage = timeouts.Outage(_log, f"worker {self.name}")  # claims failed in a row: the store away
         self._stopping = threading.Event()
@@ -342,14 +343,18 @@ class Worker:
             _log.debug("looking for rollbacks to carry on failed: %s", exc)
             return
         aside = set(self._left_aside())
-        label = f"policy:{self.policy.name if self.policy is not None else ''}"
         for (plan_id,) in rows:
-            owner = lifecycle.runner(label)  # the lease its drain gives back
+            owner = self._policy_runner(self.policy)  # the lease its drain gives back
             with self._cond:
                 if len(self._running) >= self.concurrency or self._stopping.is_set():
                     return
                 if plan_id not in aside and plan_id not in self._running:
                     self._start(plan_id, owner, functools.partial(self._roll_back, plan_id, owner))
+
+    @staticmethod
+    def _policy_runner(policy: Policy | None) -> str:
+        """The lease of a rollback the policy runs (named for it: a worker finds one whose runner stopped)."""
+        return lifecycle.runner(f"policy:{policy.name if policy is not None else ''}")
 
     def _roll_back(self, plan_id: str, owner: str) -> None:
         """Carry on the policy's rollback of the plan under the lease ``owner`` (on its runner thread)."""
@@ -396,8 +401,9 @@ class Worker:
             # resume's own checks are the claim's (lifecycle.claim): start at once, without reading the plan twice;
             # only under this claim's lease (a drain may have given it back meanwhile, or a person's decision)
             claim = runtime.start(plan_id, actor=f"worker:{self.name}", owner=owner, leased=True)
-            owner = self._run_under(plan_id, owner, claim.owner)
-            result = runtime.drive(claim)
+            rollback = self._policy_runner(claim.policy)
+            owner = self._run_under(plan_id, owner, claim.owner, rollback)
+            result = runtime.drive(claim, rollback_owner=rollback)
         except GovernanceError as refused:  # it may not run: sent back for approval, or the log disagrees
             self._set_aside(plan_id, str(refused), self.refused, logging.ERROR)
         except LeaseLostError:
@@ -415,12 +421,14 @@ class Worker:
             self._finish(plan_id, owner, runtime if healthy else self._dropped(runtime), ran=result is not None)
         return result
 
-    def _run_under(self, plan_id: str, leased: str, claimed: str) -> str:
+    def _run_under(self, plan_id: str, leased: str, claimed: str, rollback: str) -> str:
         """The run's own lease, which took the place of the worker's at its claim: what the drain and the
-        end release from now on. If the drain gave the plan up meanwhile, this lease is given back too."""
+        end release from now on, with the lease the policy's rollback takes if the run halts. If the drain
+        gave the plan up meanwhile, this lease is given back too."""
         with self._cond:
             if self._running.get(plan_id) == leased:
                 self._running[plan_id] = claimed
+                self._rolling[plan_id] = rollback
                 return claimed
         self._give_back([(plan_id, claimed)])
         raise LeaseLostError(f"plan {plan_id} was given back at the drain as its run began: it does not run")
@@ -441,6 +449,7 @@ class Worker:
             # and that run must stay counted (for the concurrency, and for the drain to release it).
             if self._running.get(plan_id) == owner:
                 del self._running[plan_id]
+                self._rolling.pop(plan_id, None)
             self._ran += ran
             self._ended += 1
             if runtime is not None:
@@ -464,9 +473,11 @@ class Worker:
         with self._cond:
             self._cond.wait_for(lambda: not self._running, timeout=max(0.0, deadline - time.monotonic()))
             left, self._running = dict(self._running), {}
-        # The engine's next fence fails without the lease: the run records nothing more, and the
-        # next worker resumes it under the usual rules (a step cut off mid-call is not re-run blindly).
-        self._give_back(list(left.items()))
+            rolling, self._rolling = self._rolling, {}
+        # The engine's next fence fails without the lease: the run (or the rollback the policy began as it
+        # halted) records nothing more, and the next worker resumes it under the usual rules (a step cut
+        # off mid-call is not re-run blindly).
+        self._give_back([*left.items(), *rolling.items()])
         self.left.extend(left)
 
     def _until(self) -> str:
