@@ -581,7 +581,7 @@ def test_a_give_back_the_store_refuses_does_not_end_the_worker(
     monkeypatch.setattr(worker_module, "ASIDE_SECONDS", (0.05, 0.05))
     ids = submit(db, ["count"], 2)
     no_runner_thread_once(monkeypatch)
-    w = Worker(Catalogue([tools.count]), db=db, concurrency=2, lease_seconds=0.5, drain_timeout=0.5)
+    w = Worker(Catalogue([tools.count]), db=db, concurrency=2, lease_seconds=1.0, drain_timeout=0.5)
     claims = w._claiming()
     real_release = claims.release
     releases = iter([StoreError("the store is out of reach")])
@@ -655,6 +655,7 @@ def test_a_run_the_drain_gave_up_closes_its_connection_when_it_ends(db: str, mon
         ("lease_seconds", -30.0),
         ("lease_seconds", float("nan")),
         ("lease_seconds", float("inf")),
+        ("lease_seconds", 0.01),
         ("drain_timeout", -1.0),
         ("drain_timeout", float("nan")),
         ("drain_timeout", float("inf")),
@@ -667,7 +668,9 @@ def test_a_worker_refuses_settings_it_could_not_keep_when_made(db: str, setting:
     infinite, failed every claim, which the worker took for a store out of reach and waited out for ever,
     saying "cannot claim: datatype mismatch"; a lease of 0 s or less was renewed in a loop that never waited
     and written already run out, for any worker to take over; an infinite drain raised from the drain itself,
-    so the leases of the plans still running were never released.
+    so the leases of the plans still running were never released. A lease of a hundredth of a second, renewed
+    every 3 ms, ran out between renewals: of 40 plans shared by two workers, 2 were taken over while their
+    runs were alive and halted as outcome unknown (none with a lease of a second).
     """
     with pytest.raises(ValueError, match=setting):
         Worker(Catalogue([tools.count]), db=db, **{setting: value})

@@ -111,12 +111,13 @@ class Worker:
     def _check(self) -> None:
         """Refuse what the command line refuses. A concurrency or lease the claim's SQL cannot take failed
         every claim, which was waited out for ever as a store out of reach; a lease of 0 s or less was renewed
-        in a loop that never waited; an infinite drain raised in the drain, leaving the running plans' leases."""
+        in a loop that never waited, and one too short ran out between renewals; an infinite drain raised in the
+        drain, leaving the running plans' leases."""
         if not isinstance(self.concurrency, int) or self.concurrency < 1:
             raise ValueError(f"a worker's concurrency is a whole number, at least 1, not {self.concurrency!r}")
-        most = timeouts.MOST_SECONDS
-        if not 0 < self.lease_seconds <= most:  # NaN fails every comparison
-            raise ValueError(f"a worker's lease_seconds is more than 0 and at most {most:g}, not {self.lease_seconds}")
+        least, most = timeouts.LEAST_LEASE_SECONDS, timeouts.MOST_SECONDS
+        if not least <= self.lease_seconds <= most:  # NaN fails every comparison
+            raise ValueError(f"a worker's lease_seconds is from {least:g} to {most:g}, not {self.lease_seconds}")
         if not 0 <= self.drain_timeout <= most:
             raise ValueError(f"a worker's drain_timeout is from 0 to {most:g} seconds, not {self.drain_timeout}")
 

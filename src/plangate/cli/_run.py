@@ -246,11 +246,11 @@ def close_command(
 @click.option(
     "--lease",
     "lease_seconds",
-    type=click.FloatRange(min=0, min_open=True, max=timeouts.MOST_SECONDS),
+    type=click.FloatRange(min=timeouts.LEAST_LEASE_SECONDS, max=timeouts.MOST_SECONDS),
     callback=lambda _ctx, _param, value: finite(value),
     default=30.0,
     show_default=True,
-    help="Seconds a claimed plan stays this worker's without renewal (more than 0).",
+    help="Seconds a claimed plan stays this worker's without renewal (at least 1; renewed every third of it).",
 )
 @click.option(
     "--drain",
