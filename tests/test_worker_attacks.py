@@ -801,3 +801,42 @@ def test_a_rollback_the_policy_begins_as_a_run_halts_is_given_up_at_the_drain(an
         UNDO_GATE.set()
         thread.join(30)
         w.close()
+
+
+SECOND_SIGNAL = """
+import os, signal, sys, time
+from plangate import Catalogue
+from plangate.cli import _run
+from plangate.worker import Worker
+from tests import concurrencytools as tools
+
+w = Worker(Catalogue([tools.count]), db=sys.argv[1])
+inner = w._stopping._cond  # the lock stop() holds while it sets the flag
+notify_all, sent = inner.notify_all, []
+
+def second_signal() -> None:
+    if not sent:  # SIGINT lands while SIGTERM's handler is inside stop(), holding that lock
+        sent.append(os.kill(os.getpid(), signal.SIGINT))
+        time.sleep(0)  # the interpreter runs the handler here
+    notify_all()
+
+inner.notify_all = second_signal
+w.serve = lambda **_: os.kill(os.getpid(), signal.SIGTERM) or 0
+_run._serve_plans(w, drain=False)
+"""
+
+
+def test_a_second_signal_during_the_first_one_s_stop_does_not_wedge_the_worker(db: str) -> None:
+    """SIGTERM then SIGINT (an orchestrator's stop and a person's Ctrl-C): the second handler ran inside the
+    first, called stop() again, and waited for the lock the first held: the worker hung for good, draining
+    nothing, until killed. A second signal is now told apart and left at that."""
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    env = {"PYTHONPATH": f"{root / 'src'}:{root}", "PATH": "/usr/bin:/bin"}
+    done = subprocess.run(
+        [sys.executable, "-c", SECOND_SIGNAL, db], env=env, capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.count("stopping: no new claims") == 1

@@ -164,7 +164,8 @@ class Worker:
         self._dropped_store(claims)
         for runtime in idle:
             self._dropped(runtime)
-        self._stopping.wait(wait)
+        with self._cond:  # not the event's own lock, which a SIGTERM's stop() would wait for if it came now
+            self._cond.wait_for(self._stopping.is_set, timeout=wait)
 
     @property
     def store_problem(self) -> str | None:
@@ -182,7 +183,10 @@ class Worker:
         return self._ended != seen or self._stopping.is_set()
 
     def stop(self) -> None:
-        """Stop claiming; :meth:`serve` lets running plans finish (up to ``drain_timeout``) and returns."""
+        """Stop claiming; :meth:`serve` lets running plans finish (up to ``drain_timeout``) and returns.
+
+        Called from a signal handler too: the thread serving never holds a lock that this waits for
+        (the condition's is reentrant; the event's is taken here alone), so a signal never wedges it."""
         self._stopping.set()
         with self._cond:
             self._cond.notify_all()

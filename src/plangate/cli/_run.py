@@ -378,7 +378,13 @@ def _serve_plans(worker: Worker, *, drain: bool) -> NoReturn:
     """Serve until drained or stopped by SIGTERM / SIGINT, then leave at once (see _leave_now)."""
     import signal
 
-    def stop(*_: object) -> None:
+    stopping: list[int] = []
+
+    def stop(signum: int, _: object) -> None:
+        # A second signal may land inside the first one's handler, whose stop() holds a lock: once is enough.
+        if stopping:
+            return
+        stopping.append(signum)
         worker.stop()
         os.write(2, b"worker: stopping: no new claims; draining the plans running\n")  # no lock a handler may hold
 
