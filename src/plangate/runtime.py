@@ -436,6 +436,7 @@ class Runtime:
                 data={"reason": reason},
                 lease=(owner, self._lease_until()),
             )
+        keeper = lifecycle.LeaseKeeper(self.store, plan.id, owner, self.lease_seconds, self._lease_until)
         rollback = Compensation(
             store=self.store,
             catalogue=self._catalogue(),
@@ -444,8 +445,9 @@ class Runtime:
             body=Plan.parse(version.body),
             actor=actor,
             rows=told.rows or {},  # as held against the log: never read again, unchecked, once the plan is claimed
+            lease_lost=keeper.lost,
         )
-        with lifecycle.LeaseKeeper(self.store, plan.id, owner, self.lease_seconds, self._lease_until):
+        with keeper:
             return rollback.run()
 
     def _check_after_halt(
