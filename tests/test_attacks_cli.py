@@ -37,7 +37,15 @@ def test_a_huge_plan_id_is_an_unknown_plan_in_one_short_line(db: str, command: s
 
 
 @pytest.mark.parametrize(
-    "option", [("--lease", "0"), ("--lease", "-5"), ("--lease", "nan"), ("--lease", "inf"), ("--drain-timeout", "nan")]
+    "option",
+    [
+        ("--lease", "0"),
+        ("--lease", "-5"),
+        ("--lease", "nan"),
+        ("--lease", "inf"),
+        ("--lease", "0.01"),  # renewed every 3 ms: on a busy machine it ran out between renewals
+        ("--drain-timeout", "nan"),
+    ],
 )
 def test_a_worker_refuses_a_lease_or_drain_time_that_is_no_length_of_time(
     db: str, monkeypatch: pytest.MonkeyPatch, option: tuple[str, str]

@@ -372,3 +372,61 @@ def test_an_outcome_that_came_after_the_renewals_gave_up_is_recorded_and_the_ste
         rt.close()
         made.clear()
         keepers.clear()
+
+
+@tool(effect="write", compensate="refund")
+def charge(n: int) -> dict[str, int]:
+    return {"charge": n}
+
+
+@tool(effect="write", idempotent=True)
+def refund(charge: int) -> int:
+    """Refund; the first waits until the rollback is told to stop (its lease not renewed in time)."""
+    made.append(("refund", charge))
+    until("the rollback told to stop", lambda: bool(keepers) and keepers[-1].lost.is_set(), limit=30)
+    return charge
+
+
+@tool(effect="write")
+def broken(n: int) -> int:
+    raise RuntimeError("no")
+
+
+def test_a_rollback_whose_renewals_gave_up_starts_no_more_undos(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The rule a run keeps, kept by a rollback: no renewal held for two thirds of the lease, so no undo
+    starts while the lease may run out and another runner carry the rollback on. Before, the rollback went
+    on starting undos (each record fenced only by the lease's owner, not its time), so a worker that took
+    the rollback over, its lease expired, found an undo in flight: called twice at once, or left for a person."""
+    from plangate import lifecycle
+    from plangate.errors import LeaseLostError, StoreError
+    from tests.helpers import plan
+
+    real_enter = lifecycle.LeaseKeeper.__enter__
+
+    def enter(self: lifecycle.LeaseKeeper) -> lifecycle.LeaseKeeper:
+        keepers.append(self)
+        return real_enter(self)
+
+    monkeypatch.setattr(lifecycle.LeaseKeeper, "__enter__", enter)
+    rt = Runtime(Catalogue([charge, refund, broken]), db=f"sqlite:///{tmp_path}/plangate.db", lease_seconds=0.6)
+    try:
+        steps = [{"id": n, "tool": "charge", "params": {"n": n}} for n in (1, 2)]
+        record = rt.submit(plan(*steps, {"id": 3, "tool": "broken", "params": {"n": 3}}), "bob")
+        rt.approve(record.id, "dave", record.hash)
+        assert rt.execute(record.id).status == "halted"
+
+        def unreachable(*_: Any) -> bool:
+            raise StoreError("the store cannot be reached")
+
+        monkeypatch.setattr(rt.store, "renew", unreachable)
+        with pytest.raises(LeaseLostError, match="lost its lease"):
+            rt.compensate(record.id, actor="dave", reason="cancelled")
+        assert made == [("refund", 2)], "no undo started after the stop"
+        assert rt.store.steps(record.id)[-2].status == "succeeded", "the outcome that came is recorded"
+        assert rt.store.verify_audit().ok
+    finally:
+        rt.close()
+        made.clear()
+        keepers.clear()

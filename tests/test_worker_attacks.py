@@ -581,7 +581,7 @@ def test_a_give_back_the_store_refuses_does_not_end_the_worker(
     monkeypatch.setattr(worker_module, "ASIDE_SECONDS", (0.05, 0.05))
     ids = submit(db, ["count"], 2)
     no_runner_thread_once(monkeypatch)
-    w = Worker(Catalogue([tools.count]), db=db, concurrency=2, lease_seconds=0.5, drain_timeout=0.5)
+    w = Worker(Catalogue([tools.count]), db=db, concurrency=2, lease_seconds=1.0, drain_timeout=0.5)
     claims = w._claiming()
     real_release = claims.release
     releases = iter([StoreError("the store is out of reach")])
@@ -644,3 +644,199 @@ def test_a_run_the_drain_gave_up_closes_its_connection_when_it_ends(db: str, mon
     finally:
         tools.HELD.set()
         w.close()
+
+
+@pytest.mark.parametrize(
+    ("setting", "value"),
+    [
+        ("concurrency", 2.5),
+        ("concurrency", -1),
+        ("lease_seconds", 0.0),
+        ("lease_seconds", -30.0),
+        ("lease_seconds", float("nan")),
+        ("lease_seconds", float("inf")),
+        ("lease_seconds", 0.01),
+        ("drain_timeout", -1.0),
+        ("drain_timeout", float("nan")),
+        ("drain_timeout", float("inf")),
+    ],
+)
+def test_a_worker_refuses_settings_it_could_not_keep_when_made(db: str, setting: str, value: float) -> None:
+    """Refused when made, naming the setting, as the command line refuses them.
+
+    Before, a worker of the Python API took them: a concurrency of 2.5, or a lease that is not a number or is
+    infinite, failed every claim, which the worker took for a store out of reach and waited out for ever,
+    saying "cannot claim: datatype mismatch"; a lease of 0 s or less was renewed in a loop that never waited
+    and written already run out, for any worker to take over; an infinite drain raised from the drain itself,
+    so the leases of the plans still running were never released. A lease of a hundredth of a second, renewed
+    every 3 ms, ran out between renewals: of 40 plans shared by two workers, 2 were taken over while their
+    runs were alive and halted as outcome unknown (none with a lease of a second).
+    """
+    with pytest.raises(ValueError, match=setting):
+        Worker(Catalogue([tools.count]), db=db, **{setting: value})
+
+
+# -- a rollback the policy began, carried on by a worker ------------------------------------------
+UNDONE: list[str] = []
+UNDO_GATE = threading.Event()  # set: undo returns at once; clear: it waits (a slow refund, a hung API)
+
+
+@tool(effect="write", compensate="undo")
+def charge(n: int) -> dict[str, str]:
+    """A charge, undone by undo."""
+    return {"charge_id": f"c{n}"}
+
+
+@tool(effect="write", idempotent=True)
+def undo(charge_id: str) -> str:
+    """Refund a charge; waits while the test holds the gate."""
+    UNDONE.append(charge_id)
+    UNDO_GATE.wait(timeout=120)
+    return f"refunded {charge_id}"
+
+
+@tool(effect="write")
+def fails(n: int) -> int:
+    """Always fails."""
+    raise RuntimeError("no")
+
+
+def cut_off_rollback(db: str, monkeypatch: pytest.MonkeyPatch) -> tuple[Catalogue, Any, str]:
+    """A plan the policy began to roll back, whose runner stopped after the undo's call, its lease run out."""
+    from plangate.policy import Policy
+
+    rolling = Policy.from_yaml("version: 1\nname: rolling\ncompensation: {on_halt: auto}\n")
+    catalogue = Catalogue([charge, undo, fails, tools.count])
+    rt = Runtime(catalogue, rolling, db=db)
+    put_step = rt.store.put_step
+
+    def killed(row: Any) -> None:
+        if row.step_id < 0 and row.status == "succeeded":
+            raise SystemExit("killed")
+        put_step(row)
+
+    UNDO_GATE.set()
+    with closing(rt), monkeypatch.context() as patched:
+        patched.setattr(rt.store, "put_step", killed)
+        steps = [{"id": 1, "tool": "charge", "params": {"n": 1}}, {"id": 2, "tool": "fails", "params": {"n": 1}}]
+        record = rt.submit({"task": "t", "category": "c", "steps": [{"rationale": "r", **s} for s in steps]}, "bob")
+        rt.approve(record.id, "dave", record.hash)
+        with pytest.raises(SystemExit):
+            rt.execute(record.id)
+    with closing(open_store(db)) as store, store.transaction():
+        store.command("UPDATE plans SET lease_until = '2000-01-01T00:00:00.000000Z' WHERE id = ?", (record.id,))
+    return catalogue, rolling, record.id
+
+
+def test_a_rollback_carried_on_neither_holds_the_claims_nor_outlasts_the_drain(
+    any_db: str, monkeypatch: pytest.MonkeyPatch, calls: list[tuple[str, int]]
+) -> None:
+    """The worker carried on a rollback in its claiming loop: while an undo's call took its time (up to its
+    limit, 300 s by default, for each undo), it claimed nothing, with capacity free, and a SIGTERM's drain
+    did not begin: its deadline passed and the running plans' leases stayed held until the rollback ended."""
+    catalogue, rolling, rolled = cut_off_rollback(any_db, monkeypatch)
+    UNDONE.clear()
+    UNDO_GATE.clear()
+    w = Worker(catalogue, db=any_db, policy=rolling, concurrency=2, drain_timeout=0.2)
+    thread = serve_in_thread(w, [], drain=False)
+    try:
+        until("the worker carries the rollback on", lambda: bool(UNDONE))
+        (waiting,) = submit(any_db, ["count"], 1)
+        until("the plan approved meanwhile runs", lambda: [plan for plan, _ in calls] == [waiting], limit=30)
+        w.stop()
+        thread.join(30)
+        assert not thread.is_alive(), "the drain waited for the rollback past its deadline"
+        assert w.left == [rolled]
+        UNDO_GATE.set()  # the undo returns after the drain gave the rollback up: nothing more is recorded
+        until(
+            "the rollback's runner ended",
+            lambda: not any(t.name.startswith("plangate-w") for t in threading.enumerate()),
+        )
+        with closing(open_store(any_db)) as store:
+            row = store.get_plan(rolled)
+            assert row is not None and row.status == "compensating" and row.lease_owner is None
+            assert [e.kind for e in store.events(rolled)][-1] == "compensation.step_started"
+            assert store.steps(rolled)[-1].status == "started", "the next worker carries it on, under the same key"
+            assert store.verify_audit().ok
+    finally:
+        UNDO_GATE.set()
+        thread.join(30)
+        w.close()
+
+
+def test_a_rollback_the_policy_begins_as_a_run_halts_is_given_up_at_the_drain(any_db: str) -> None:
+    """The run halts and the policy rolls back at once, on the run's runner thread, under a lease of its own.
+
+    Before, the drain gave back the run's lease, which the rollback had taken the place of: the plan was
+    said to be left with its lease released, while the rollback went on under its live lease after the
+    worker returned, and recorded its undo's outcome after the drain (or was killed mid-call as the
+    command's process left, its lease held until it ran out).
+    """
+    from plangate.policy import Policy
+
+    rolling = Policy.from_yaml("version: 1\nname: rolling\ncompensation: {on_halt: auto}\n")
+    catalogue = Catalogue([charge, undo, fails])
+    rt = Runtime(catalogue, rolling, db=any_db)
+    steps = [{"id": 1, "tool": "charge", "params": {"n": 1}}, {"id": 2, "tool": "fails", "params": {"n": 1}}]
+    record = rt.submit({"task": "t", "category": "c", "steps": [{"rationale": "r", **s} for s in steps]}, "bob")
+    rt.approve(record.id, "dave", record.hash)
+    rt.close()
+    UNDONE.clear()
+    UNDO_GATE.clear()
+    w = Worker(catalogue, db=any_db, policy=rolling, concurrency=2, drain_timeout=0.2)
+    thread = serve_in_thread(w, [], drain=False)
+    try:
+        until("the policy's rollback calls the undo", lambda: bool(UNDONE))
+        w.stop()
+        thread.join(30)
+        assert not thread.is_alive() and w.left == [record.id]
+        UNDO_GATE.set()  # the undo returns after the drain gave the rollback up: nothing more is recorded
+        until("the runner ended", lambda: not any(t.name.startswith("plangate-w") for t in threading.enumerate()))
+        with closing(open_store(any_db)) as store:
+            row = store.get_plan(record.id)
+            assert row is not None and row.status == "compensating" and row.lease_owner is None
+            assert [e.kind for e in store.events(record.id)][-1] == "compensation.step_started"
+            assert store.verify_audit().ok
+    finally:
+        UNDO_GATE.set()
+        thread.join(30)
+        w.close()
+
+
+SECOND_SIGNAL = """
+import os, signal, sys, time
+from plangate import Catalogue
+from plangate.cli import _run
+from plangate.worker import Worker
+from tests import concurrencytools as tools
+
+w = Worker(Catalogue([tools.count]), db=sys.argv[1])
+inner = w._stopping._cond  # the lock stop() holds while it sets the flag
+notify_all, sent = inner.notify_all, []
+
+def second_signal() -> None:
+    if not sent:  # SIGINT lands while SIGTERM's handler is inside stop(), holding that lock
+        sent.append(os.kill(os.getpid(), signal.SIGINT))
+        time.sleep(0)  # the interpreter runs the handler here
+    notify_all()
+
+inner.notify_all = second_signal
+w.serve = lambda **_: os.kill(os.getpid(), signal.SIGTERM) or 0
+_run._serve_plans(w, drain=False)
+"""
+
+
+def test_a_second_signal_during_the_first_one_s_stop_does_not_wedge_the_worker(db: str) -> None:
+    """SIGTERM then SIGINT (an orchestrator's stop and a person's Ctrl-C): the second handler ran inside the
+    first, called stop() again, and waited for the lock the first held: the worker hung for good, draining
+    nothing, until killed. A second signal is now told apart and left at that."""
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    env = {"PYTHONPATH": f"{root / 'src'}:{root}", "PATH": "/usr/bin:/bin"}
+    done = subprocess.run(
+        [sys.executable, "-c", SECOND_SIGNAL, db], env=env, capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.count("stopping: no new claims") == 1

@@ -263,3 +263,21 @@ def test_the_worker_command_refuses_a_concurrency_below_one(tmp_path: Path) -> N
     assert out.exit_code == 2 and "--concurrency" in out.output
     helped = CliRunner().invoke(main, ["worker", "--help"])
     assert "--concurrency" in helped.output and "--drain-timeout" in helped.output and "SIGTERM" in helped.output
+
+
+def test_two_hundred_plans_leave_no_thread_or_connection_behind(any_db: str) -> None:
+    """The runner threads end, the lease timers are joined, the pool keeps a runtime per runner at most,
+    and close() closes every connection: threads and open files come back to what they were."""
+    ids = submit(any_db, ["count", "count"], 200)
+    warm = worker(any_db, tools.count, concurrency=8)  # the shared pools' threads made, as after any run
+    warm.serve(drain=True, poll=0.05)
+    warm.close()
+    ids += submit(any_db, ["count", "count"], 200)
+    threads, files = threading.active_count(), len(os.listdir("/proc/self/fd"))
+    w = worker(any_db, tools.count, concurrency=8)
+    assert w.serve(drain=True, poll=0.05) == 200
+    w.close()
+    until("the runner threads ended", lambda: threading.active_count() <= threads)
+    assert len(os.listdir("/proc/self/fd")) <= files
+    with closing(open_store(any_db)) as store:
+        assert {store.get_plan(plan_id).status for plan_id in ids} == {"succeeded"}  # type: ignore[union-attr]

@@ -16,6 +16,7 @@ compensating tool are listed for a person. The plan ends ``compensated`` or
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Literal
@@ -56,6 +57,8 @@ class Compensation:
     actor: str
     rows: Mapping[int, StepRow]
     """The plan's step rows as the rollback's claim held them against the audit log."""
+    lease_lost: threading.Event | None = None
+    """Set when the lease was lost, or not renewed in time (:class:`lifecycle.LeaseKeeper`): no undo starts."""
 
     @property
     def plan_id(self) -> str:
@@ -87,7 +90,7 @@ class Compensation:
             self.store.lock_log()
             plan = self.store.get_plan(self.plan_id)
             if plan is None or plan.lease_owner != self.plan.lease_owner:
-                raise LeaseLostError(f"the rollback of plan {self.plan_id} lost its lease; it stops here")
+                raise self._lost()
             lifecycle.move(
                 self.store,
                 plan,
@@ -136,6 +139,8 @@ class Compensation:
             params=params,
             started_at=previous.started_at if previous and previous.started_at else now,
         )
+        if self.lease_lost is not None and self.lease_lost.is_set():  # as a run: no call starts that a
+            raise self._lost()  # runner taking the rollback over could find in flight
         with self.store.transaction():
             self._fence()
             self.store.put_step(started)
@@ -171,6 +176,11 @@ class Compensation:
             self.store.put_step(finished)
             self._event("compensation.step_succeeded", step.id, {"output": outcome.output})
         return None
+
+    def _lost(self) -> LeaseLostError:
+        return LeaseLostError(
+            f"the rollback of plan {self.plan_id} lost its lease, or could not renew it in time; it stops here"
+        )
 
     def _fence(self) -> None:
         """This transaction commits only while this rollback holds the plan: the undo's started record, and its

@@ -365,11 +365,12 @@ class Runtime:
         _aio.refuse_in_loop("Runtime.compensate", "runtime.acompensate")
         return self._roll_back(plan_id, actor=actor, reason=reason, by_person=True, category=category)
 
-    def carry_on_rollback(self, plan_id: str) -> CompensationResult:
+    def carry_on_rollback(self, plan_id: str, *, owner: str | None = None) -> CompensationResult:
         """Carry on a rollback the policy began (``compensation.on_halt: auto``) whose runner stopped, once its
         lease has run out: as the policy, under the rules of any rollback (nothing undone twice). A rollback
         a person began is theirs to run again (``plangate compensate``), and so is one the policy in force no
-        longer begins on its own. Workers call this for the rollbacks they find cut off."""
+        longer begins on its own. Workers call this for the rollbacks they find cut off, naming the lease
+        (``owner``, a :func:`lifecycle.runner` name beginning ``policy:``) that their drain gives back."""
         _aio.refuse_in_loop("Runtime.carry_on_rollback", "runtime.acompensate")
         with self.store.snapshot():
             plan, version = self._current(plan_id)
@@ -383,9 +384,8 @@ class Runtime:
                 f"the rollback of plan {plan_id} was begun by {actor}, and the policy in force does not roll back "
                 "on its own: a person runs it again (plangate compensate)"
             )
-        return self._roll_back(
-            plan_id, actor=actor, reason="the policy's rollback, carried on after its runner stopped", by_person=False
-        )
+        reason = "the policy's rollback, carried on after its runner stopped"
+        return self._roll_back(plan_id, actor=actor, reason=reason, by_person=False, owner=owner)
 
     def close_plan(self, plan_id: str, *, actor: str, reason: str, category: str | None = None) -> PlanRecord:
         """End a halted plan that will not be resumed: ``closed``, for good, with who and why.
@@ -408,11 +408,18 @@ class Runtime:
         return self._record_of(plan, version)
 
     def _roll_back(
-        self, plan_id: str, *, actor: str, reason: str, by_person: bool, category: str | None = None
+        self,
+        plan_id: str,
+        *,
+        actor: str,
+        reason: str,
+        by_person: bool,
+        category: str | None = None,
+        owner: str | None = None,
     ) -> CompensationResult:
         if not _input.check_text(reason, "reason", what="rollback").strip():
             raise UsageError("say why the plan is rolled back")
-        owner = lifecycle.runner(actor)
+        owner = owner or lifecycle.runner(actor)
         with self.store.transaction():
             plan, version = self._locked(plan_id)
             _not_react(plan)
@@ -429,6 +436,7 @@ class Runtime:
                 data={"reason": reason},
                 lease=(owner, self._lease_until()),
             )
+        keeper = lifecycle.LeaseKeeper(self.store, plan.id, owner, self.lease_seconds, self._lease_until)
         rollback = Compensation(
             store=self.store,
             catalogue=self._catalogue(),
@@ -437,8 +445,9 @@ class Runtime:
             body=Plan.parse(version.body),
             actor=actor,
             rows=told.rows or {},  # as held against the log: never read again, unchecked, once the plan is claimed
+            lease_lost=keeper.lost,
         )
-        with lifecycle.LeaseKeeper(self.store, plan.id, owner, self.lease_seconds, self._lease_until):
+        with keeper:
             return rollback.run()
 
     def _check_after_halt(
@@ -598,12 +607,19 @@ class Runtime:
         return (plan, version, events[-1].hash if events else None), proof
 
     def drive(
-        self, claim: Claim, progress: Callable[[Progress], None] | None = None, *, known: Unconfirmed | None = None
+        self,
+        claim: Claim,
+        progress: Callable[[Progress], None] | None = None,
+        *,
+        known: Unconfirmed | None = None,
+        rollback_owner: str | None = None,
     ) -> RunResult:
         """Run a claimed plan to its end or a halt, renewing the lease as it goes.
 
         ``known``: the outcomes a run of the same lease knew when its store went away (the
         :class:`~plangate.errors.StoreLostError` it raised carries them), recorded where they still may be.
+        ``rollback_owner``: the lease the policy's rollback of a halted run takes (a worker names it, to
+        release it at its drain).
         """
         _aio.refuse_in_loop("Runtime.drive", "runtime.aexecute")
         keeper = lifecycle.LeaseKeeper(self.store, claim.plan.id, claim.owner, self.lease_seconds, self._lease_until)
@@ -642,6 +658,7 @@ class Runtime:
                 actor=f"policy:{policy.name}",
                 reason="the policy rolls back halted plans",
                 by_person=False,
+                owner=rollback_owner,
             )
         return result
 

@@ -65,7 +65,6 @@ TASK_QUEUE = "plangate"
 _log = logging.getLogger("plangate.temporal")
 _LEASE_SECONDS = 3600.0  # a workflow's lease: Temporal itself keeps the run going, not this process
 _MARGIN_SECONDS = 60.0  # over a step's own budget: the engine's limit, not Temporal's, ends a hung call
-_MOST_SECONDS = 365 * 86400.0  # a timeout of the Settings: a year, well within what a workflow's durations hold
 _LOCAL_ACTIVITIES = 2  # plangate's own bookkeeping (a plan's end), on threads of its own beside the steps'
 _HANDOVER_SECONDS = 600.0  # a run left without its claim (its worker died as it started it) ends, well within the lease
 _STEP, _FINISH = "plangate.step", "plangate.finish"  # the activities' names: the host's own (hosted) answer to them
@@ -96,10 +95,10 @@ class Settings:
         """Refuse settings under which a step could be lost or never start."""
         for seconds in (self.heartbeat_seconds, self.margin_seconds):
             # Not a number, infinite or beyond a duration: each workflow task would fail making the timeout.
-            if not (0 < seconds <= _MOST_SECONDS):
+            if not (0 < seconds <= timeouts.MOST_SECONDS):
                 raise ValueError(
                     "the heartbeat timeout and the start-to-close margin must be more than 0 seconds "
-                    f"and at most {_MOST_SECONDS:g} seconds"
+                    f"and at most {timeouts.MOST_SECONDS:g} seconds"
                 )
         if self.max_activities < 1 or self.max_workflow_tasks < 2:
             raise ValueError("a Temporal worker needs at least 1 activity and 2 workflow tasks at once")

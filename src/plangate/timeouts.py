@@ -34,6 +34,12 @@ if TYPE_CHECKING:
 
 DEFAULT_TIMEOUT = 300.0
 """Seconds a call may take when neither its tool nor the policy says."""
+LEAST_LEASE_SECONDS = 1.0
+"""The shortest lease a worker takes: renewed every third of it, a shorter one ran out between renewals on a
+busy machine (a hundredth of a second: 2 runs in 40 taken over alive, halted as outcome unknown)."""
+MOST_SECONDS = 365 * 86400.0
+"""The longest lease, drain or timeout a worker takes: a year (a longer one is a mistake, not a length of time),
+well within what a wait on a lock or a Temporal workflow's durations hold."""
 
 _IDLE_WAKE = 60.0  # how long the watcher sleeps with no call to watch: a later, sooner deadline wakes it
 P = ParamSpec("P")

@@ -101,12 +101,12 @@ class Worker:
     """Why this worker claims nothing for now: its clock too far from the database server's (None: it claims)."""
 
     def __post_init__(self) -> None:
-        if self.concurrency < 1:
-            raise ValueError("a worker's concurrency is at least 1")
+        self._check()
         self._idle: list[Runtime] = []  # the pool: a runtime (and its store connection) per runner, reused
         self._claims: Store | None = None  # the claiming connection
         self._cond = threading.Condition()
         self._running: dict[str, str] = {}  # plan id -> the lease owner running it
+        self._rolling: dict[str, str] = {}  # plan id -> the lease the policy's rollback takes if its run halts
         self._aside: dict[str, _Aside] = {}  # plans that could not run, left alone for a while
         self._outage = timeouts.Outage(_log, f"worker {self.name}")  # claims failed in a row: the store away
         self._stopping = threading.Event()
@@ -114,6 +114,19 @@ class Worker:
         self._ran = 0  # runs that came to an end or a halt
         self._ended = 0  # runs that ended in any way: capacity freed
         self._rollbacks_due = time.monotonic()  # when to look for rollbacks to carry on again (if idle)
+
+    def _check(self) -> None:
+        """Refuse what the command line refuses. A concurrency or lease the claim's SQL cannot take failed
+        every claim, which was waited out for ever as a store out of reach; a lease of 0 s or less was renewed
+        in a loop that never waited, and one too short ran out between renewals; an infinite drain raised in the
+        drain, leaving the running plans' leases."""
+        if not isinstance(self.concurrency, int) or self.concurrency < 1:
+            raise ValueError(f"a worker's concurrency is a whole number, at least 1, not {self.concurrency!r}")
+        least, most = timeouts.LEAST_LEASE_SECONDS, timeouts.MOST_SECONDS
+        if not least <= self.lease_seconds <= most:  # NaN fails every comparison
+            raise ValueError(f"a worker's lease_seconds is from {least:g} to {most:g}, not {self.lease_seconds}")
+        if not 0 <= self.drain_timeout <= most:
+            raise ValueError(f"a worker's drain_timeout is from 0 to {most:g} seconds, not {self.drain_timeout}")
 
     # -- the loop ------------------------------------------------------------------------
     def serve(
@@ -133,12 +146,13 @@ class Worker:
                 if self._stopping.is_set():  # stopped during the claim: what it took is given back, not started
                     self._give_back(claimed)
                     break
+                with self._cond:
+                    for plan_id, owner in claimed:
+                        self._start(plan_id, owner, functools.partial(self._run_told, plan_id, owner, on_result))
                 self._carry_on_rollbacks(idle=not claimed)
                 with self._cond:
                     if not claimed and drain and not self._running:
                         break
-                    for plan_id, owner in claimed:
-                        self._start(plan_id, owner, on_result)
                     # Wake when a run ends (capacity is free again), when stopped, or to poll for new plans.
                     self._cond.wait_for(functools.partial(self._woken, seen), timeout=poll)
         finally:
@@ -157,7 +171,8 @@ class Worker:
         self._dropped_store(claims)
         for runtime in idle:
             self._dropped(runtime)
-        self._stopping.wait(wait)
+        with self._cond:  # not the event's own lock, which a SIGTERM's stop() would wait for if it came now
+            self._cond.wait_for(self._stopping.is_set, timeout=wait)
 
     @property
     def store_problem(self) -> str | None:
@@ -175,7 +190,10 @@ class Worker:
         return self._ended != seen or self._stopping.is_set()
 
     def stop(self) -> None:
-        """Stop claiming; :meth:`serve` lets running plans finish (up to ``drain_timeout``) and returns."""
+        """Stop claiming; :meth:`serve` lets running plans finish (up to ``drain_timeout``) and returns.
+
+        Called from a signal handler too: the thread serving never holds a lock that this waits for
+        (the condition's is reentrant; the event's is taken here alone), so a signal never wedges it."""
         self._stopping.set()
         with self._cond:
             self._cond.notify_all()
@@ -326,8 +344,9 @@ class Worker:
     def _carry_on_rollbacks(self, *, idle: bool) -> None:
         """Carry on the rollbacks the policy began whose runner stopped, once their lease ran out: looked for
         when the worker claimed nothing (``idle``), every ROLLBACK_POLL seconds at most, and by a busy worker
-        once a minute; a few at a time, here in the claiming loop (they are rare, and each undo is held to
-        its time limit). A person's rollback is left to them."""
+        once a minute; a few at a time, each on a runner thread within the concurrency, like a plan's run, so
+        that claims go on meanwhile and the drain gives it up at its deadline. A person's rollback is left to
+        them."""
         now = time.monotonic()
         if now < self._rollbacks_due or (not idle and now < self._rollbacks_due + 60.0 - ROLLBACK_POLL):
             return
@@ -339,41 +358,53 @@ class Worker:
             return
         aside = set(self._left_aside())
         for (plan_id,) in rows:
-            if plan_id in aside or self._stopping.is_set():
-                continue
-            runtime: Runtime | None = None
-            try:
-                runtime = self._runtime()
-                result = runtime.carry_on_rollback(plan_id)
-                _log.warning("plan %s: the policy's rollback carried on: %s", plan_id, result.status)
-            except (StateError, LeaseLostError):
-                pass  # another runner carries it on now
-            except PlangateError as exc:
-                self._set_aside(plan_id, str(exc), self.refused)
-            except Exception as exc:  # noqa: BLE001 - a broken connection must not end the worker
-                self._set_aside(plan_id, str(exc), self.failed)
-                runtime = self._dropped(runtime)
-            if runtime is not None:
-                with self._cond:
-                    self._idle.append(runtime)
+            owner = self._policy_runner(self.policy)  # the lease its drain gives back
+            with self._cond:
+                if len(self._running) >= self.concurrency or self._stopping.is_set():
+                    return
+                if plan_id not in aside and plan_id not in self._running:
+                    self._start(plan_id, owner, functools.partial(self._roll_back, plan_id, owner))
+
+    @staticmethod
+    def _policy_runner(policy: Policy | None) -> str:
+        """The lease of a rollback the policy runs (named for it: a worker finds one whose runner stopped)."""
+        return lifecycle.runner(f"policy:{policy.name if policy is not None else ''}")
+
+    def _roll_back(self, plan_id: str, owner: str) -> None:
+        """Carry on the policy's rollback of the plan under the lease ``owner`` (on its runner thread)."""
+        runtime: Runtime | None = None
+        healthy = True
+        try:
+            runtime = self._runtime()
+            result = runtime.carry_on_rollback(plan_id, owner=owner)
+            _log.warning("plan %s: the policy's rollback carried on: %s", plan_id, result.status)
+        except (StateError, LeaseLostError):
+            pass  # another runner carries it on now, or the drain gave it up
+        except PlangateError as exc:
+            self._set_aside(plan_id, str(exc), self.refused)
+        except Exception as exc:  # noqa: BLE001 - a broken connection must not end the worker
+            healthy = False
+            self._set_aside(plan_id, str(exc), self.failed)
+        finally:
+            self._finish(plan_id, owner, runtime if healthy else self._dropped(runtime), ran=False)
 
     # -- runs ----------------------------------------------------------------------------
-    def _start(self, plan_id: str, owner: str, on_result: Callable[[RunResult], object] | None) -> None:
-        """Run the plan on a runner thread of its own (called holding the condition)."""
+    def _start(self, plan_id: str, owner: str, work: Callable[[], object]) -> None:
+        """Do ``work`` (the plan's run, or the policy's rollback of it) under the lease ``owner``, on a runner
+        thread of its own (called holding the condition)."""
         self._running[plan_id] = owner
-
-        def body() -> None:
-            result = self._run(plan_id, owner)
-            if result is not None and on_result is not None:
-                on_result(result)
-
         # A daemon: a run that overran the drain is left to the next worker, not waited for at exit.
         try:
-            threading.Thread(target=body, name=f"plangate-worker-{plan_id[:8]}", daemon=True).start()
+            threading.Thread(target=work, name=f"plangate-worker-{plan_id[:8]}", daemon=True).start()
         except RuntimeError as exc:  # no thread to be had (the process is out of them): the plan is given back
             del self._running[plan_id]
             self._set_aside(plan_id, f"no runner thread could be started ({exc})", self.failed, logging.ERROR)
             self._give_back([(plan_id, owner)])
+
+    def _run_told(self, plan_id: str, owner: str, on_result: Callable[[RunResult], object] | None) -> None:
+        result = self._run(plan_id, owner)
+        if result is not None and on_result is not None:
+            on_result(result)
 
     def _run(self, plan_id: str, owner: str) -> RunResult | None:
         runtime: Runtime | None = None
@@ -384,15 +415,16 @@ class Worker:
             # resume's own checks are the claim's (lifecycle.claim): start at once, without reading the plan twice;
             # only under this claim's lease (a drain may have given it back meanwhile, or a person's decision)
             claim = runtime.start(plan_id, actor=f"worker:{self.name}", owner=owner, leased=True)
-            owner = self._run_under(plan_id, owner, claim.owner)
+            rollback = self._policy_runner(claim.policy)
+            owner = self._run_under(plan_id, owner, claim.owner, rollback)
             known: Unconfirmed | None = None
             while result is None:
                 try:
-                    result = runtime.drive(claim, known=known)
+                    result = runtime.drive(claim, known=known, rollback_owner=rollback)
                 except StoreLostError as cut:  # what the run knew is recorded once the store is back, if it may be
                     runtime = self._dropped(runtime)
                     runtime, claim = self._take_back(plan_id, owner, cut)
-                    owner, known = self._run_under(plan_id, owner, claim.owner), cut.known
+                    owner, known = self._run_under(plan_id, owner, claim.owner, rollback), cut.known
         except GovernanceError as refused:  # it may not run: sent back for approval, or the log disagrees
             self._set_aside(plan_id, str(refused), self.refused, logging.ERROR)
         except LeaseLostError:
@@ -441,12 +473,14 @@ class Worker:
                 _log.debug("plan %s: the store is not back yet: %s", plan_id, exc)
             self._dropped(runtime)
 
-    def _run_under(self, plan_id: str, leased: str, claimed: str) -> str:
+    def _run_under(self, plan_id: str, leased: str, claimed: str, rollback: str) -> str:
         """The run's own lease, which took the place of the worker's at its claim: what the drain and the
-        end release from now on. If the drain gave the plan up meanwhile, this lease is given back too."""
+        end release from now on, with the lease the policy's rollback takes if the run halts. If the drain
+        gave the plan up meanwhile, this lease is given back too."""
         with self._cond:
             if self._running.get(plan_id) == leased:
                 self._running[plan_id] = claimed
+                self._rolling[plan_id] = rollback
                 return claimed
         self._give_back([(plan_id, claimed)])
         raise LeaseLostError(f"plan {plan_id} was given back at the drain as its run began: it does not run")
@@ -467,6 +501,7 @@ class Worker:
             # and that run must stay counted (for the concurrency, and for the drain to release it).
             if self._running.get(plan_id) == owner:
                 del self._running[plan_id]
+                self._rolling.pop(plan_id, None)
             self._ran += ran
             self._ended += 1
             if runtime is not None:
@@ -494,9 +529,11 @@ class Worker:
         with self._cond:
             self._cond.wait_for(lambda: not self._running, timeout=max(0.0, deadline - time.monotonic()))
             left, self._running = dict(self._running), {}
-        # The engine's next fence fails without the lease: the run records nothing more, and the
-        # next worker resumes it under the usual rules (a step cut off mid-call is not re-run blindly).
-        self._give_back(list(left.items()))
+            rolling, self._rolling = self._rolling, {}
+        # The engine's next fence fails without the lease: the run (or the rollback the policy began as it
+        # halted) records nothing more, and the next worker resumes it under the usual rules (a step cut
+        # off mid-call is not re-run blindly).
+        self._give_back([*left.items(), *rolling.items()])
         self.left.extend(left)
 
     def _until(self) -> str:

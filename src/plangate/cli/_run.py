@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 
-from plangate import tracing
+from plangate import timeouts, tracing
 from plangate._extras import need
 from plangate.cli import _remote
 from plangate.cli._common import (
@@ -35,9 +35,6 @@ from plangate.tools import Catalogue
 
 if TYPE_CHECKING:
     from plangate.worker import Worker
-
-MOST_SECONDS = 365 * 24 * 3600.0
-"""The longest lease or drain a worker takes: a year (a longer one is a mistake, not a length of time)."""
 
 
 def finite(value: float) -> float:
@@ -249,11 +246,11 @@ def close_command(
 @click.option(
     "--lease",
     "lease_seconds",
-    type=click.FloatRange(min=0, min_open=True, max=MOST_SECONDS),
+    type=click.FloatRange(min=timeouts.LEAST_LEASE_SECONDS, max=timeouts.MOST_SECONDS),
     callback=lambda _ctx, _param, value: finite(value),
     default=30.0,
     show_default=True,
-    help="Seconds a claimed plan stays this worker's without renewal (more than 0).",
+    help="Seconds a claimed plan stays this worker's without renewal (at least 1; renewed every third of it).",
 )
 @click.option(
     "--drain",
@@ -269,7 +266,7 @@ def close_command(
 )
 @click.option(
     "--drain-timeout",
-    type=click.FloatRange(0, MOST_SECONDS),
+    type=click.FloatRange(0, timeouts.MOST_SECONDS),
     callback=lambda _ctx, _param, value: finite(value),
     default=30.0,
     show_default=True,
@@ -381,7 +378,13 @@ def _serve_plans(worker: Worker, *, drain: bool) -> NoReturn:
     """Serve until drained or stopped by SIGTERM / SIGINT, then leave at once (see _leave_now)."""
     import signal
 
-    def stop(*_: object) -> None:
+    stopping: list[int] = []
+
+    def stop(signum: int, _: object) -> None:
+        # A second signal may land inside the first one's handler, whose stop() holds a lock: once is enough.
+        if stopping:
+            return
+        stopping.append(signum)
         worker.stop()
         os.write(2, b"worker: stopping: no new claims; draining the plans running\n")  # no lock a handler may hold
 
