@@ -262,11 +262,8 @@ def pay_then_cut_the_commit(amount: int, ctx: RunContext) -> str:
     return f"paid {amount}"
 
 
-def test_a_commit_cut_in_flight_is_read_back_not_written_twice(pg_db: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Whether a commit whose answer never came took effect is not known: the worker reads the step's row
-    on its return, and records the outcome only if the row is still the started one (here it is done). The
-    same commit recorded the next step as started, whose tool was never called: it is not read as of unknown
-    outcome (a payment a person would have to settle), it starts again."""
+def cut_armed_commits(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The armed thread's next commit goes through, and its connection breaks before the answer comes."""
     real = PostgresStore._at_once
 
     def at_once(self: PostgresStore, query: str, params: tuple[Any, ...] = ()) -> Any:
@@ -280,6 +277,14 @@ def test_a_commit_cut_in_flight_is_read_back_not_written_twice(pg_db: str, monke
         return answer
 
     monkeypatch.setattr(PostgresStore, "_at_once", at_once)
+
+
+def test_a_commit_cut_in_flight_is_read_back_not_written_twice(pg_db: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Whether a commit whose answer never came took effect is not known: the worker reads the step's row
+    on its return, and records the outcome only if the row is still the started one (here it is done). The
+    same commit recorded the next step as started, whose tool was never called: it is not read as of unknown
+    outcome (a payment a person would have to settle), it starts again."""
+    cut_armed_commits(monkeypatch)
     plan_id = submitted(
         pg_db,
         {"id": 1, "tool": "pay_then_cut_the_commit", "params": {"amount": 5}},
@@ -293,3 +298,21 @@ def test_a_commit_cut_in_flight_is_read_back_not_written_twice(pg_db: str, monke
     assert result is not None and result.status == "succeeded", result
     assert result.outputs == {1: "paid 5", 2: 1}
     ran_once_and_verifies(pg_db, plan_id, 2, restarted=2)
+
+
+def test_a_run_whose_last_commit_was_cut_in_flight_ended_and_says_so(
+    pg_db: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The commit that records the last outcome and the plan's end goes through, and its answer never comes:
+    the plan has ended. The worker gives back the run's result as recorded, where it logged the plan as refused
+    (the claim to take the run back found it ended) and set it aside."""
+    cut_armed_commits(monkeypatch)
+    plan_id = submitted(pg_db, {"id": 1, "tool": "pay_then_cut_the_commit", "params": {"amount": 7}})
+    caplog.set_level(logging.INFO, logger="plangate")
+    result, w = run_one(pg_db)
+    assert result is not None and result.status == "succeeded", result
+    assert result.plan_id == plan_id and result.outputs == {1: "paid 7"}
+    assert not w.refused and not w.failed, (w.refused, w.failed)
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
+    assert "had ended" in caplog.text
+    ran_once_and_verifies(pg_db, plan_id, 1)

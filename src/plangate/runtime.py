@@ -694,6 +694,11 @@ class Runtime:
             return plan, version, f"plan {plan.id} may not run: {reason}; it is back for approval"
         return plan, version, None
 
+    def ended(self, plan_id: str) -> RunResult | None:
+        """The recorded result of a plan whose run ended (succeeded, or halted); None while it has not."""
+        plan, version = self._current(plan_id)
+        return self._recorded(plan, version) if plan.status in ("succeeded", "halted") else None
+
     def _recorded(self, plan: PlanRow, version: VersionRow) -> RunResult:
         body = Plan.parse(version.body)
         flows = provenance.analyse(body, self.catalogue) if body.answer is not None else provenance.EMPTY

@@ -423,8 +423,12 @@ class Worker:
                     result = runtime.drive(claim, known=known, rollback_owner=rollback)
                 except StoreLostError as cut:  # what the run knew is recorded once the store is back, if it may be
                     runtime = self._dropped(runtime)
-                    runtime, claim = self._take_back(plan_id, owner, cut)
-                    owner, known = self._run_under(plan_id, owner, claim.owner, rollback), cut.known
+                    runtime, taken = self._take_back(plan_id, owner, cut)
+                    if isinstance(taken, RunResult):  # it had ended: its last commit went through
+                        result = taken
+                    else:
+                        claim, known = taken, cut.known
+                        owner = self._run_under(plan_id, owner, claim.owner, rollback)
         except GovernanceError as refused:  # it may not run: sent back for approval, or the log disagrees
             self._set_aside(plan_id, str(refused), self.refused, logging.ERROR)
         except LeaseLostError:
@@ -442,12 +446,14 @@ class Worker:
             self._finish(plan_id, owner, runtime if healthy else self._dropped(runtime), ran=result is not None)
         return result
 
-    def _take_back(self, plan_id: str, owner: str, cut: StoreLostError) -> tuple[Runtime, Claim]:
+    def _take_back(self, plan_id: str, owner: str, cut: StoreLostError) -> tuple[Runtime, Claim | RunResult]:
         """The store went away mid-run: wait for it (doubling the waits, as for claims), at most until the
         run's lease would have run out, and claim the run again under that same lease, to record what it
         knew. A claim that finds the lease another's (it ran out, and another runner took the plan over)
         says so and records nothing: what the run knew is then that runner's to decide, by the usual rules.
-        The store not back in time: the run fails as after any other failure (the next claim resumes it)."""
+        A plan found ended with every outcome the run knew on record (its last commit went through, and only
+        the answer was lost) gives back its result as recorded. The store not back in time: the run fails as
+        after any other failure (the next claim resumes it)."""
         deadline, times = time.monotonic() + self.lease_seconds, 0
         while True:
             times += 1
@@ -463,11 +469,16 @@ class Worker:
                 pass  # not back yet (a connection refused)
             except PlangateError as refused:
                 assert runtime is not None
+                if isinstance(refused, (LeaseLostError, StateError)):
+                    rows = runtime.store.steps(plan_id)
+                    if _recorded_all(rows, cut.known) and (ended := runtime.ended(plan_id)) is not None:
+                        _log.info(
+                            "plan %s: the store is back; the run had ended (%s) as it went away", plan_id, ended.status
+                        )
+                        return runtime, ended
+                    _log.warning("plan %s: the store is back; %s: %s", plan_id, refused, _told(rows, cut.known))
                 with self._cond:
                     self._idle.append(runtime)  # its connection is sound: the claim only refused
-                if isinstance(refused, (LeaseLostError, StateError)):
-                    told = _told(runtime.store.steps(plan_id), cut.known)
-                    _log.warning("plan %s: the store is back; %s: %s", plan_id, refused, told)
                 raise
             except Exception as exc:  # noqa: BLE001 - a connection that broke again: waited out like the first
                 _log.debug("plan %s: the store is not back yet: %s", plan_id, exc)
@@ -543,10 +554,14 @@ class Worker:
 def _told(rows: Mapping[int, StepRow], known: Unconfirmed) -> str:
     """What became of the outcomes a run cut off from its store knew, once another runner holds its plan (or
     it ended): all on record already (the commit cut in flight went through), or not recorded, and never by it."""
-    done = [o.step_id for attempt, o in known.outcomes if _done_at(rows.get(o.step_id), attempt)]
-    if known.outcomes and done == known.steps:
-        return f"the outcomes this run knew (steps {done}) were recorded before the store went away"
+    if known.outcomes and _recorded_all(rows, known):
+        return f"the outcomes this run knew (steps {known.steps}) were recorded before the store went away"
     return _unrecorded(known)
+
+
+def _recorded_all(rows: Mapping[int, StepRow], known: Unconfirmed) -> bool:
+    """Whether every outcome the run knew is on record, at the attempt that answered (the commit went through)."""
+    return all(_done_at(rows.get(o.step_id), attempt) for attempt, o in known.outcomes)
 
 
 def _done_at(row: StepRow | None, attempt: int) -> bool:
