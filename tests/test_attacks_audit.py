@@ -133,7 +133,10 @@ def cut_off(
     return rt, record.id, db
 
 
-@pytest.mark.parametrize(("column", "value"), [("idempotency_key", "o-1:elsewhere"), ("attempt", 0), ("version", 2)])
+@pytest.mark.parametrize(
+    ("column", "value"),
+    [("idempotency_key", "o-1:elsewhere"), ("attempt", 0), ("version", 2), ("started_at", "2020-01-01T00:00:00Z")],
+)
 def test_a_started_steps_record_is_held_against_its_started_event(tmp_path: Path, column: str, value: object) -> None:
     """The key a resumed step runs again under, the attempt its tool is told and the version it ran under are the
     log's, never an edit's: verify names the column, and the run refuses before it calls anything."""
@@ -145,6 +148,22 @@ def test_a_started_steps_record_is_held_against_its_started_event(tmp_path: Path
         rt.execute(plan_id)
     assert CALLS == []
     assert not any(e.kind == "step.retrying" for e in rt.store.events(plan_id))
+
+
+@pytest.mark.parametrize("column", ["started_at", "finished_at"])
+def test_when_a_step_ran_is_held_against_its_events(tmp_path: Path, column: str) -> None:
+    """When a step started and finished is shown by the dashboard and exports, and a resumed call's tool is told
+    its start: the row's times are the log's, never an edit's; verify and the next act name the column."""
+    rt, plan_id, db = halted(tmp_path)
+    tamper(db, f"UPDATE steps SET {column} = ? WHERE plan_id = ? AND step_id = 1", ("2020-01-01T00:00:00Z", plan_id))
+    kind = "step.started" if column == "started_at" else "step.succeeded"
+    logged = next(e.at for e in rt.store.events(plan_id) if e.step_id == 1 and e.kind == kind)
+    said = f"step 1: steps.{column} is '2020-01-01T00:00:00Z', but the audit log says {logged!r}"
+    report = verify(rt.store)
+    assert not report.ok and any(said in t for t in report.tables), report
+    with pytest.raises(GovernanceError, match=rf"plan {plan_id} may not .* step 1: steps\.{column} is"):
+        rt.compensate(plan_id, actor="ben", reason="undo it")
+    assert "release:acct-bob" not in CALLS
 
 
 def test_a_done_step_made_to_look_from_a_later_version_is_not_run_again(tmp_path: Path) -> None:

@@ -75,6 +75,21 @@ def test_a_result_over_the_size_limit_is_refused_and_its_call_not_made_again(tmp
     assert logged < 20_000, "the refused output is not in the audit log"
 
 
+def test_a_line_of_output_past_the_result_limit_is_not_read_on(tmp_path: Path) -> None:
+    """A server that writes one line that never ends: the reading stops at the bound a result may take on the
+    wire (the SDK's own stdio client would keep it all until the call's time limit), and the call is refused."""
+    server = Server(tmp_path)
+    catalogue = Catalogue.from_mcp(server.spec, max_result_bytes=1_000)
+    policy = Policy.from_yaml(POLICY + "limits: {tool_timeout: 60}\n")
+    runtime = Runtime(catalogue, policy, db=f"sqlite:///{tmp_path}/p.db", tools=server.spec)
+    with catalogue:
+        halted = runtime.execute(approved(runtime, "flood", note=str(8 * 1024 * 1024)), actor="bob")
+    assert halted.status == "halted" and "outcome unknown" in (halted.error or ""), halted.error
+    said = "too-large: a line is over the limit of 71536 bytes: reading stopped (max_result_bytes is 1000)"
+    assert said in (halted.error or ""), halted.error
+    assert len(server.calls("flood")) == 1
+
+
 @pytest.mark.parametrize(("note", "ok"), [("4000", True), ("6000", False), ("6000 error", False)])
 def test_a_tools_file_sets_a_servers_result_limit(tmp_path: Path, note: str, ok: bool) -> None:
     server = Server(tmp_path)

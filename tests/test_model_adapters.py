@@ -17,6 +17,7 @@ import openai
 import pytest
 
 from plangate import Catalogue, tool
+from plangate._bounded import BoundedTransport
 from plangate.models import Message, ModelError, ModelRequest, ToolCall, ToolSpec
 from plangate.models.anthropic import AnthropicModel
 from plangate.models.openai import OpenAIModel
@@ -126,6 +127,47 @@ def test_anthropic_failures_are_clear(recorder: Callable[[], Recorder], message:
     with pytest.raises(ModelError, match=message) as err:
         claude(recorder()).complete(REQUEST)
     assert err.value.retryable is retryable
+
+
+@pytest.mark.parametrize(
+    ("sdk", "adapter", "recording", "url"),
+    [
+        (anthropic.Anthropic, AnthropicModel, "anthropic_answer.json", "https://api.test"),
+        (openai.OpenAI, OpenAIModel, "openai_answer.json", "https://api.test/v1"),
+    ],
+)
+def test_a_reply_cut_off_for_its_size_is_not_asked_for_again(sdk: Any, adapter: Any, recording: str, url: str) -> None:
+    """The SDKs retry a read that failed, twice by default: a reply cut off past ``max_response_bytes`` is no
+    passing failure (the same endpoint sends the same reply), so it is downloaded once, not three times."""
+    recorder = Recorder(recording)
+
+    def streamed(request: httpx.Request) -> httpx.Response:  # as a server sends it: a body still to be read
+        answer = recorder(request)
+        return httpx.Response(answer.status_code, headers=answer.headers, stream=httpx.ByteStream(answer.content))
+
+    bounded = BoundedTransport(100, what="the model", inner=httpx.MockTransport(streamed))
+    client = sdk(api_key="test-key", base_url=url, max_retries=2, http_client=httpx.Client(transport=bounded))
+    with pytest.raises(ModelError, match=r"too-large: the answer is over the limit of 100 bytes.*max_response_bytes"):
+        adapter("m", client=client).complete(REQUEST)
+    assert len(recorder.requests) == 1
+
+
+class _Stalls(httpx.SyncByteStream):
+    def __iter__(self) -> Any:
+        yield b'{"id": "msg_1", '
+        raise httpx.ReadTimeout("slow")
+
+
+def test_anthropic_reply_that_stalls_while_read_is_a_timeout() -> None:
+    """The reply's body is read after the SDK's retries (see above): a read that stalls there is still a timeout."""
+    client = anthropic.Anthropic(
+        api_key="test-key",
+        base_url="https://api.test",
+        http_client=httpx.Client(transport=httpx.MockTransport(lambda _: httpx.Response(200, stream=_Stalls()))),
+    )
+    with pytest.raises(ModelError, match="timed out") as err:
+        AnthropicModel("m", client=client).complete(REQUEST)
+    assert err.value.retryable
 
 
 def test_openai_reasoning_and_structured_output_round_trip() -> None:

@@ -60,6 +60,29 @@ def test_the_register_holds_or_clears_a_category(runtime: Runtime) -> None:
     ]
 
 
+@tool(effect="write")
+def pay(key: str) -> str:
+    return key
+
+
+@pytest.mark.parametrize("defined", [True, False])
+def test_a_hold_is_not_sidestepped_by_a_look_alike_category(tmp_path: Path, defined: bool) -> None:
+    """A hold names a category exactly. Where the policy defines its categories, a look-alike of a held one is
+    rejected as unknown; where it does not, a category is the requester's own label, and a look-alike gets what
+    any other label gets: never a write without a person (with no envelope, automatic approval only reads)."""
+    categories = "categories: {payments: {tools: ['*']}}\n" if defined else ""
+    policy = Policy.from_yaml(f"version: 1\nname: reg\n{categories}approval: {{default: auto}}\n")
+    rt = Runtime(Catalogue([look, pay]), policy, db=f"sqlite:///{tmp_path}/r.db", clock=FixedClock())
+    Accounts(rt.store).add("gina", "governance")
+    Register(rt.store, rt.clock).set("payments", False, by="gina", reason="until the audit")
+    for category in ("Payments", " payments", "payments/eu", "misc"):
+        for name, alone in (("look", "approved"), ("pay", "pending_approval")):
+            record = rt.submit(plan({"id": 1, "tool": name, "params": {"key": "a"}}, category=category), "ann")
+            assert record.status == ("rejected" if defined else alone), (category, name, record.status)
+    held = rt.submit(plan({"id": 1, "tool": "look", "params": {"key": "a"}}, category="payments"), "ann")
+    assert held.status == "pending_approval"
+
+
 def test_the_report_finds_categories_approved_without_changes(runtime: Runtime) -> None:
     for n in range(5):
         record = runtime.submit(plan({"id": 1, "tool": "look", "params": {"key": str(n)}}, category="reports"), "ann")

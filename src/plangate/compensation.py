@@ -137,7 +137,7 @@ class Compensation:
             attempt=(previous.attempt + 1) if previous else 1,
             idempotency_key=f"{self.plan_id}:undo:{step.id}",
             params=params,
-            started_at=previous.started_at if previous and previous.started_at else now,
+            started_at=previous.started_at if previous and previous.status == "started" else now,
         )
         if self.lease_lost is not None and self.lease_lost.is_set():  # as a run: no call starts that a
             raise self._lost()  # runner taking the rollback over could find in flight
@@ -148,6 +148,7 @@ class Compensation:
                 "compensation.step_started",
                 step.id,
                 {"tool": undo.name, "params": params, "idempotency_key": started.idempotency_key},
+                now,
             )
         if undo.ctx_param is not None:
             kwargs[undo.ctx_param] = RunContext(
@@ -167,14 +168,15 @@ class Compensation:
             error = outcome.error or "failed"
             with self.store.transaction():
                 self._fence()
-                self.store.put_step(replace(started, status="failed", error=error, finished_at=iso(self.clock.now())))
-                self._event("compensation.step_failed", step.id, {"error": error})
+                now = iso(self.clock.now())
+                self.store.put_step(replace(started, status="failed", error=error, finished_at=now))
+                self._event("compensation.step_failed", step.id, {"error": error}, now)
             return error
         with self.store.transaction():
             self._fence()
-            finished = replace(started, status="succeeded", output=outcome.output, finished_at=iso(self.clock.now()))
-            self.store.put_step(finished)
-            self._event("compensation.step_succeeded", step.id, {"output": outcome.output})
+            now = iso(self.clock.now())
+            self.store.put_step(replace(started, status="succeeded", output=outcome.output, finished_at=now))
+            self._event("compensation.step_succeeded", step.id, {"output": outcome.output}, now)
         return None
 
     def _lost(self) -> LeaseLostError:
@@ -189,7 +191,8 @@ class Compensation:
         assert self.plan.lease_owner is not None
         self.store.fence(self.plan_id, self.plan.lease_owner)
 
-    def _event(self, kind: str, step_id: int | None, data: dict[str, Any]) -> None:
+    def _event(self, kind: str, step_id: int | None, data: dict[str, Any], at: str) -> None:
+        """Record an event at ``at``: the time the step's row written with it says, so the row is held to it."""
         with self.store.transaction():
             self.store.append_event(
                 plan_id=self.plan_id,
@@ -197,7 +200,7 @@ class Compensation:
                 step_id=step_id,
                 kind=kind,
                 actor=self.actor,
-                at=iso(self.clock.now()),
+                at=at,
                 data=data,
             )
 

@@ -71,6 +71,8 @@ class PlanLedger:
     a skip's reason, a settlement as not done; a halt records it, and a person reads it before settling."""
     attempts: dict[int, Attempt] = field(default_factory=dict)
     """Each step's (undo steps: negative ids) latest attempt: its number, key and plan version."""
+    times: dict[int, tuple[str | None, str | None]] = field(default_factory=dict)
+    """When each step (undo steps: negative ids) started and finished, as its row records them (see :func:`_times`)."""
     pending: dict[str, Any] | None = None
     """A ReAct run's action waiting for approval: its hash and what it needs."""
     resumed: set[str] = field(default_factory=set)
@@ -235,6 +237,7 @@ def _apply_step(ledger: PlanLedger, event: Event) -> None:
     if ledger.status not in during:
         ledger.broken.append(f"event {event.seq} ({event.kind}) happened while the plan was {ledger.status}")
     step = -event.step_id if undo else event.step_id
+    ledger.times[step] = _times(ledger, step, event, status)
     ledger.steps[step] = (status, event.data.get("output") if status == "succeeded" else None)
     ledger.errors[step] = _error(event, status)
     if status == "started":  # the values the call was made with, as resolved
@@ -244,6 +247,19 @@ def _apply_step(ledger: PlanLedger, event: Event) -> None:
     else:
         return  # an outcome: the row keeps its attempt
     ledger.attempts[step] = _attempt(ledger, step, event)
+
+
+def _times(ledger: PlanLedger, step: int, event: Event, status: str) -> tuple[str | None, str | None]:
+    """When the step's row says it started and finished once this event is recorded: a start's time (a call made
+    again after a start with no outcome keeps the first one's, and its tool is told it), an outcome's; no call made
+    (a skip, a failure before the call), no start; an unknown outcome changes neither."""
+    started, finished = ledger.times.get(step, (None, None))
+    if status == "started":
+        again = ledger.steps.get(step, ("",))[0] == "started"
+        return (started if again else event.at), None
+    if event.kind == "step.skipped" or event.data.get("before_call"):
+        return None, event.at
+    return (started, finished) if status == "outcome_unknown" else (started, event.at)
 
 
 def _error(event: Event, status: str) -> str | None:
@@ -391,17 +407,19 @@ def _step_problems(store: Store, ledger: PlanLedger) -> list[str]:
             found.append(f"{where}: steps.params differs from the parameters the audit log recorded")
         elif row.error != (None if ledger.purged else ledger.errors.get(step_id)):  # a purge removed both
             found.append(f"{where}: steps.error differs from the error the audit log recorded")
-        elif differs := _attempt_differs(row, ledger.attempts.get(step_id)):
+        elif differs := _attempt_differs(row, ledger.attempts.get(step_id), ledger.times.get(step_id, (None, None))):
             found.append(f"{where}: {differs}")
     return found
 
 
-def _attempt_differs(row: StepRow, told: Attempt | None) -> str | None:
-    """Which column of a step's attempt (its number, key, plan version) differs from the audit log, if one does."""
-    for column in ("attempt", "idempotency_key", "version"):
-        stored, logged = getattr(row, column), getattr(told, column, None)
-        if not same_json(stored, logged):
-            return f"steps.{column} is {stored!r}, but the audit log says {logged!r}"
+def _attempt_differs(row: StepRow, told: Attempt | None, times: tuple[str | None, str | None]) -> str | None:
+    """Which column of a step's attempt (its number, key, plan version) or of when it started and finished
+    differs from the audit log, if one does."""
+    logged = {column: getattr(told, column, None) for column in ("attempt", "idempotency_key", "version")}
+    for column, value in {**logged, "started_at": times[0], "finished_at": times[1]}.items():
+        stored = getattr(row, column)
+        if not same_json(stored, value):
+            return f"steps.{column} is {stored!r}, but the audit log says {value!r}"
     return None
 
 

@@ -2,7 +2,8 @@
 
 Install with ``pip install 'plangate[anthropic]'``; the key comes from
 ``ANTHROPIC_API_KEY`` as the SDK reads it. A reply is read to at most ``max_response_bytes``
-(8 MiB by default): past it the call fails as a malformed response.
+(8 MiB by default): past it the call fails as a malformed response, once (the body is read after
+the SDK's retries, which would otherwise ask for it three times).
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from plangate.errors import RefusedInputError
 from plangate.models._base import (
     MAX_RESPONSE_BYTES,
     Message,
@@ -26,6 +28,7 @@ from plangate.models._base import (
 
 try:
     import anthropic
+    import httpx2
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError("the Anthropic adapter needs its SDK: pip install 'plangate[anthropic]'") from exc
 
@@ -73,11 +76,12 @@ class AnthropicModel:
                 {"name": t.name, "description": t.description, "input_schema": t.parameters} for t in request.tools
             ]
         start = time.perf_counter()
-        try:
-            message = self.client.messages.create(**params)
-        except anthropic.APITimeoutError:
+        try:  # the body read after the SDK's retries: it would ask three times for a reply cut off for its size
+            with self.client.messages.with_streaming_response.create(**params) as reply:
+                message = reply.parse()
+        except (anthropic.APITimeoutError, httpx2.TimeoutException):
             raise ModelError(f"{self.name}: the request timed out", retryable=True) from None
-        except anthropic.APIConnectionError as exc:
+        except (anthropic.APIConnectionError, httpx2.TransportError, RefusedInputError) as exc:
             raise cut_off(self.name, exc) or ModelError(
                 f"{self.name}: cannot reach the API: {exc}", retryable=True
             ) from None

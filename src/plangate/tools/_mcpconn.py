@@ -27,6 +27,7 @@ from plangate.errors import CatalogueError
 
 if TYPE_CHECKING:  # imported where used, as the SDK is: a Temporal workflow's sandbox imports plangate whole
     from plangate._bounded import AsyncBoundedTransport
+    from plangate.tools._mcpstdio import LineBound
 
 PREFIX = "mcp:"
 CONNECT_SECONDS = 30.0
@@ -85,7 +86,7 @@ class _Held:
     init: Any
     stop: asyncio.Event
     task: concurrent.futures.Future[None]
-    bounded: AsyncBoundedTransport | None  # over HTTP: what reads its answers, and the last it refused
+    bounded: AsyncBoundedTransport | LineBound  # what reads its answers (HTTP) or lines (stdio), and what it refused
 
 
 class McpConnection:
@@ -151,7 +152,7 @@ class McpConnection:
             return future.result()
         except BaseException:
             future.cancel()
-            refused = held.bounded.refused if held.bounded is not None else None
+            refused = held.bounded.refused
             if held.task.done() or refused:  # the transport or the session ended: open a new one next time
                 with self._lock:
                     if self._held is held:
@@ -227,7 +228,7 @@ class McpConnection:
         from mcp import ClientSession
 
         stop = asyncio.Event()
-        bounded = self._bounded() if self.spec.url is not None else None
+        bounded = self._bounded()
         try:
             async with self._transport(errlog, bounded) as (read, write), ClientSession(read, write) as session:
                 init = await session.initialize()
@@ -241,17 +242,24 @@ class McpConnection:
             if not isinstance(exc, Exception):
                 raise
 
-    def _bounded(self) -> AsyncBoundedTransport:
-        """What reads a session's HTTP answers: a plain JSON body is cut off past the bound while read (an
-        event stream is many messages: the SDK bounds each event to the same)."""
+    def _bounded(self) -> AsyncBoundedTransport | LineBound:
+        """What reads a session's answers: over HTTP, a plain JSON body is cut off past the bound while read (an
+        event stream is many messages: the SDK bounds each event to the same); over stdio, each line (a message)."""
         from plangate._bounded import AsyncBoundedTransport
+        from plangate.tools._mcpstdio import LineBound
 
-        bound = self.max_result_bytes * _ESCAPED + _ENVELOPE
-        return AsyncBoundedTransport(bound, what=f"MCP server {self._what()}", unbounded=("text/event-stream",))
+        bound, what = self.max_result_bytes * _ESCAPED + _ENVELOPE, f"MCP server {self._what()}"
+        if self.spec.url is None:
+            return LineBound(bound, what=what)
+        return AsyncBoundedTransport(bound, what=what, unbounded=("text/event-stream",))
 
     @contextlib.asynccontextmanager
-    async def _transport(self, errlog: Any, bounded: AsyncBoundedTransport | None) -> AsyncIterator[tuple[Any, Any]]:
-        if self.spec.url is not None and bounded is not None:
+    async def _transport(
+        self, errlog: Any, bounded: AsyncBoundedTransport | LineBound
+    ) -> AsyncIterator[tuple[Any, Any]]:
+        from plangate._bounded import AsyncBoundedTransport
+
+        if self.spec.url is not None and isinstance(bounded, AsyncBoundedTransport):
             import httpx2
             from mcp.client.streamable_http import streamable_http_client
             from mcp.shared._httpx_utils import MCP_DEFAULT_SSE_READ_TIMEOUT, MCP_DEFAULT_TIMEOUT
@@ -263,11 +271,11 @@ class McpConnection:
             ):
                 yield streams[0], streams[1]
             return
-        from mcp.client.stdio import StdioServerParameters, stdio_client
+        from plangate.tools._mcpstdio import LineBound, bounded_stdio
 
-        params = StdioServerParameters(command=self.spec.command[0], args=list(self.spec.command[1:]))
-        async with stdio_client(params, errlog=errlog) as streams:
-            yield streams[0], streams[1]
+        assert isinstance(bounded, LineBound)
+        async with bounded_stdio(self.spec.command, errlog, bounded) as streams:
+            yield streams
 
     def _drop(self) -> None:
         """Tell the holding task to end its session (under the lock)."""
