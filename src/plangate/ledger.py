@@ -407,16 +407,24 @@ def _step_problems(store: Store, ledger: PlanLedger) -> list[str]:
             found.append(f"{where}: steps.params differs from the parameters the audit log recorded")
         elif row.error != (None if ledger.purged else ledger.errors.get(step_id)):  # a purge removed both
             found.append(f"{where}: steps.error differs from the error the audit log recorded")
-        elif differs := _attempt_differs(row, ledger.attempts.get(step_id), ledger.times.get(step_id, (None, None))):
+        elif differs := _attempt_differs(row, ledger.attempts.get(step_id), _held_times(ledger, step_id)):
             found.append(f"{where}: {differs}")
     return found
 
 
-def _attempt_differs(row: StepRow, told: Attempt | None, times: tuple[str | None, str | None]) -> str | None:
+def _held_times(ledger: PlanLedger, step_id: int) -> dict[str, str | None]:
+    """When the log says the step started and finished, for its row to be held to. Not an undo's (negative
+    ids): releases before this one wrote an undo's row and its events at moments read apart, so a rollback
+    they recorded would read as edited."""
+    started, finished = ledger.times.get(step_id, (None, None))
+    return {"started_at": started, "finished_at": finished} if step_id > 0 else {}
+
+
+def _attempt_differs(row: StepRow, told: Attempt | None, times: dict[str, str | None]) -> str | None:
     """Which column of a step's attempt (its number, key, plan version) or of when it started and finished
-    differs from the audit log, if one does."""
+    (``times``, where held) differs from the audit log, if one does."""
     logged = {column: getattr(told, column, None) for column in ("attempt", "idempotency_key", "version")}
-    for column, value in {**logged, "started_at": times[0], "finished_at": times[1]}.items():
+    for column, value in {**logged, **times}.items():
         stored = getattr(row, column)
         if not same_json(stored, value):
             return f"steps.{column} is {stored!r}, but the audit log says {value!r}"
