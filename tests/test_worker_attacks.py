@@ -728,6 +728,17 @@ def cut_off_rollback(db: str, monkeypatch: pytest.MonkeyPatch) -> tuple[Catalogu
     return catalogue, rolling, record.id
 
 
+def left_mid_undo(db: str, plan_id: str) -> None:
+    """The drain gave the rollback up in its undo's call: its lease released, nothing recorded after the
+    undo's start (its row still started: the next worker carries it on, under the same key), the log intact."""
+    with closing(open_store(db)) as store:
+        row = store.get_plan(plan_id)
+        assert row is not None and row.status == "compensating" and row.lease_owner is None
+        assert [e.kind for e in store.events(plan_id)][-1] == "compensation.step_started"
+        assert store.steps(plan_id)[-1].status == "started"
+        assert store.verify_audit().ok
+
+
 def test_a_rollback_carried_on_neither_holds_the_claims_nor_outlasts_the_drain(
     any_db: str, monkeypatch: pytest.MonkeyPatch, calls: list[tuple[str, int]]
 ) -> None:
@@ -752,12 +763,7 @@ def test_a_rollback_carried_on_neither_holds_the_claims_nor_outlasts_the_drain(
             "the rollback's runner ended",
             lambda: not any(t.name.startswith("plangate-w") for t in threading.enumerate()),
         )
-        with closing(open_store(any_db)) as store:
-            row = store.get_plan(rolled)
-            assert row is not None and row.status == "compensating" and row.lease_owner is None
-            assert [e.kind for e in store.events(rolled)][-1] == "compensation.step_started"
-            assert store.steps(rolled)[-1].status == "started", "the next worker carries it on, under the same key"
-            assert store.verify_audit().ok
+        left_mid_undo(any_db, rolled)
     finally:
         UNDO_GATE.set()
         thread.join(30)
@@ -792,11 +798,7 @@ def test_a_rollback_the_policy_begins_as_a_run_halts_is_given_up_at_the_drain(an
         assert not thread.is_alive() and w.left == [record.id]
         UNDO_GATE.set()  # the undo returns after the drain gave the rollback up: nothing more is recorded
         until("the runner ended", lambda: not any(t.name.startswith("plangate-w") for t in threading.enumerate()))
-        with closing(open_store(any_db)) as store:
-            row = store.get_plan(record.id)
-            assert row is not None and row.status == "compensating" and row.lease_owner is None
-            assert [e.kind for e in store.events(record.id)][-1] == "compensation.step_started"
-            assert store.verify_audit().ok
+        left_mid_undo(any_db, record.id)
     finally:
         UNDO_GATE.set()
         thread.join(30)
