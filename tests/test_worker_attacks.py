@@ -5,6 +5,7 @@ while a step runs, a person's edit between a claim and its run, and the limit on
 from __future__ import annotations
 
 import collections
+import contextlib
 import threading
 import time
 from collections.abc import Iterator
@@ -728,6 +729,28 @@ def cut_off_rollback(db: str, monkeypatch: pytest.MonkeyPatch) -> tuple[Catalogu
     return catalogue, rolling, record.id
 
 
+@contextlib.contextmanager
+def drained_mid_undo(catalogue: Catalogue, policy: Any, db: str) -> Iterator[Worker]:
+    """A worker serving until the policy's rollback is in its undo's call; then (after the body) a SIGTERM's
+    drain, which must end by its deadline; then the undo returns, after the drain gave the rollback up."""
+    UNDONE.clear()
+    UNDO_GATE.clear()
+    w = Worker(catalogue, db=db, policy=policy, concurrency=2, drain_timeout=0.2)
+    thread = serve_in_thread(w, [], drain=False)
+    try:
+        until("the policy's rollback calls the undo", lambda: bool(UNDONE))
+        yield w
+        w.stop()
+        thread.join(30)
+        assert not thread.is_alive(), "the drain waited for the rollback past its deadline"
+        UNDO_GATE.set()  # nothing more is recorded
+        until("the runner ended", lambda: not any(t.name.startswith("plangate-w") for t in threading.enumerate()))
+    finally:
+        UNDO_GATE.set()
+        thread.join(30)
+        w.close()
+
+
 def left_mid_undo(db: str, plan_id: str) -> None:
     """The drain gave the rollback up in its undo's call: its lease released, nothing recorded after the
     undo's start (its row still started: the next worker carries it on, under the same key), the log intact."""
@@ -746,28 +769,11 @@ def test_a_rollback_carried_on_neither_holds_the_claims_nor_outlasts_the_drain(
     limit, 300 s by default, for each undo), it claimed nothing, with capacity free, and a SIGTERM's drain
     did not begin: its deadline passed and the running plans' leases stayed held until the rollback ended."""
     catalogue, rolling, rolled = cut_off_rollback(any_db, monkeypatch)
-    UNDONE.clear()
-    UNDO_GATE.clear()
-    w = Worker(catalogue, db=any_db, policy=rolling, concurrency=2, drain_timeout=0.2)
-    thread = serve_in_thread(w, [], drain=False)
-    try:
-        until("the worker carries the rollback on", lambda: bool(UNDONE))
+    with drained_mid_undo(catalogue, rolling, any_db) as w:
         (waiting,) = submit(any_db, ["count"], 1)
         until("the plan approved meanwhile runs", lambda: [plan for plan, _ in calls] == [waiting], limit=30)
-        w.stop()
-        thread.join(30)
-        assert not thread.is_alive(), "the drain waited for the rollback past its deadline"
-        assert w.left == [rolled]
-        UNDO_GATE.set()  # the undo returns after the drain gave the rollback up: nothing more is recorded
-        until(
-            "the rollback's runner ended",
-            lambda: not any(t.name.startswith("plangate-w") for t in threading.enumerate()),
-        )
-        left_mid_undo(any_db, rolled)
-    finally:
-        UNDO_GATE.set()
-        thread.join(30)
-        w.close()
+    assert w.left == [rolled]
+    left_mid_undo(any_db, rolled)
 
 
 def test_a_rollback_the_policy_begins_as_a_run_halts_is_given_up_at_the_drain(any_db: str) -> None:
@@ -787,22 +793,10 @@ def test_a_rollback_the_policy_begins_as_a_run_halts_is_given_up_at_the_drain(an
     record = rt.submit({"task": "t", "category": "c", "steps": [{"rationale": "r", **s} for s in steps]}, "bob")
     rt.approve(record.id, "dave", record.hash)
     rt.close()
-    UNDONE.clear()
-    UNDO_GATE.clear()
-    w = Worker(catalogue, db=any_db, policy=rolling, concurrency=2, drain_timeout=0.2)
-    thread = serve_in_thread(w, [], drain=False)
-    try:
-        until("the policy's rollback calls the undo", lambda: bool(UNDONE))
-        w.stop()
-        thread.join(30)
-        assert not thread.is_alive() and w.left == [record.id]
-        UNDO_GATE.set()  # the undo returns after the drain gave the rollback up: nothing more is recorded
-        until("the runner ended", lambda: not any(t.name.startswith("plangate-w") for t in threading.enumerate()))
-        left_mid_undo(any_db, record.id)
-    finally:
-        UNDO_GATE.set()
-        thread.join(30)
-        w.close()
+    with drained_mid_undo(catalogue, rolling, any_db) as w:
+        pass
+    assert w.left == [record.id]
+    left_mid_undo(any_db, record.id)
 
 
 SECOND_SIGNAL = """
