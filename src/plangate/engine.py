@@ -135,14 +135,25 @@ class Engine:
         return run.watched()
 
     def stepper(
-        self, plan_id: str, version: int, plan: Plan, *, actor: str = "engine", traceparent: str | None = None
+        self,
+        plan_id: str,
+        version: int,
+        plan: Plan,
+        *,
+        actor: str = "engine",
+        traceparent: str | None = None,
+        held: Callable[[], Mapping[int, StepRow]] | None = None,
     ) -> _Run:
         """The engine one step at a time (``one(step_id)``, then ``finish``), for an orchestrator.
 
-        ``traceparent``: the run span the orchestrator opened, which the steps' spans join.
+        ``traceparent``: the run span the orchestrator opened, which the steps' spans join. ``held``: the
+        plan's step rows held against its audit log, read in the open transaction under the log's lock: what
+        ``one`` and ``finish`` act on, so no row changed after a check made apart from them is acted on
+        (else they read the rows as stored).
         """
         run = _Run(self, plan_id, version, plan, actor)
         run.spans = (self.traces or tracing.default()).joined(plan_id, traceparent)
+        run.held = held
         return run
 
 
@@ -160,6 +171,7 @@ class _Run:
         self.claimed: PlanRow | None = None  # the plan's row as the owner claimed it, for _move
         self.unhalted: tuple[int, ...] = ()  # failures of the run this one takes over, never halted on, for _load
         self.carried: dict[int, tuple[int, Outcome]] = {}  # outcomes a run cut off from its store knew, for _load
+        self.held: Callable[[], Mapping[int, StepRow]] | None = None  # the rows as checked, for _reload
         self.uncalled: dict[int, int] = {}  # steps it started and never called, by attempt, for _load
         self.recording: list[Outcome] = []  # the outcomes handed to the open transaction, until it commits
         self.starting: list[int] = []  # the steps it records as started, until it commits
@@ -352,6 +364,7 @@ class _Run:
         """Record how the run ended, from what the steps recorded."""
         with self.store.transaction():
             self._tick()
+            self.store.lock_log()  # the rows read (and checked) are the ones the end is decided on
             self._reload()
             for sid in self.order:
                 row = self.rows.get(sid)
@@ -360,8 +373,9 @@ class _Run:
             return self._end()
 
     def _reload(self) -> None:
-        """The recorded step rows, and the outputs (or skips) of the steps that are done."""
-        self.rows = self.store.steps(self.plan_id)
+        """The recorded step rows (as checked, when the orchestrator checks them), and the outputs (or skips)
+        of the steps that are done."""
+        self.rows = dict(self.held()) if self.held is not None else self.store.steps(self.plan_id)
         for sid in self.order:
             row = self.rows.get(sid)
             if row is not None and row.status in DONE:

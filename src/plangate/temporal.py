@@ -40,7 +40,7 @@ import json
 import logging
 import secrets
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -58,7 +58,7 @@ with workflow.unsafe.imports_passed_through():
     from plangate.policy import Policy
     from plangate.record import Claim
     from plangate.runtime import Runtime
-    from plangate.store import PlanQuery, open_store
+    from plangate.store import PlanQuery, StepRow, open_store
     from plangate.tools import Catalogue
 
 TASK_QUEUE = "plangate"
@@ -133,11 +133,10 @@ def _activity_lease(args: dict[str, Any]) -> str:
 def _stepper(db: str, tools: str, args: dict[str, Any], owner: str) -> Any:
     """The engine for one activity: the plan text claimed when the workflow started, never what the store holds now.
 
-    The text travels in the workflow's own history with its approved hash; the steps the
-    store recorded are held against the audit log before each step, so nothing changed in
-    the store since the claim reaches a tool. Each activity renews the workflow's lease: a
-    workflow that runs for longer than one lease is not taken over by another runner while
-    its steps still start; one whose activities stopped for a whole lease may be.
+    The text travels in the workflow's own history with its approved hash. The step rows the engine
+    acts on are the ones held against the audit log, read under the log's lock in the step's own
+    transaction (:func:`_held`), so nothing changed in the store since the claim, or since the check,
+    reaches a tool.
     """
     body = Plan.parse(args["body"])
     if body.hash != args["hash"]:
@@ -146,22 +145,39 @@ def _stepper(db: str, tools: str, args: dict[str, Any], owner: str) -> Any:
         )
     policy = Policy.from_data(json.loads(args["policy"])) if args.get("policy") else None
     store = open_store(db)
-    try:
-        _check_claim(store, args, owner, policy)
-        if not store.renew(args["plan_id"], owner, _now(seconds=_LEASE_SECONDS)):
-            raise GovernanceError(f"plan {args['plan_id']} was taken over: it is no longer this workflow's")
-    except GovernanceError as refused:
-        # Given back, as a plain worker gives back a plan it may not run: its lease no longer hides it
-        # (for up to an hour) from the runners, whose claims are refused the same way and say why.
-        with contextlib.suppress(Exception):
-            store.release(args["plan_id"], owner)
-        store.close()
-        raise ApplicationError(str(refused), non_retryable=True) from None
     engine = Engine(store=store, catalogue=_catalogue(tools), clock=SystemClock(), policy=policy, owner=owner)
     stepper = engine.stepper(
-        args["plan_id"], args["version"], body, actor="temporal", traceparent=args.get("traceparent")
+        args["plan_id"],
+        args["version"],
+        body,
+        actor="temporal",
+        traceparent=args.get("traceparent"),
+        held=functools.partial(_held, store, args, owner, policy),
     )
     return stepper, store
+
+
+def _held(store: Any, args: dict[str, Any], owner: str, policy: Policy | None) -> Mapping[int, StepRow]:
+    """The plan's step rows as held against its audit log, once the claim is checked (:func:`_check_claim`);
+    and the workflow's lease renewed: one that runs longer than a lease is not taken over by another runner
+    while its steps still start; one whose activities stopped for a whole lease may be."""
+    rows = _check_claim(store, args, owner, policy)
+    if not store.renew(args["plan_id"], owner, _now(seconds=_LEASE_SECONDS)):
+        raise GovernanceError(f"plan {args['plan_id']} was taken over: it is no longer this workflow's")
+    return rows
+
+
+@contextlib.contextmanager
+def _refusals(store: Any, args: dict[str, Any], owner: str) -> Iterator[None]:
+    """A step or an end the claim's check refuses fails the activity for good, and gives the lease back, as a
+    plain worker gives back a plan it may not run: its lease no longer hides it (for up to an hour) from the
+    runners, whose claims are refused the same way and say why."""
+    try:
+        yield
+    except GovernanceError as refused:
+        with contextlib.suppress(Exception):
+            store.release(args["plan_id"], owner)
+        raise ApplicationError(str(refused), non_retryable=True) from None
 
 
 @functools.lru_cache(maxsize=8)
@@ -170,9 +186,10 @@ def _catalogue(spec: str) -> Catalogue:
     return Catalogue.from_spec(spec)
 
 
-def _check_claim(store: Any, args: dict[str, Any], owner: str, policy: Policy | None) -> None:
+def _check_claim(store: Any, args: dict[str, Any], owner: str, policy: Policy | None) -> Mapping[int, StepRow]:
     """The plan must still be running under this workflow run's claim (``owner``), for the hash and the
-    policy it carries, with the approvals the log holds and the steps it recorded; else nothing runs."""
+    policy it carries, with the approvals the log holds and the steps it recorded; else nothing runs.
+    The step rows as checked."""
     with store.snapshot():
         row = store.get_plan(args["plan_id"])
         if row is None or row.lease_owner != owner or row.status != "running":
@@ -190,7 +207,9 @@ def _check_claim(store: Any, args: dict[str, Any], owner: str, policy: Policy | 
                 f"plan {row.id} was checked against {_policy(version.policy_hash)}, and this workflow carries "
                 f"{_policy(carried)}: it runs none of its steps"
             )
-        ledger.right_to_run(store, row, version)
+        rows = ledger.right_to_run(store, row, version)[1].rows
+        assert rows is not None  # a plan's step rows are read to be held against its events
+        return rows
 
 
 def _policy(policy_hash: str | None) -> str:
@@ -235,7 +254,7 @@ def _run_step(db: str, tools: str, args: dict[str, Any]) -> str:
         )
         stepper.e.lease_lost = keeper.lost
         try:
-            with keeper:
+            with keeper, _refusals(store, args, owner):
                 return str(stepper.one(int(args["step_id"])))
         finally:
             stepper.spans.close()  # a step span left open by a raise ends here
@@ -244,15 +263,15 @@ def _run_step(db: str, tools: str, args: dict[str, Any]) -> str:
 
 def _finish(db: str, tools: str, args: dict[str, Any]) -> str:
     owner = _activity_lease(args)
+    stepper, store = _stepper(db, tools, args, owner)
     try:
-        stepper, store = _stepper(db, tools, args, owner)
+        with _refusals(store, args, owner):
+            return str(stepper.finish().status)
     except ApplicationError:
         ended = _ended(db, args)  # a retry of a finish whose first attempt recorded the end: said again
         if ended is None:
             raise
         return ended
-    try:
-        return str(stepper.finish().status)
     finally:
         store.close()
 
