@@ -116,3 +116,57 @@ def test_a_workflow_input_with_no_policy_runs_no_step_of_a_plan_checked_against_
     with pytest.raises(Exception, match=r"checked against policy \w+…, and this workflow carries no policy: it runs"):
         step({**args, "policy": None})
     assert _calls(tmp_path) == [] and rt.store.steps(record.id) == {}
+
+
+def test_a_step_row_changed_after_the_check_never_feeds_the_step(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each step's activity held the plan's step rows against the audit log, then read them again from the
+    store to run the step: a row changed in between (a trigger, an operator) was acted on unchecked, here an
+    output that fed the next step's mail. The step now runs on the rows as checked, read under the log's lock."""
+    from tests.test_attacks_temporal2 import _setup as _setup_steps
+
+    tools, db, rt, plan_id = _setup_steps(
+        tmp_path,
+        {"id": 1, "tool": "look", "params": {"to": "ann"}},
+        {"id": 2, "tool": "mail", "params": {"to": "${1}"}},
+    )
+    args = _direct(db, tools, "t-changed")
+    step, _ = activities(db, tools)
+    assert step({**args, "step_id": 1}) == "succeeded"
+    real = temporal_module._check_claim
+
+    def then_changed(store: Any, args: dict[str, Any], owner: str, policy: Any) -> Any:
+        checked = real(store, args, owner, policy)
+        with store.transaction():  # the row changed the moment the check is done
+            store.command("UPDATE steps SET output = ? WHERE plan_id = ? AND step_id = 1", ('"eve"', plan_id))
+        return checked
+
+    monkeypatch.setattr(temporal_module, "_check_claim", then_changed)
+    assert step({**args, "step_id": 2}) == "succeeded"
+    sent = rt.store.steps(plan_id)[2]
+    assert sent.params == {"to": "ann"}, "the mail went where the checked output said"
+
+
+def test_a_step_row_changed_after_the_check_never_decides_the_plans_end(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The plan's end was decided on the step rows read again after the check: a failed step's row set to
+    succeeded in between ended the plan as succeeded, its answer drawn from an output no tool gave."""
+    from tests.test_attacks_temporal2 import _setup as _setup_steps
+
+    tools, db, rt, plan_id = _setup_steps(tmp_path, {"id": 1, "tool": "send", "params": {"to": "ann"}})
+    args = {**_direct(db, tools, "t-ended"), "step_id": 1}
+    step, finish = activities(db, tools)
+    assert step(args) == "failed"
+    real = temporal_module._check_claim
+
+    def then_changed(store: Any, args: dict[str, Any], owner: str, policy: Any) -> Any:
+        checked = real(store, args, owner, policy)
+        with store.transaction():
+            store.command("UPDATE steps SET status = 'succeeded', output = '\"sent\"' WHERE plan_id = ?", (plan_id,))
+        return checked
+
+    monkeypatch.setattr(temporal_module, "_check_claim", then_changed)
+    assert finish(args) == "halted"
+    assert [e.kind for e in rt.trace(plan_id)][-1] == "run.halted"

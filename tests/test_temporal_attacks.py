@@ -211,8 +211,8 @@ def late_attempt(
     real = engine_module._Run._one_call
     called, wake = threading.Event(), threading.Event()
 
-    def paused(self: Any, step_id: int) -> Any:
-        outcome = real(self, step_id)
+    def paused(self: Any, step_id: int, *known: Any) -> Any:
+        outcome = real(self, step_id, *known)
         if threading.current_thread().name == "late":
             called.set()
             wake.wait(30)

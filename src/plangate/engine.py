@@ -135,14 +135,28 @@ class Engine:
         return run.watched()
 
     def stepper(
-        self, plan_id: str, version: int, plan: Plan, *, actor: str = "engine", traceparent: str | None = None
+        self,
+        plan_id: str,
+        version: int,
+        plan: Plan,
+        *,
+        actor: str = "engine",
+        traceparent: str | None = None,
+        held: Callable[[], Mapping[int, StepRow]] | None = None,
+        known: Unconfirmed | None = None,
     ) -> _Run:
         """The engine one step at a time (``one(step_id)``, then ``finish``), for an orchestrator.
 
-        ``traceparent``: the run span the orchestrator opened, which the steps' spans join.
+        ``traceparent``: the run span the orchestrator opened, which the steps' spans join. ``held``: the
+        plan's step rows held against its audit log, read in the open transaction under the log's lock: what
+        ``one`` and ``finish`` act on, so no row changed after a check made apart from them is acted on
+        (else they read the rows as stored). ``known``: what an attempt cut off from its store knew of its
+        step's call (:class:`Unconfirmed`), recorded once, where the step's record is still that attempt's.
         """
         run = _Run(self, plan_id, version, plan, actor)
         run.spans = (self.traces or tracing.default()).joined(plan_id, traceparent)
+        run.held = held
+        run.carried = {outcome.step_id: (attempt, outcome) for attempt, outcome in (known or Unconfirmed()).outcomes}
         return run
 
 
@@ -160,6 +174,8 @@ class _Run:
         self.claimed: PlanRow | None = None  # the plan's row as the owner claimed it, for _move
         self.unhalted: tuple[int, ...] = ()  # failures of the run this one takes over, never halted on, for _load
         self.carried: dict[int, tuple[int, Outcome]] = {}  # outcomes a run cut off from its store knew, for _load
+        self.held: Callable[[], Mapping[int, StepRow]] | None = None  # the rows as checked, for _reload
+        self.answered: tuple[int, Outcome] | None = None  # one()'s last call: its attempt and outcome
         self.uncalled: dict[int, int] = {}  # steps it started and never called, by attempt, for _load
         self.recording: list[Outcome] = []  # the outcomes handed to the open transaction, until it commits
         self.starting: list[int] = []  # the steps it records as started, until it commits
@@ -287,7 +303,9 @@ class _Run:
         The run must have been claimed (:meth:`plangate.runtime.Runtime.start`). What it records
         before and after the call commits only while the run's owner still holds the plan running
         (a fence): a late attempt, paused while another took over or a person settled the step,
-        changes nothing.
+        changes nothing. A store that goes away after the call ends it with a
+        :class:`~plangate.errors.StoreLostError` that carries the call's outcome, for the next attempt
+        (``stepper(known=...)``) to record.
         """
         with self.store.transaction():
             self._tick()
@@ -302,24 +320,46 @@ class _Run:
                 return row.status  # already done: the same answer again
             if row is not None and row.status == "failed" and self._failed_in_this_run(step_id):
                 return row.status  # an attempt whose answer was lost, made again: the same answer again
-            if row is not None and row.status in ("started", "outcome_unknown"):
-                self._unknown_outcome(row)
-                if self.halt is not None:
-                    return "outcome_unknown"
-            if not self.deps[step_id] <= self.outputs.keys():
-                return "blocked"
-            self.ready = [(0, step_id)]
-            self._check_lease()
-            if not self._prepare(step_id):
-                return self.rows[step_id].status
-        outcome = self._one_call(step_id)
-        with self.store.transaction():
-            self._tick()
-            self._fence()
-            if not outcome.handled:
-                self._record_call(outcome)
-            self._record_finished()
+            known = self._known(row) if row is not None else None
+            if known is None:
+                said = self._start_one(step_id, row)
+                if said is not None:
+                    return said
+        try:
+            outcome = self._one_call(step_id, known)
+            with self.store.transaction():
+                self._tick()
+                self._fence()
+                if not outcome.handled:
+                    self._record_call(outcome)
+                self._record_finished()
+        except Exception as exc:
+            if self.answered is None or not self.store.broken():
+                raise
+            raise self._one_cut_off(exc) from exc
         return self.rows[step_id].status
+
+    def _start_one(self, step_id: int, row: StepRow | None) -> str | None:
+        """Record the step as started (None: its tool is to be called), or say why it does not start."""
+        if row is not None and row.status in ("started", "outcome_unknown"):
+            self._unknown_outcome(row)
+            if self.halt is not None:
+                return "outcome_unknown"
+        if not self.deps[step_id] <= self.outputs.keys():
+            return "blocked"
+        self.ready = [(0, step_id)]
+        self._check_lease()
+        return None if self._prepare(step_id) else self.rows[step_id].status
+
+    def _one_cut_off(self, cause: Exception) -> StoreLostError:
+        """The store went away after the step's call: its outcome goes back with the error, for the attempt
+        that takes the step back under the same lease to record (as :meth:`_cut_off` does for a whole run)."""
+        assert self.answered is not None
+        attempt, outcome = self.answered
+        held = f"the outcome of step {outcome.step_id} (attempt {attempt}) is known and not confirmed recorded"
+        return StoreLostError(
+            f"plan {self.plan_id} lost its store ({cause}): {held}", Unconfirmed(((attempt, outcome),))
+        )
 
     def _failed_in_this_run(self, step_id: int) -> bool:
         """Whether the step's failure was recorded in this run (or the run it took over), with no halt since.
@@ -330,10 +370,12 @@ class _Run:
         """
         return step_id in ledger.unhalted(self.store.events(self.plan_id))
 
-    def _one_call(self, step_id: int) -> Outcome:
-        """The call and its retries, in this thread: an orchestrator's activity may block."""
-        outcome = self._call_bounded(step_id)
+    def _one_call(self, step_id: int, known: Outcome | None = None) -> Outcome:
+        """The call and its retries, in this thread: an orchestrator's activity may block. ``known``: the
+        outcome of the call an attempt cut off from its store made, in place of a call."""
+        outcome = known or self._call_bounded(step_id)
         while True:
+            self.answered = (self.rows[step_id].attempt, outcome)
             with self.store.transaction():
                 self._tick()
                 self._fence()  # the retry is recorded only while the runner holds the plan
@@ -352,6 +394,7 @@ class _Run:
         """Record how the run ended, from what the steps recorded."""
         with self.store.transaction():
             self._tick()
+            self.store.lock_log()  # the rows read (and checked) are the ones the end is decided on
             self._reload()
             for sid in self.order:
                 row = self.rows.get(sid)
@@ -360,8 +403,9 @@ class _Run:
             return self._end()
 
     def _reload(self) -> None:
-        """The recorded step rows, and the outputs (or skips) of the steps that are done."""
-        self.rows = self.store.steps(self.plan_id)
+        """The recorded step rows (as checked, when the orchestrator checks them), and the outputs (or skips)
+        of the steps that are done."""
+        self.rows = dict(self.held()) if self.held is not None else self.store.steps(self.plan_id)
         for sid in self.order:
             row = self.rows.get(sid)
             if row is not None and row.status in DONE:
@@ -396,11 +440,19 @@ class _Run:
     def _answered(self, row: StepRow) -> bool:
         """Whether the run this one takes back knew the outcome of the call this started record stands for
         (see :class:`Unconfirmed`): if so, it is recorded, as if the call had just ended in this run."""
+        known = self._known(row)
+        if known is None:
+            return False
+        self.finished.append(known)
+        return True
+
+    def _known(self, row: StepRow) -> Outcome | None:
+        """The outcome a run cut off from its store knew of the call this record stands for: only while the
+        record is still that attempt's ``started`` one (else it was recorded, taken over or settled)."""
         carried = self.carried.pop(row.step_id, None)
         if carried is None or row.status != "started" or carried[0] != row.attempt:
-            return False
-        self.finished.append(carried[1])
-        return True
+            return None
+        return carried[1]
 
     def _run_again(self, row: StepRow, why: str) -> None:
         """The step starts again (the next attempt, the same key), and the log says why."""

@@ -17,7 +17,9 @@ and never calls a tool that is not idempotent again (it records the unknown outc
 is what halts the run for a person), so they are kept for every step. A worker is known to
 be lost by its heartbeats: while a step runs, a thread beside it tells Temporal the worker
 is alive, and once they stop for the heartbeat timeout (seconds, not the step's budget)
-Temporal runs the activity again on a worker that is.
+Temporal runs the activity again on a worker that is. A step whose store went away after its tool
+answered hands the outcome to Temporal's retry in its heartbeat's details, sealed under the audit key
+and bound to the step, its attempt and the run's lease; the retry records it once (:func:`_unsealed`).
 
 ``plangate worker --temporal HOST:PORT`` hosts the workflow and the activities and starts
 a workflow (id = plan id, never two at once) for each approved plan it claims, then hands
@@ -35,12 +37,14 @@ import asyncio
 import concurrent.futures
 import contextlib
 import contextvars
+import dataclasses
 import functools
+import hmac
 import json
 import logging
 import secrets
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -50,15 +54,17 @@ from temporalio.common import RetryPolicy
 from temporalio.exceptions import ApplicationError
 
 with workflow.unsafe.imports_passed_through():
-    from plangate import ledger, lifecycle, timeouts, tracing
+    from plangate import audit, ledger, lifecycle, timeouts, tracing
+    from plangate._auditkey import audit_key
+    from plangate._calls import Outcome
     from plangate._clock import SystemClock
-    from plangate.engine import Engine
-    from plangate.errors import GovernanceError, LeaseLostError, PlangateError
-    from plangate.plan import Plan
+    from plangate.engine import Engine, Unconfirmed
+    from plangate.errors import GovernanceError, LeaseLostError, PlangateError, StoreLostError
+    from plangate.plan import Plan, canonical
     from plangate.policy import Policy
     from plangate.record import Claim
     from plangate.runtime import Runtime
-    from plangate.store import PlanQuery, open_store
+    from plangate.store import PlanQuery, StepRow, open_store
     from plangate.tools import Catalogue
 
 TASK_QUEUE = "plangate"
@@ -67,6 +73,7 @@ _LEASE_SECONDS = 3600.0  # a workflow's lease: Temporal itself keeps the run goi
 _MARGIN_SECONDS = 60.0  # over a step's own budget: the engine's limit, not Temporal's, ends a hung call
 _LOCAL_ACTIVITIES = 2  # plangate's own bookkeeping (a plan's end), on threads of its own beside the steps'
 _HANDOVER_SECONDS = 600.0  # a run left without its claim (its worker died as it started it) ends, well within the lease
+_THROTTLE_SECONDS = 60.0  # the most the SDK holds a heartbeat back (its max_heartbeat_throttle_interval)
 _STEP, _FINISH = "plangate.step", "plangate.finish"  # the activities' names: the host's own (hosted) answer to them
 
 
@@ -130,14 +137,13 @@ def _activity_lease(args: dict[str, Any]) -> str:
     return _run_lease(args["owner"], info.workflow_run_id)
 
 
-def _stepper(db: str, tools: str, args: dict[str, Any], owner: str) -> Any:
+def _stepper(db: str, tools: str, args: dict[str, Any], owner: str, known: Unconfirmed | None = None) -> Any:
     """The engine for one activity: the plan text claimed when the workflow started, never what the store holds now.
 
-    The text travels in the workflow's own history with its approved hash; the steps the
-    store recorded are held against the audit log before each step, so nothing changed in
-    the store since the claim reaches a tool. Each activity renews the workflow's lease: a
-    workflow that runs for longer than one lease is not taken over by another runner while
-    its steps still start; one whose activities stopped for a whole lease may be.
+    The text travels in the workflow's own history with its approved hash. The step rows the engine
+    acts on are the ones held against the audit log, read under the log's lock in the step's own
+    transaction (:func:`_held`), so nothing changed in the store since the claim, or since the check,
+    reaches a tool. ``known``: the outcome an earlier attempt of the step knew and could not record.
     """
     body = Plan.parse(args["body"])
     if body.hash != args["hash"]:
@@ -146,22 +152,40 @@ def _stepper(db: str, tools: str, args: dict[str, Any], owner: str) -> Any:
         )
     policy = Policy.from_data(json.loads(args["policy"])) if args.get("policy") else None
     store = open_store(db)
-    try:
-        _check_claim(store, args, owner, policy)
-        if not store.renew(args["plan_id"], owner, _now(seconds=_LEASE_SECONDS)):
-            raise GovernanceError(f"plan {args['plan_id']} was taken over: it is no longer this workflow's")
-    except GovernanceError as refused:
-        # Given back, as a plain worker gives back a plan it may not run: its lease no longer hides it
-        # (for up to an hour) from the runners, whose claims are refused the same way and say why.
-        with contextlib.suppress(Exception):
-            store.release(args["plan_id"], owner)
-        store.close()
-        raise ApplicationError(str(refused), non_retryable=True) from None
     engine = Engine(store=store, catalogue=_catalogue(tools), clock=SystemClock(), policy=policy, owner=owner)
     stepper = engine.stepper(
-        args["plan_id"], args["version"], body, actor="temporal", traceparent=args.get("traceparent")
+        args["plan_id"],
+        args["version"],
+        body,
+        actor="temporal",
+        traceparent=args.get("traceparent"),
+        held=functools.partial(_held, store, args, owner, policy),
+        known=known,
     )
     return stepper, store
+
+
+def _held(store: Any, args: dict[str, Any], owner: str, policy: Policy | None) -> Mapping[int, StepRow]:
+    """The plan's step rows as held against its audit log, once the claim is checked (:func:`_check_claim`);
+    and the workflow's lease renewed: one that runs longer than a lease is not taken over by another runner
+    while its steps still start; one whose activities stopped for a whole lease may be."""
+    rows = _check_claim(store, args, owner, policy)
+    if not store.renew(args["plan_id"], owner, _now(seconds=_LEASE_SECONDS)):
+        raise GovernanceError(f"plan {args['plan_id']} was taken over: it is no longer this workflow's")
+    return rows
+
+
+@contextlib.contextmanager
+def _refusals(store: Any, args: dict[str, Any], owner: str) -> Iterator[None]:
+    """A step or an end the claim's check refuses fails the activity for good, and gives the lease back, as a
+    plain worker gives back a plan it may not run: its lease no longer hides it (for up to an hour) from the
+    runners, whose claims are refused the same way and say why."""
+    try:
+        yield
+    except GovernanceError as refused:
+        with contextlib.suppress(Exception):
+            store.release(args["plan_id"], owner)
+        raise ApplicationError(str(refused), non_retryable=True) from None
 
 
 @functools.lru_cache(maxsize=8)
@@ -170,9 +194,10 @@ def _catalogue(spec: str) -> Catalogue:
     return Catalogue.from_spec(spec)
 
 
-def _check_claim(store: Any, args: dict[str, Any], owner: str, policy: Policy | None) -> None:
+def _check_claim(store: Any, args: dict[str, Any], owner: str, policy: Policy | None) -> Mapping[int, StepRow]:
     """The plan must still be running under this workflow run's claim (``owner``), for the hash and the
-    policy it carries, with the approvals the log holds and the steps it recorded; else nothing runs."""
+    policy it carries, with the approvals the log holds and the steps it recorded; else nothing runs.
+    The step rows as checked."""
     with store.snapshot():
         row = store.get_plan(args["plan_id"])
         if row is None or row.lease_owner != owner or row.status != "running":
@@ -190,44 +215,110 @@ def _check_claim(store: Any, args: dict[str, Any], owner: str, policy: Policy | 
                 f"plan {row.id} was checked against {_policy(version.policy_hash)}, and this workflow carries "
                 f"{_policy(carried)}: it runs none of its steps"
             )
-        ledger.right_to_run(store, row, version)
+        rows = ledger.right_to_run(store, row, version)[1].rows
+        assert rows is not None  # a plan's step rows are read to be held against its events
+        return rows
 
 
 def _policy(policy_hash: str | None) -> str:
     return f"policy {policy_hash[:12]}…" if policy_hash else "no policy"
 
 
-@contextlib.contextmanager
-def _heartbeats(timeout: float | None) -> Iterator[None]:
+class _Heartbeats:
     """Heartbeats to Temporal from a thread beside the step, whatever its tool does meanwhile.
 
     They stop when this process dies, and Temporal then runs the activity again once ``timeout``
-    passes. A late one, after the activity ended, is dropped by the SDK.
+    passes. A late one, after the activity ended, is dropped by the SDK. Each carries ``details``:
+    none, or the outcome of the step's call that an attempt knew and could not record (:func:`_seal`),
+    which the next attempt reads (``activity.info().heartbeat_details``) and records.
     """
-    if not timeout:  # a workflow started before there were heartbeats
-        yield
-        return
-    stop = threading.Event()
-    context = contextvars.copy_context()  # the activity's: activity.heartbeat() finds it there
 
-    def beat() -> None:
-        while not stop.wait(min(1.0, timeout / 4)):
+    def __init__(self, timeout: float | None, details: tuple[Any, ...] = ()) -> None:
+        self.timeout, self.details = timeout, details
+        self.stop = threading.Event()
+        self.context = contextvars.copy_context()  # the activity's: activity.heartbeat() finds it there
+
+    def __enter__(self) -> _Heartbeats:
+        if self.timeout:  # none: a workflow started before there were heartbeats
+            threading.Thread(target=self._beat, name="plangate-heartbeat", daemon=True).start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.stop.set()
+
+    def _beat(self) -> None:
+        assert self.timeout
+        while not self.stop.wait(min(1.0, self.timeout / 4)):
             try:
-                context.run(activity.heartbeat)
+                self.context.run(activity.heartbeat, *self.details)
             except Exception:  # noqa: BLE001 -- the worker is shutting down: the step's own outcome decides
                 return
 
-    threading.Thread(target=beat, name="plangate-heartbeat", daemon=True).start()
+    def carry(self, details: dict[str, Any]) -> None:
+        """Send ``details`` before the attempt fails. The SDK sends at most one heartbeat per 0.8 of the
+        timeout, holding a later one back until then, and sends no details with a failure: so the attempt
+        fails only once that long has passed, every heartbeat meanwhile carrying the same details."""
+        self.details = (details,)
+        self.context.run(activity.heartbeat, *self.details)
+        if self.timeout:
+            self.stop.wait(min(self.timeout * 0.8, _THROTTLE_SECONDS) + 0.5)
+
+
+def _seal(args: dict[str, Any], owner: str, known: Unconfirmed) -> dict[str, Any]:
+    """What a step's attempt knew of its call and could not record, bound to the plan, its version and text,
+    the step, the call's attempt and the run's lease, and sealed under the audit key: Temporal's history is
+    outside plangate's trust, and no outcome a tool did not give may come back from it."""
+    (attempt, outcome), *_ = known.outcomes
+    told = {**_binding(args, owner), "attempt": attempt, "outcome": dataclasses.asdict(outcome)}
+    return {**told, "seal": _chain().seal_text(_sealed_text(told))}
+
+
+def _unsealed(args: dict[str, Any], owner: str) -> Unconfirmed | None:
+    """The outcome an earlier attempt of this step knew, from its heartbeat's details, if plangate sealed it
+    for this very step of this run; else None (details from anywhere else are ignored, and said so)."""
+    details = activity.info().heartbeat_details
+    if not details:
+        return None
+    told = details[0]
     try:
-        yield
-    finally:
-        stop.set()
+        seal, told = told["seal"], {k: v for k, v in told.items() if k != "seal"}
+        sealed = hmac.compare_digest(str(seal), _chain().seal_text(_sealed_text(told)))
+        outcome = Outcome(**told["outcome"])
+        bound = sealed and {k: told[k] for k in _binding(args, owner)} == _binding(args, owner)
+        bound = bound and outcome.step_id == int(args["step_id"]) and isinstance(told["attempt"], int)
+    except (TypeError, KeyError, AttributeError, ValueError):
+        bound = False
+    if not bound:
+        _log.warning(
+            "plan %s step %s: a heartbeat's details that plangate did not seal for this step of this run "
+            "are ignored: no outcome is taken from them",
+            args["plan_id"],
+            args["step_id"],
+        )
+        return None
+    return Unconfirmed(((told["attempt"], outcome),))
+
+
+def _binding(args: dict[str, Any], owner: str) -> dict[str, Any]:
+    keys = ("plan_id", "version", "hash", "step_id")
+    return {**{key: args[key] for key in keys}, "lease": owner}
+
+
+def _sealed_text(told: dict[str, Any]) -> str:
+    return f"temporal step outcome\n{canonical(told)}"  # a text no other seal under the key can have
+
+
+@functools.lru_cache(maxsize=1)
+def _chain() -> audit.Chain:
+    return audit.Chain(audit_key())
 
 
 def _run_step(db: str, tools: str, args: dict[str, Any]) -> str:
     owner = _activity_lease(args)
-    with _heartbeats(args.get("heartbeat_seconds")):
-        stepper, store = _stepper(db, tools, args, owner)
+    known = _unsealed(args, owner)
+    carried = () if known is None else tuple(activity.info().heartbeat_details)  # until recorded: this may fail too
+    with _Heartbeats(args.get("heartbeat_seconds"), carried) as beats:
+        stepper, store = _stepper(db, tools, args, owner, known)
         # The lease, renewed while the step runs, as on any runner: a step longer than the lease keeps it,
         # and one that lost it makes no more retries.
         keeper = lifecycle.LeaseKeeper(
@@ -235,8 +326,11 @@ def _run_step(db: str, tools: str, args: dict[str, Any]) -> str:
         )
         stepper.e.lease_lost = keeper.lost
         try:
-            with keeper:
+            with keeper, _refusals(store, args, owner):
                 return str(stepper.one(int(args["step_id"])))
+        except StoreLostError as cut:  # the next attempt records what the call gave (Temporal retries it)
+            beats.carry(_seal(args, owner, cut.known))
+            raise
         finally:
             stepper.spans.close()  # a step span left open by a raise ends here
             store.close()
@@ -244,15 +338,15 @@ def _run_step(db: str, tools: str, args: dict[str, Any]) -> str:
 
 def _finish(db: str, tools: str, args: dict[str, Any]) -> str:
     owner = _activity_lease(args)
+    stepper, store = _stepper(db, tools, args, owner)
     try:
-        stepper, store = _stepper(db, tools, args, owner)
+        with _refusals(store, args, owner):
+            return str(stepper.finish().status)
     except ApplicationError:
         ended = _ended(db, args)  # a retry of a finish whose first attempt recorded the end: said again
         if ended is None:
             raise
         return ended
-    try:
-        return str(stepper.finish().status)
     finally:
         store.close()
 
