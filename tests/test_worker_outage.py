@@ -206,6 +206,34 @@ def test_a_store_not_back_within_the_lease_fails_the_run_as_before(
         assert store.steps(plan_id)[1].status == "started"  # for the next claim to decide, as before
 
 
+def test_the_last_wait_for_the_store_is_cut_short_to_try_once_more_within_the_lease(
+    pg_db: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The waits between tries double (0.4 s, 0.8 s, then 1.6 s): a worker whose next whole wait would overrun
+    the lease gave up there, with a third of the lease (with a 30 s lease, 14.5 s) still to go, and the payment
+    its tool had answered was left for a person to settle. The last wait now ends at the lease's end, and the
+    store back by then gets the outcome recorded."""
+    monkeypatch.setattr(timeouts, "STORE_RETRY_SECONDS", (0.4, 30.0))
+    plan_id = submitted(
+        pg_db, {"id": 1, "tool": "pay", "params": {"amount": 5}}, {"id": 2, "tool": "note", "params": {"n": 1}}
+    )
+    made = Worker._new_runtime
+    tries: list[int] = []
+
+    def back_at_the_third_try(self: Worker) -> Runtime:
+        tries.append(1)
+        if 1 < len(tries) <= 3:  # the pool's runtime first; then the store is away for two tries
+            raise StoreError("cannot open the PostgreSQL store: connection refused")
+        return made(self)
+
+    monkeypatch.setattr(Worker, "_new_runtime", back_at_the_third_try)
+    result, w = run_one(pg_db, lease_seconds=2.0)
+    assert result is not None and result.status == "succeeded", (result, w.failed)
+    assert result.outputs == {1: "paid 5", 2: 1}
+    assert len(tries) == 4
+    ran_once_and_verifies(pg_db, plan_id, 2)
+
+
 @tool(effect="irreversible")
 def pay_and_lose_the_lease(amount: int, ctx: RunContext) -> str:
     """Pay; the store goes away, the lease runs out meanwhile, and another runner takes the plan over."""

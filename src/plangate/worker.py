@@ -457,8 +457,10 @@ class Worker:
         deadline, times = time.monotonic() + self.lease_seconds, 0
         while True:
             times += 1
-            wait = timeouts.doubled(timeouts.STORE_RETRY_SECONDS, times)
-            if time.monotonic() + wait > deadline or self._stopping.wait(wait):
+            # The last wait ends at the deadline: one the doubling would carry past it gave up with a third of
+            # the lease to go. A try that late is safe: the claim finds the lease another's if it was taken.
+            left = deadline - time.monotonic()
+            if left <= 0 or self._stopping.wait(min(timeouts.doubled(timeouts.STORE_RETRY_SECONDS, times), left)):
                 _log.error("plan %s: %s; not back within the lease: %s", plan_id, cut, _unrecorded(cut.known))
                 raise cut
             runtime: Runtime | None = None
