@@ -494,7 +494,8 @@ def _report(head: str, counts: dict[str, int], stats: FleetStats | None, kills: 
     reruns = counts.get("idempotent re-runs with the same key (allowed)", 0)
     unknown = counts.get("steps waiting for a person (outcome unknown)", 0)
     print(f"  plans per second under fire {rate:.1f}; kills per plan {kills / max(plans, 1):.2f}")
-    print(f"  per kill: {reruns / max(kills, 1):.2f} idempotent re-runs, {unknown / max(kills, 1):.2f} steps halted")
+    if kills:
+        print(f"  per kill: {reruns / kills:.2f} idempotent re-runs, {unknown / kills:.2f} steps halted")
     if stats is not None and stats.cuts:
         carried = counts.get("known outcomes recorded after a cut", 0)
         ended = stats.connections_cut / stats.cuts
