@@ -1,8 +1,9 @@
 """Tools for the crash torture: every call and every effect is counted in a ledger of their own.
 
 ``idem`` is idempotent (its effect is keyed by the idempotency key: check, then apply);
-``once`` is not (every call sends again); ``flaky`` fails for some inputs; ``slow`` only
-reads, slowly. The ledger is a SQLite file at ``$TORTURE_LEDGER``.
+``once`` is not (every call sends again), and writes down, as its last act, that it returned
+(with the process it ran in: the bench knows which ones it killed); ``flaky`` fails for some
+inputs; ``slow`` only reads, slowly. The ledger is a SQLite file at ``$TORTURE_LEDGER``.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ def ledger() -> sqlite3.Connection:
     conn.execute("CREATE TABLE IF NOT EXISTS calls (plan TEXT, step INTEGER, tool TEXT)")
     conn.execute("CREATE TABLE IF NOT EXISTS effects (key TEXT, plan TEXT, step INTEGER)")
     conn.execute("CREATE TABLE IF NOT EXISTS sends (plan TEXT, step INTEGER)")
+    conn.execute("CREATE TABLE IF NOT EXISTS returns (plan TEXT, step INTEGER, pid INTEGER)")
     return conn
 
 
@@ -47,8 +49,10 @@ def once(n: int, ctx: RunContext) -> int:
     conn = ledger()
     _call(conn, ctx, "once")
     conn.execute("INSERT INTO sends VALUES (?, ?)", (ctx.plan_id, ctx.step_id))
-    conn.close()
     time.sleep(0.01)
+    # Its worker knows the outcome from here on: only the worker's death may leave it unknown.
+    conn.execute("INSERT INTO returns VALUES (?, ?, ?)", (ctx.plan_id, ctx.step_id, os.getpid()))
+    conn.close()
     return n
 
 

@@ -81,7 +81,7 @@ def note(n: int, ctx: RunContext) -> int:
 
 
 def tools() -> list[Any]:
-    return [pay, put, note, ship, pay_first, pay_beside, pay_and_lose_the_lease, pay_then_cut_the_commit]
+    return [pay, put, note, ship, pay_first, pay_beside, pay_then_stop, pay_and_lose_the_lease, pay_then_cut_the_commit]
 
 
 def submitted(db: str, *steps: dict[str, Any]) -> str:
@@ -204,6 +204,94 @@ def test_a_store_not_back_within_the_lease_fails_the_run_as_before(
     assert len(said) == 1 and "steps [1]) are not recorded" in said[0], said
     with closing(open_store(pg_db)) as store:
         assert store.steps(plan_id)[1].status == "started"  # for the next claim to decide, as before
+
+
+def test_the_last_wait_for_the_store_is_cut_short_to_try_once_more_within_the_lease(
+    pg_db: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The waits between tries double (0.4 s, 0.8 s, then 1.6 s): a worker whose next whole wait would overrun
+    the lease gave up there, with a third of the lease (with a 30 s lease, 14.5 s) still to go, and the payment
+    its tool had answered was left for a person to settle. The last wait now ends at the lease's end, and the
+    store back by then gets the outcome recorded."""
+    monkeypatch.setattr(timeouts, "STORE_RETRY_SECONDS", (0.4, 30.0))
+    plan_id = submitted(
+        pg_db, {"id": 1, "tool": "pay", "params": {"amount": 5}}, {"id": 2, "tool": "note", "params": {"n": 1}}
+    )
+    made = Worker._new_runtime
+    tries: list[int] = []
+
+    def back_at_the_third_try(self: Worker) -> Runtime:
+        tries.append(1)
+        if 1 < len(tries) <= 3:  # the pool's runtime first; then the store is away for two tries
+            raise StoreError("cannot open the PostgreSQL store: connection refused")
+        return made(self)
+
+    monkeypatch.setattr(Worker, "_new_runtime", back_at_the_third_try)
+    result, w = run_one(pg_db, lease_seconds=2.0)
+    assert result is not None and result.status == "succeeded", (result, w.failed)
+    assert result.outputs == {1: "paid 5", 2: 1}
+    assert len(tries) == 4
+    ran_once_and_verifies(pg_db, plan_id, 2)
+
+
+STOPPING: list[Worker] = []  # the worker a SIGTERM stops while its run is cut off
+
+
+@tool(effect="irreversible")
+def pay_then_stop(amount: int, ctx: RunContext) -> str:
+    """Pay; the store goes away while the payment is made, and the worker is told to stop (a SIGTERM)."""
+    CALLS.append((ctx.plan_id, ctx.step_id))
+    cut_every_connection()
+    STOPPING[0].stop()
+    return f"paid {amount}"
+
+
+def test_a_stop_lets_a_run_cut_off_take_itself_back_within_the_drain(pg_db: str) -> None:
+    """A stop drains: running plans go on for up to the drain timeout. A run cut off from its store gave up
+    waiting for it at the stop, at once, and the payment its tool had answered was left for a person to
+    settle. It now takes itself back and records it; only the drain's end (its lease given back) stops it."""
+    plan_id = submitted(pg_db, {"id": 1, "tool": "pay_then_stop", "params": {"amount": 5}})
+    w = Worker(Catalogue(tools()), db=pg_db)
+    STOPPING[:] = [w]
+    try:
+        result = w.run_one()
+    finally:
+        w.close()
+    assert result is not None and result.status == "succeeded", (result, w.failed)
+    assert result.outputs == {1: "paid 5"}
+    ran_once_and_verifies(pg_db, plan_id, 1)
+
+
+def test_a_run_cut_off_gives_up_at_the_drains_end(
+    pg_db: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The store stays away past the drain: the drain gives the run up, and its wait for the store ends there,
+    not a lease later (30 s here), saying so."""
+    plan_id = submitted(pg_db, {"id": 1, "tool": "pay_then_stop", "params": {"amount": 5}})
+    made = Worker._new_runtime
+    opened: list[Runtime] = []
+
+    def refused_after_the_first(self: Worker) -> Runtime:
+        if opened:
+            raise StoreError("cannot open the PostgreSQL store: connection refused")
+        opened.append(made(self))
+        return opened[0]
+
+    monkeypatch.setattr(Worker, "_new_runtime", refused_after_the_first)
+    w = Worker(Catalogue(tools()), db=pg_db, lease_seconds=30.0, drain_timeout=0.2)
+    STOPPING[:] = [w]
+
+    def gave_up() -> bool:
+        return any(plan_id in m and "given up at the drain" in m for m in caplog.messages)
+
+    with caplog.at_level(logging.ERROR, logger="plangate.worker"):
+        try:
+            w.serve(poll=0.05)
+            until("the run gave up at the drain's end", gave_up)
+        finally:
+            w.close()
+    assert w.left == [plan_id]
+    assert not any("not back within the lease" in m for m in caplog.messages)
 
 
 @tool(effect="irreversible")

@@ -457,9 +457,14 @@ class Worker:
         deadline, times = time.monotonic() + self.lease_seconds, 0
         while True:
             times += 1
-            wait = timeouts.doubled(timeouts.STORE_RETRY_SECONDS, times)
-            if time.monotonic() + wait > deadline or self._stopping.wait(wait):
-                _log.error("plan %s: %s; not back within the lease: %s", plan_id, cut, _unrecorded(cut.known))
+            # The last wait ends at the deadline: one the doubling would carry past it gave up with a third of
+            # the lease to go. A try that late is safe: the claim finds the lease another's if it was taken.
+            left = deadline - time.monotonic()
+            wait = min(timeouts.doubled(timeouts.STORE_RETRY_SECONDS, times), left)
+            given_up = left > 0 and self._given_up(plan_id, owner, wait)
+            if left <= 0 or given_up:
+                why = "given up at the drain" if given_up else "not back within the lease"
+                _log.error("plan %s: %s; %s: %s", plan_id, cut, why, _unrecorded(cut.known))
                 raise cut
             runtime: Runtime | None = None
             try:
@@ -483,6 +488,13 @@ class Worker:
             except Exception as exc:  # noqa: BLE001 - a connection that broke again: waited out like the first
                 _log.debug("plan %s: the store is not back yet: %s", plan_id, exc)
             self._dropped(runtime)
+
+    def _given_up(self, plan_id: str, owner: str, wait: float) -> bool:
+        """Wait ``wait`` seconds, less if the drain gives up the run of lease ``owner`` meanwhile: whether it did.
+        A stop alone does not end the wait: the drain lets running plans go on, and a run cut off from its store
+        is one (it gave up at the stop, at once, leaving what its tools had answered to a person)."""
+        with self._cond:
+            return self._cond.wait_for(lambda: self._running.get(plan_id) != owner, timeout=wait)
 
     def _run_under(self, plan_id: str, leased: str, claimed: str, rollback: str) -> str:
         """The run's own lease, which took the place of the worker's at its claim: what the drain and the
@@ -541,6 +553,7 @@ class Worker:
             self._cond.wait_for(lambda: not self._running, timeout=max(0.0, deadline - time.monotonic()))
             left, self._running = dict(self._running), {}
             rolling, self._rolling = self._rolling, {}
+            self._cond.notify_all()  # a run waiting for its store to take itself back gives up (_given_up)
         # The engine's next fence fails without the lease: the run (or the rollback the policy began as it
         # halted) records nothing more, and the next worker resumes it under the usual rules (a step cut
         # off mid-call is not re-run blindly).
