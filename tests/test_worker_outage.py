@@ -1,6 +1,8 @@
 """A store outage in the middle of a run: the worker keeps what its tools already answered.
 
-The connections are cut from inside a step's tool call (:mod:`tests.outage`).
+The connections are cut from inside a step's tool call (:mod:`tests.outage`); the run's take-back is the
+runtime's own (``Runtime.drive``, tested directly in ``tests/test_runtime_outage.py``): here, that a worker's
+runs get it, under the worker's lease, with its pool and its drain.
 """
 
 from __future__ import annotations
@@ -82,21 +84,15 @@ def test_a_store_not_back_within_the_lease_fails_the_run_as_before(
     may hold the plan, so the run fails as any run does, and the next claim resumes it by the usual rules."""
     plan_id = submitted(pg_db, {"id": 1, "tool": "pay", "params": {"amount": 5}})
 
-    made = Worker._new_runtime
-    opened: list[Runtime] = []
+    def refused(self: Runtime) -> None:  # the store stays out of reach once cut
+        raise StoreError("cannot open the PostgreSQL store: connection refused")
 
-    def refused_after_the_first(self: Worker) -> Runtime:
-        if opened:  # the store stays out of reach once cut
-            raise StoreError("cannot open the PostgreSQL store: connection refused")
-        opened.append(made(self))
-        return opened[0]
-
-    monkeypatch.setattr(Worker, "_new_runtime", refused_after_the_first)
+    monkeypatch.setattr(Runtime, "_reconnect", refused)
     with caplog.at_level(logging.ERROR, logger="plangate.worker"):
         result, w = run_one(pg_db, lease_seconds=1.0)
     assert result is None
     assert len(w.failed) == 1 and "lost its store" in w.failed[0]
-    said = [r.getMessage() for r in caplog.records if "not back within the lease" in r.getMessage()]
+    said = [r.getMessage() for r in caplog.records if "not back within the run's lease" in r.getMessage()]
     assert len(said) == 1 and "steps [1]) are not recorded" in said[0], said
     with closing(open_store(pg_db)) as store:
         assert store.steps(plan_id)[1].status == "started"  # for the next claim to decide, as before
@@ -157,5 +153,4 @@ def test_a_run_whose_last_commit_was_cut_in_flight_ended_and_says_so(
     assert result.plan_id == plan_id and result.outputs == {1: "paid 7"}
     assert not w.refused and not w.failed, (w.refused, w.failed)
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
-    assert "had ended" in caplog.text
     ran_once_and_verifies(pg_db, plan_id, 1)
