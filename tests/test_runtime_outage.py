@@ -13,8 +13,10 @@ from collections.abc import Iterator
 from contextlib import closing
 
 import pytest
+from click.testing import CliRunner
 
-from plangate import Catalogue
+from plangate import Catalogue, timeouts
+from plangate.cli import main
 from plangate.errors import LeaseLostError, StoreError, StoreLostError
 from plangate.results import Progress
 from plangate.runtime import Runtime
@@ -109,3 +111,30 @@ def test_a_late_outcome_is_not_recorded_once_another_runner_took_the_plan(pg_db:
     assert [(plan_id, 1)] == CALLS
     with closing(open_store(pg_db)) as store:
         assert store.steps(plan_id)[1].status == "outcome_unknown"  # the other run's decision stands
+
+
+def plangate(*args: str) -> tuple[int, str, str]:
+    done = CliRunner().invoke(main, list(args))
+    return done.exit_code, done.stdout, done.stderr
+
+
+def test_the_command_line_records_a_known_payment_after_the_store_comes_back(pg_db: str) -> None:
+    plan_id = paid_then_noted(pg_db)
+    code, out, err = plangate("execute", plan_id, "--db", pg_db)
+    assert code == 0, (out, err)
+    assert "succeeded" in out
+    ran_once_and_verifies(pg_db, plan_id, 2)
+
+
+def test_the_command_line_says_plainly_when_the_store_is_not_back_in_time(
+    pg_db: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Even the first wait for the store is longer than the lease: the run gives up at once, and says so."""
+    monkeypatch.setattr(timeouts, "STORE_RETRY_SECONDS", (60.0, 60.0))
+    plan_id = submitted(pg_db, {"id": 1, "tool": "pay", "params": {"amount": 5}})
+    code, out, err = plangate("execute", plan_id, "--db", pg_db)
+    assert code == 2, (out, err)
+    assert "Traceback" not in out + err
+    line = err.strip().splitlines()[-1]
+    assert line.startswith(f"plangate: plan {plan_id}'s run lost its store"), err
+    assert "steps [1]) are not recorded: the next run of the plan decides them" in line, err
