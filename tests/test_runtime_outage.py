@@ -14,12 +14,15 @@ from contextlib import closing
 
 import pytest
 from click.testing import CliRunner
+from fastapi.testclient import TestClient
 
 from plangate import Catalogue, timeouts
+from plangate.accounts import Accounts
 from plangate.cli import main
 from plangate.errors import LeaseLostError, StoreError, StoreLostError
 from plangate.results import Progress
 from plangate.runtime import Runtime
+from plangate.server import create_app
 from plangate.store import open_store
 from tests import outage
 from tests.outage import CALLS, ran_once_and_verifies, submitted, tools
@@ -138,3 +141,31 @@ def test_the_command_line_says_plainly_when_the_store_is_not_back_in_time(
     line = err.strip().splitlines()[-1]
     assert line.startswith(f"plangate: plan {plan_id}'s run lost its store"), err
     assert "steps [1]) are not recorded: the next run of the plan decides them" in line, err
+
+
+def api_as_the_requester(db: str) -> TestClient:
+    accounts = Accounts(open_store(db))
+    accounts.add("ann", "requester")  # who asked for the plans
+    token = accounts.issue_token("ann")
+    accounts.store.close()
+    app = create_app(Catalogue(tools()), db=db, secure_cookies=False)
+    return TestClient(app, headers={"Authorization": f"Bearer {token}"})
+
+
+def test_the_api_records_a_known_payment_after_the_store_comes_back(pg_db: str) -> None:
+    plan_id = paid_then_noted(pg_db)
+    reply = api_as_the_requester(pg_db).post(f"/api/plans/{plan_id}/execute")
+    assert reply.status_code == 200, reply.text
+    assert reply.json()["status"] == "succeeded" and reply.json()["outputs"] == {"1": "paid 5", "2": 1}
+    ran_once_and_verifies(pg_db, plan_id, 2)
+
+
+def test_the_api_says_what_was_not_recorded_when_the_store_is_not_back_in_time(
+    pg_db: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where it answered an unexpected error (500), with nothing of what the run knew."""
+    monkeypatch.setattr(timeouts, "STORE_RETRY_SECONDS", (60.0, 60.0))
+    plan_id = submitted(pg_db, {"id": 1, "tool": "pay", "params": {"amount": 5}})
+    reply = api_as_the_requester(pg_db).post(f"/api/plans/{plan_id}/execute")
+    assert reply.status_code == 503, reply.text
+    assert "steps [1]) are not recorded: the next run of the plan decides them" in reply.json()["error"]
