@@ -79,6 +79,30 @@ class Unconfirmed:
     def steps(self) -> list[int]:
         return sorted(outcome.step_id for _, outcome in self.outcomes)
 
+    def recorded_in(self, rows: Mapping[int, StepRow]) -> bool:
+        """Whether every outcome is on record, at the attempt that answered (the commit cut in flight went through)."""
+        return all(_done_at(rows.get(outcome.step_id), attempt) for attempt, outcome in self.outcomes)
+
+    def told(self, rows: Mapping[int, StepRow]) -> str:
+        """What became of these outcomes once another runner holds the plan (or it ended): all on record already
+        (the commit cut in flight went through), or not recorded, and never by the run that knew them."""
+        if self.outcomes and self.recorded_in(rows):
+            return f"the outcomes this run knew (steps {self.steps}) were recorded before the store went away"
+        return self.unrecorded()
+
+    def unrecorded(self) -> str:
+        """That these outcomes are not recorded, and what happens to them next."""
+        if not self.outcomes:
+            return "this run knew no outcome that was not recorded"
+        return (
+            f"the outcomes this run knew (steps {self.steps}) are not recorded: the next run of the plan decides them "
+            "by the usual rules (an idempotent step runs again; any other halts for a person to settle)"
+        )
+
+
+def _done_at(row: StepRow | None, attempt: int) -> bool:
+    return row is not None and row.attempt == attempt and row.status in DONE
+
 
 @dataclass
 class Engine:

@@ -164,9 +164,10 @@ class StoreLostError(StoreError):
 
     ``known`` holds what the run knew and could not confirm recorded: the outcomes of the calls its
     tools had answered, each with the attempt it answered (an
-    :class:`plangate.engine.Unconfirmed`). Whoever takes the run back under the same lease hands
-    them to it (``Runtime.drive(claim, known=...)``), and they are recorded only for a step still
-    started at that attempt; a retry can help once the store answers again.
+    :class:`plangate.engine.Unconfirmed`). ``Runtime.drive`` takes the run back under the same lease
+    once the store answers, and records them only for a step still started at that attempt; raised
+    past it, the store was not back within the lease, and the message says which outcomes were known
+    and not recorded: the next run of the plan decides them (a retry can help once the store answers).
     """
 
     def __init__(self, message: str, known: Unconfirmed) -> None:

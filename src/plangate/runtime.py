@@ -8,7 +8,9 @@ the hash-chained audit log under the plan's UUID.
 
 from __future__ import annotations
 
+import contextlib
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from datetime import timedelta
@@ -27,6 +29,7 @@ from plangate import (
     recovery,
     replay,
     rundiff,
+    timeouts,
     tracing,
 )
 from plangate._clock import Clock, SystemClock, iso
@@ -40,6 +43,8 @@ from plangate.errors import (
     NotFoundError,
     PlangateError,
     StateError,
+    StoreError,
+    StoreLostError,
     UsageError,
     quoted_id,
 )
@@ -613,15 +618,37 @@ class Runtime:
         *,
         known: Unconfirmed | None = None,
         rollback_owner: str | None = None,
+        stop: threading.Event | None = None,
+        taken_back: Callable[[Claim], object] | None = None,
     ) -> RunResult:
         """Run a claimed plan to its end or a halt, renewing the lease as it goes.
 
-        ``known``: the outcomes a run of the same lease knew when its store went away (the
-        :class:`~plangate.errors.StoreLostError` it raised carries them), recorded where they still may be.
-        ``rollback_owner``: the lease the policy's rollback of a halted run takes (a worker names it, to
-        release it at its drain).
+        A run cut off from its store (a PostgreSQL restart, a network cut) is taken back here, whoever drives
+        it (:meth:`_take_back`): the outcomes its tools answered are recorded once the store is back, where
+        they still may be. ``known``: the outcomes a run of the same lease knew when its store went away (the
+        :class:`~plangate.errors.StoreLostError` it raised carries them). ``rollback_owner``: the lease the
+        policy's rollback of a halted run takes (a worker names it, to release it at its drain). ``stop``: set
+        to give up waiting for the store (a worker's drain). ``taken_back``: told of each claim that takes the
+        run back (a worker keeps the name of the lease it releases).
         """
         _aio.refuse_in_loop("Runtime.drive", "runtime.aexecute")
+        result: RunResult | None = None
+        while result is None:
+            try:
+                result = self._run_engine(claim, progress, known)
+            except StoreLostError as cut:
+                taken = self._take_back(claim, cut, stop or threading.Event())
+                if isinstance(taken, RunResult):  # it had ended: its last commit went through
+                    result = taken
+                else:
+                    claim, known = taken, cut.known
+                    if taken_back is not None:
+                        taken_back(claim)
+        return self._rolled_back_if_due(claim, result, rollback_owner)
+
+    def _run_engine(
+        self, claim: Claim, progress: Callable[[Progress], None] | None, known: Unconfirmed | None
+    ) -> RunResult:
         keeper = lifecycle.LeaseKeeper(self.store, claim.plan.id, claim.owner, self.lease_seconds, self._lease_until)
         engine = Engine(
             store=self.store,
@@ -635,7 +662,7 @@ class Runtime:
             traces=self.traces,
         )
         with keeper:
-            result = engine.run(
+            return engine.run(
                 claim.plan.id,
                 claim.plan.version,
                 claim.body,
@@ -645,10 +672,60 @@ class Runtime:
                 failed=claim.failed,
                 known=known,
             )
+
+    def _take_back(self, claim: Claim, cut: StoreLostError, stop: threading.Event) -> Claim | RunResult:
+        """The store went away mid-run: wait for it (doubling the waits, as a worker's claims do), at most until
+        the run's lease would have run out, and claim the run again under that same lease (compare-and-set:
+        :meth:`start` with ``leased``), to record what it knew. The store not back in time (or ``stop`` set):
+        a StoreLostError that names the outcomes known and not recorded, which the next run decides."""
+        deadline, times = time.monotonic() + self.lease_seconds, 0
+        while True:
+            times += 1
+            # The last wait ends at the deadline: one the doubling would carry past it gave up with a third of
+            # the lease to go. A try that late is safe: the claim finds the lease another's if it was taken.
+            left = deadline - time.monotonic()
+            given_up = left > 0 and stop.wait(min(timeouts.doubled(timeouts.STORE_RETRY_SECONDS, times), left))
+            if left <= 0 or given_up:
+                why = (
+                    "before its runner gave it up" if given_up else f"within the run's lease ({self.lease_seconds:g} s)"
+                )
+                raise StoreLostError(f"{cut}; the store was not back {why}: {cut.known.unrecorded()}", cut.known)
+            try:
+                self._reconnect()
+                return self.start(claim.plan.id, actor=claim.actor, owner=claim.owner, leased=True)
+            except (LeaseLostError, StateError) as refused:
+                return self._taken_by_another(claim.plan.id, cut, refused)
+            except StoreError:
+                pass  # not back yet (a connection refused)
+            except Exception:
+                if not self.store.broken():  # not the store gone again: a failure of its own, not waited out
+                    raise
+
+    def _taken_by_another(self, plan_id: str, cut: StoreLostError, refused: PlangateError) -> RunResult:
+        """The claim to take a run back was refused: the lease ran out and another runner took the plan over,
+        or the plan ended. A plan found ended with every outcome the run knew on record (its last commit went
+        through, only the answer was lost) gives back its result as recorded; else nothing is written, and the
+        error says what became of the outcomes: they are that runner's to decide, by the usual rules."""
+        rows = self.store.steps(plan_id)
+        if cut.known.recorded_in(rows) and (ended := self.ended(plan_id)) is not None:
+            return ended
+        raise LeaseLostError(f"plan {plan_id}'s store is back, but {refused}: {cut.known.told(rows)}") from cut
+
+    def _reconnect(self) -> None:
+        """A new connection to the store in place of one that broke (a StoreError while the store is away)."""
+        made = _aio.reopened(self.store)
+        if made is None:  # a store in memory never goes away; nothing else to connect to
+            raise StoreError("the store cannot be opened again")
+        broken, self.store = self.store, made
+        with contextlib.suppress(Exception):  # a broken connection may refuse to close
+            broken.close()
+
+    def _rolled_back_if_due(self, claim: Claim, result: RunResult, rollback_owner: str | None) -> RunResult:
+        """The policy's rollback of a halted run (``compensation.on_halt: auto``), unless a step's outcome is
+        unknown: a person settles it first."""
         policy = claim.policy
         if result.ok or policy is None or policy.compensation.on_halt != "auto":
             return result
-        # A rollback waits while any step's outcome is unknown: a person settles it first.
         unknown = (result.error or "").startswith("outcome unknown") or recovery.unknown(
             self.store.steps(claim.plan.id).items()
         )
@@ -876,10 +953,11 @@ class Runtime:
             if store is None:
                 with self._turns:
                     return call(self)
+            runtime = self._on(store)
             try:
-                return call(self._on(store))
+                return call(runtime)
             finally:
-                store.close()
+                runtime.store.close()  # the one it holds now: a run cut off from its store connects again
 
         return await _aio.off_loop(alone)
 

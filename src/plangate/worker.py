@@ -20,9 +20,11 @@ decide what runs again: never a completed step, an idempotent step with no
 outcome under the same key, anything else halts for a person.
 
 A run whose store goes away mid-run (a PostgreSQL restart, a network cut) is not lost with its
-connection: the worker waits for the store, at most until the run's lease would have run out,
+connection: it waits for the store, at most until the run's lease would have run out (or the drain),
 claims the run again under that same lease, and records the outcomes its tools had answered
 (:class:`plangate.engine.Unconfirmed`), once; a lease lost meanwhile records nothing, and says so.
+That is the runtime's (:meth:`Runtime.drive`), as for any run; the worker names its drain and keeps
+the lease it releases.
 """
 
 from __future__ import annotations
@@ -32,19 +34,18 @@ import functools
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 
 from plangate import lifecycle, timeouts
 from plangate._clock import Clock, SystemClock, iso
-from plangate.engine import Unconfirmed
-from plangate.errors import GovernanceError, LeaseLostError, PlangateError, StateError, StoreError, StoreLostError
+from plangate.errors import GovernanceError, LeaseLostError, PlangateError, StateError, StoreLostError
 from plangate.policy import Policy
 from plangate.record import Claim
 from plangate.results import RunResult
 from plangate.runtime import Runtime
-from plangate.store import DONE, StepRow, Store, open_store
+from plangate.store import Store, open_store
 from plangate.tools import Catalogue
 
 DEFAULT_CONCURRENCY = 8
@@ -110,6 +111,7 @@ class Worker:
         self._aside: dict[str, _Aside] = {}  # plans that could not run, left alone for a while
         self._outage = timeouts.Outage(_log, f"worker {self.name}")  # claims failed in a row: the store away
         self._stopping = threading.Event()
+        self._drained = threading.Event()  # the drain's end: runs still waiting for their store give up
         self._clock_due = 0.0  # when to compare the clocks again (time.monotonic)
         self._ran = 0  # runs that came to an end or a halt
         self._ended = 0  # runs that ended in any way: capacity freed
@@ -165,14 +167,19 @@ class Worker:
         plans go on as they can (each on its own connection; one whose store fails ends, is set aside,
         and its connection is made again)."""
         wait = self._outage.failed(exc)
+        self._drop_connections()
+        with self._cond:  # not the event's own lock, which a SIGTERM's stop() would wait for if it came now
+            self._cond.wait_for(self._stopping.is_set, timeout=wait)
+
+    def _drop_connections(self) -> None:
+        """Drop the claiming connection and the pool's idle ones: the claim's failed, and an outage most likely
+        cut them all."""
         with self._cond:
             claims, self._claims = self._claims, None
-            idle, self._idle = self._idle, []  # their connections were most likely cut too
+            idle, self._idle = self._idle, []
         self._dropped_store(claims)
         for runtime in idle:
             self._dropped(runtime)
-        with self._cond:  # not the event's own lock, which a SIGTERM's stop() would wait for if it came now
-            self._cond.wait_for(self._stopping.is_set, timeout=wait)
 
     @property
     def store_problem(self) -> str | None:
@@ -233,8 +240,16 @@ class Worker:
         if self._clock_off():
             return []
         owner = lifecycle.runner(self.name.partition("#")[0])  # a new owner per batch: one plan, one runner
-        store = self._claiming()
-        ids = store.claim_batch(owner, iso(self.clock.now()), self._until(), limit, self._left_aside())
+        for again in (False, True):
+            store = self._claiming()
+            try:
+                ids = store.claim_batch(owner, iso(self.clock.now()), self._until(), limit, self._left_aside())
+                break
+            except Exception:
+                if again or not store.broken():
+                    raise
+                # An outage cut it while idle, which shows only once it is used: once more, on a new one.
+                self._drop_connections()
         return [(plan_id, owner) for plan_id in ids]
 
     def _left_aside(self) -> list[str]:
@@ -410,29 +425,27 @@ class Worker:
         runtime: Runtime | None = None
         result: RunResult | None = None
         healthy = True
+
+        def under(claim: Claim) -> None:  # the run's own lease from its claim on, again at a take-back
+            nonlocal owner
+            owner = self._run_under(plan_id, owner, claim.owner, rollback)
+
         try:
             runtime = self._runtime()  # a new connection may be refused: the claim is then given back below
             # resume's own checks are the claim's (lifecycle.claim): start at once, without reading the plan twice;
             # only under this claim's lease (a drain may have given it back meanwhile, or a person's decision)
             claim = runtime.start(plan_id, actor=f"worker:{self.name}", owner=owner, leased=True)
             rollback = self._policy_runner(claim.policy)
-            owner = self._run_under(plan_id, owner, claim.owner, rollback)
-            known: Unconfirmed | None = None
-            while result is None:
-                try:
-                    result = runtime.drive(claim, known=known, rollback_owner=rollback)
-                except StoreLostError as cut:  # what the run knew is recorded once the store is back, if it may be
-                    runtime = self._dropped(runtime)
-                    runtime, taken = self._take_back(plan_id, owner, cut)
-                    if isinstance(taken, RunResult):  # it had ended: its last commit went through
-                        result = taken
-                    else:
-                        claim, known = taken, cut.known
-                        owner = self._run_under(plan_id, owner, claim.owner, rollback)
+            under(claim)
+            # cut off from its store, the run waits for it (within the lease; a stop alone does not end the wait,
+            # the drain's end does) and takes itself back
+            result = runtime.drive(claim, rollback_owner=rollback, stop=self._drained, taken_back=under)
         except GovernanceError as refused:  # it may not run: sent back for approval, or the log disagrees
             self._set_aside(plan_id, str(refused), self.refused, logging.ERROR)
-        except LeaseLostError:
-            pass  # another worker has the plan now
+        except LeaseLostError as lost:  # another runner has the plan now, or the drain gave it back
+            _log.warning("plan %s: %s", plan_id, lost)
+        except StoreLostError as cut:  # not back within the lease: the next run decides what this one knew
+            self._set_aside(plan_id, str(cut), self.failed, logging.ERROR)
         except PlangateError as exc:
             self._set_aside(plan_id, str(exc), self.failed)
         except Exception as exc:  # noqa: BLE001 - a broken connection must not end the worker: drop the runtime
@@ -445,56 +458,6 @@ class Worker:
         finally:
             self._finish(plan_id, owner, runtime if healthy else self._dropped(runtime), ran=result is not None)
         return result
-
-    def _take_back(self, plan_id: str, owner: str, cut: StoreLostError) -> tuple[Runtime, Claim | RunResult]:
-        """The store went away mid-run: wait for it (doubling the waits, as for claims), at most until the
-        run's lease would have run out, and claim the run again under that same lease, to record what it
-        knew. A claim that finds the lease another's (it ran out, and another runner took the plan over)
-        says so and records nothing: what the run knew is then that runner's to decide, by the usual rules.
-        A plan found ended with every outcome the run knew on record (its last commit went through, and only
-        the answer was lost) gives back its result as recorded. The store not back in time: the run fails as
-        after any other failure (the next claim resumes it)."""
-        deadline, times = time.monotonic() + self.lease_seconds, 0
-        while True:
-            times += 1
-            # The last wait ends at the deadline: one the doubling would carry past it gave up with a third of
-            # the lease to go. A try that late is safe: the claim finds the lease another's if it was taken.
-            left = deadline - time.monotonic()
-            wait = min(timeouts.doubled(timeouts.STORE_RETRY_SECONDS, times), left)
-            given_up = left > 0 and self._given_up(plan_id, owner, wait)
-            if left <= 0 or given_up:
-                why = "given up at the drain" if given_up else "not back within the lease"
-                _log.error("plan %s: %s; %s: %s", plan_id, cut, why, _unrecorded(cut.known))
-                raise cut
-            runtime: Runtime | None = None
-            try:
-                runtime = self._new_runtime()
-                return runtime, runtime.start(plan_id, actor=f"worker:{self.name}", owner=owner, leased=True)
-            except StoreError:
-                pass  # not back yet (a connection refused)
-            except PlangateError as refused:
-                assert runtime is not None
-                if isinstance(refused, (LeaseLostError, StateError)):
-                    rows = runtime.store.steps(plan_id)
-                    if _recorded_all(rows, cut.known) and (ended := runtime.ended(plan_id)) is not None:
-                        _log.info(
-                            "plan %s: the store is back; the run had ended (%s) as it went away", plan_id, ended.status
-                        )
-                        return runtime, ended
-                    _log.warning("plan %s: the store is back; %s: %s", plan_id, refused, _told(rows, cut.known))
-                with self._cond:
-                    self._idle.append(runtime)  # its connection is sound: the claim only refused
-                raise
-            except Exception as exc:  # noqa: BLE001 - a connection that broke again: waited out like the first
-                _log.debug("plan %s: the store is not back yet: %s", plan_id, exc)
-            self._dropped(runtime)
-
-    def _given_up(self, plan_id: str, owner: str, wait: float) -> bool:
-        """Wait ``wait`` seconds, less if the drain gives up the run of lease ``owner`` meanwhile: whether it did.
-        A stop alone does not end the wait: the drain lets running plans go on, and a run cut off from its store
-        is one (it gave up at the stop, at once, leaving what its tools had answered to a person)."""
-        with self._cond:
-            return self._cond.wait_for(lambda: self._running.get(plan_id) != owner, timeout=wait)
 
     def _run_under(self, plan_id: str, leased: str, claimed: str, rollback: str) -> str:
         """The run's own lease, which took the place of the worker's at its claim: what the drain and the
@@ -509,6 +472,8 @@ class Worker:
         raise LeaseLostError(f"plan {plan_id} was given back at the drain as its run began: it does not run")
 
     def _finish(self, plan_id: str, owner: str, runtime: Runtime | None, *, ran: bool) -> None:
+        if runtime is not None and runtime.store.broken():  # cut off, and not back in time: not kept in the pool
+            runtime = self._dropped(runtime)
         with self._cond:
             if self._running.get(plan_id) != owner:  # the drain gave it up already: its lease is released
                 self._dropped(runtime)  # nor is its connection kept: the worker is closing
@@ -537,13 +502,10 @@ class Worker:
         Worker._dropped_store(runtime.store if runtime is not None else None)
 
     def _runtime(self) -> Runtime:
+        """One of the pool's runtimes, or a new one on a connection of its own."""
         with self._cond:
             if self._idle:
                 return self._idle.pop()
-        return self._new_runtime()
-
-    def _new_runtime(self) -> Runtime:
-        """A runtime on a connection of its own, made now (not one of the pool's, which an outage may have cut)."""
         return Runtime(self.catalogue, self.policy, db=self.db, clock=self.clock, lease_seconds=self.lease_seconds)
 
     def _drain(self) -> None:
@@ -553,7 +515,7 @@ class Worker:
             self._cond.wait_for(lambda: not self._running, timeout=max(0.0, deadline - time.monotonic()))
             left, self._running = dict(self._running), {}
             rolling, self._rolling = self._rolling, {}
-            self._cond.notify_all()  # a run waiting for its store to take itself back gives up (_given_up)
+        self._drained.set()  # a run waiting for its store to take itself back gives up (Runtime.drive's stop)
         # The engine's next fence fails without the lease: the run (or the rollback the policy began as it
         # halted) records nothing more, and the next worker resumes it under the usual rules (a step cut
         # off mid-call is not re-run blindly).
@@ -562,29 +524,3 @@ class Worker:
 
     def _until(self) -> str:
         return iso(self.clock.now() + timedelta(seconds=self.lease_seconds))
-
-
-def _told(rows: Mapping[int, StepRow], known: Unconfirmed) -> str:
-    """What became of the outcomes a run cut off from its store knew, once another runner holds its plan (or
-    it ended): all on record already (the commit cut in flight went through), or not recorded, and never by it."""
-    if known.outcomes and _recorded_all(rows, known):
-        return f"the outcomes this run knew (steps {known.steps}) were recorded before the store went away"
-    return _unrecorded(known)
-
-
-def _recorded_all(rows: Mapping[int, StepRow], known: Unconfirmed) -> bool:
-    """Whether every outcome the run knew is on record, at the attempt that answered (the commit went through)."""
-    return all(_done_at(rows.get(o.step_id), attempt) for attempt, o in known.outcomes)
-
-
-def _done_at(row: StepRow | None, attempt: int) -> bool:
-    return row is not None and row.attempt == attempt and row.status in DONE
-
-
-def _unrecorded(known: Unconfirmed) -> str:
-    return (
-        f"the outcomes this run knew (steps {known.steps}) are not recorded: whoever runs the plan decides them "
-        "by the usual rules"
-        if known.outcomes
-        else "this run knew no outcome that was not recorded"
-    )

@@ -7,6 +7,7 @@ import math
 import os
 import sys
 from collections.abc import Callable
+from contextlib import closing
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -62,13 +63,20 @@ def _run_command(
         ok, text = _remote.run(api, record.id, method)
         click.echo(text)
         sys.exit(0 if ok else EXIT_HALTED)
-    runtime = open_runtime(db, policy_file=policy_file)
-    record = with_tools(runtime, plan_id, tools_spec)
-    runner = acting(
-        runtime, user, token, "execute", category=record.category, requested_by=record.requested_by, default="engine"
-    )
-    click.echo(f"{method} plan {record.id} v{record.version}: {record.task}")
-    result = getattr(runtime, method)(record.id, actor=runner, progress=print_progress)
+    # Closed on the way out: its connection then may be one made again after the store went away mid-run.
+    with closing(open_runtime(db, policy_file=policy_file)) as runtime:
+        record = with_tools(runtime, plan_id, tools_spec)
+        runner = acting(
+            runtime,
+            user,
+            token,
+            "execute",
+            category=record.category,
+            requested_by=record.requested_by,
+            default="engine",
+        )
+        click.echo(f"{method} plan {record.id} v{record.version}: {record.task}")
+        result = getattr(runtime, method)(record.id, actor=runner, progress=print_progress)
     click.echo(str(result))
     sys.exit(0 if result.ok else EXIT_HALTED)
 

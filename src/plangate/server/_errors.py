@@ -23,12 +23,15 @@ from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from plangate.errors import HTTP_STATUS
+from plangate.errors import HTTP_STATUS, LeaseLostError, StoreLostError
 
 log = logging.getLogger("plangate.server")
 
-# A runtime refusal becomes the status that says what kind it is; the most specific class first.
-_STATUS = HTTP_STATUS
+# A runtime refusal becomes the status that says what kind it is; the most specific class first. A run cut off
+# from its store says so too: the store not back within the run's lease (503: the next run, once it is back,
+# decides what this one knew), or another runner holding the plan by then (409). Not refusals a client turns
+# back into these errors (it reads a 503 as the server's failure, with the same words).
+_STATUS = (*HTTP_STATUS, (StoreLostError, 503), (LeaseLostError, 409))
 
 
 def root(scope: Scope) -> str:

@@ -1,0 +1,181 @@
+"""A store outage in the middle of a run driven by anyone, not only a worker: ``Runtime.execute`` and
+``resume`` (and their async twins), the command line, the API. The run waits for the store, takes itself
+back under its own lease and records what its tools answered, once; a store not back within the lease
+is said plainly, with the steps whose outcomes were known and not recorded.
+
+The connections are cut from inside a step's tool call (:mod:`tests.outage`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from contextlib import closing
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+from fastapi.testclient import TestClient
+
+from plangate import Catalogue
+from plangate.accounts import Accounts
+from plangate.cli import main
+from plangate.errors import LeaseLostError, StoreLostError
+from plangate.results import Progress
+from plangate.runtime import Runtime
+from plangate.server import create_app
+from plangate.store import open_store
+from tests import outage
+from tests.outage import CALLS, ran_once_and_verifies, store_stays_away, submitted, tools
+
+
+@pytest.fixture(autouse=True)
+def quick_retries(pg_db: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    yield from outage.quick_retries(pg_db, monkeypatch)
+
+
+def paid_then_noted(db: str) -> str:
+    paid, noted = {"id": 1, "tool": "pay", "params": {"amount": 5}}, {"id": 2, "tool": "note", "params": {"n": 1}}
+    return submitted(db, paid, noted)
+
+
+def test_execute_records_a_known_payment_after_the_store_comes_back(pg_db: str) -> None:
+    """The payment succeeded as the store went away: ``execute`` raised, the lease was left to expire, and the
+    next run read the payment as of unknown outcome and halted for a person. Now the run takes itself back,
+    records the payment once and carries on; its progress goes on being told."""
+    plan_id = paid_then_noted(pg_db)
+    told: list[Progress] = []
+    rt = Runtime(Catalogue(tools()), db=pg_db)
+    try:
+        result = rt.execute(plan_id, progress=told.append)
+        assert not rt.store.broken()  # the runtime goes on with the connection it made again
+    finally:
+        rt.close()
+    assert result.status == "succeeded" and result.outputs == {1: "paid 5", 2: 1}, result
+    assert [(p.kind, p.step_id) for p in told if p.kind == "succeeded"] == [("succeeded", 1), ("succeeded", 2)]
+    ran_once_and_verifies(pg_db, plan_id, 2)
+
+
+def test_resume_does_not_call_an_idempotent_step_again_after_an_outage(pg_db: str) -> None:
+    plan_id = submitted(pg_db, {"id": 1, "tool": "put", "params": {"n": 7}})
+    rt = Runtime(Catalogue(tools()), db=pg_db)
+    try:
+        result = rt.resume(plan_id)
+    finally:
+        rt.close()
+    assert result.status == "succeeded" and result.outputs == {1: 7}, result
+    ran_once_and_verifies(pg_db, plan_id, 1)
+
+
+def test_aexecute_takes_its_run_back_on_its_own_connection(pg_db: str) -> None:
+    plan_id = paid_then_noted(pg_db)
+    rt = Runtime(Catalogue(tools()), db=pg_db)
+    try:
+        result = asyncio.run(rt.aexecute(plan_id))
+    finally:
+        rt.close()
+    assert result.status == "succeeded" and result.outputs == {1: "paid 5", 2: 1}, result
+    ran_once_and_verifies(pg_db, plan_id, 2)
+
+
+def test_a_store_not_back_within_the_lease_is_said_with_the_steps_known(
+    pg_db: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The run waits for the store only while its lease could hold; past that, the caller is told which
+    outcomes were known and not recorded, and that the next run decides them. Nothing was written."""
+    plan_id = submitted(pg_db, {"id": 1, "tool": "pay", "params": {"amount": 5}})
+
+    store_stays_away(monkeypatch)
+    rt = Runtime(Catalogue(tools()), db=pg_db, lease_seconds=1.0)
+    try:
+        with pytest.raises(StoreLostError) as raised:
+            rt.execute(plan_id)
+    finally:
+        rt.close()
+    said = str(raised.value)
+    assert "not back within the run's lease (1 s)" in said and "steps [1]) are not recorded" in said, said
+    assert "the next run of the plan decides them" in said, said
+    with closing(open_store(pg_db)) as store:
+        assert store.steps(plan_id)[1].status == "started"  # for the next run to decide, as before
+
+
+def test_a_late_outcome_is_not_recorded_once_another_runner_took_the_plan(pg_db: str) -> None:
+    plan_id = submitted(pg_db, {"id": 1, "tool": "pay_and_lose_the_lease", "params": {"amount": 5}})
+    rt = Runtime(Catalogue(tools()), db=pg_db, lease_seconds=1.0)
+    try:
+        with pytest.raises(LeaseLostError) as raised:
+            rt.execute(plan_id)
+    finally:
+        rt.close()
+    said = str(raised.value)
+    assert "no longer holds" in said and "steps [1]) are not recorded" in said, said
+    assert [(plan_id, 1)] == CALLS
+    with closing(open_store(pg_db)) as store:
+        assert store.steps(plan_id)[1].status == "outcome_unknown"  # the other run's decision stands
+
+
+def plangate(*args: str) -> tuple[int, str, str]:
+    done = CliRunner().invoke(main, list(args))
+    return done.exit_code, done.stdout, done.stderr
+
+
+def test_the_command_line_records_a_known_payment_after_the_store_comes_back(pg_db: str) -> None:
+    plan_id = paid_then_noted(pg_db)
+    code, out, err = plangate("execute", plan_id, "--db", pg_db)
+    assert code == 0, (out, err)
+    assert "succeeded" in out
+    ran_once_and_verifies(pg_db, plan_id, 2)
+
+
+def store_away_for_a_short_lease(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Runtimes made from here on hold leases of a second, and the store they wait for never comes back."""
+    init = Runtime.__init__
+
+    def with_a_short_lease(self: Runtime, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("lease_seconds", 1.0)
+        init(self, *args, **kwargs)
+
+    monkeypatch.setattr(Runtime, "__init__", with_a_short_lease)
+    store_stays_away(monkeypatch)
+
+
+def test_the_command_line_says_plainly_when_the_store_is_not_back_in_time(
+    pg_db: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The store stays away for the whole lease: the run gives up at the lease's end, and says so."""
+    store_away_for_a_short_lease(monkeypatch)
+    plan_id = submitted(pg_db, {"id": 1, "tool": "pay", "params": {"amount": 5}})
+    code, out, err = plangate("execute", plan_id, "--db", pg_db)
+    assert code == 2, (out, err)
+    assert "Traceback" not in out + err
+    line = err.strip().splitlines()[-1]
+    assert line.startswith(f"plangate: plan {plan_id}'s run lost its store"), err
+    assert "steps [1]) are not recorded: the next run of the plan decides them" in line, err
+
+
+def api_as_the_requester(db: str) -> TestClient:
+    accounts = Accounts(open_store(db))
+    accounts.add("ann", "requester")  # who asked for the plans
+    token = accounts.issue_token("ann")
+    accounts.store.close()
+    app = create_app(Catalogue(tools()), db=db, secure_cookies=False)
+    return TestClient(app, headers={"Authorization": f"Bearer {token}"})
+
+
+def test_the_api_records_a_known_payment_after_the_store_comes_back(pg_db: str) -> None:
+    plan_id = paid_then_noted(pg_db)
+    reply = api_as_the_requester(pg_db).post(f"/api/plans/{plan_id}/execute")
+    assert reply.status_code == 200, reply.text
+    assert reply.json()["status"] == "succeeded" and reply.json()["outputs"] == {"1": "paid 5", "2": 1}
+    ran_once_and_verifies(pg_db, plan_id, 2)
+
+
+def test_the_api_says_what_was_not_recorded_when_the_store_is_not_back_in_time(
+    pg_db: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where it answered an unexpected error (500), with nothing of what the run knew."""
+    store_away_for_a_short_lease(monkeypatch)
+    plan_id = submitted(pg_db, {"id": 1, "tool": "pay", "params": {"amount": 5}})
+    reply = api_as_the_requester(pg_db).post(f"/api/plans/{plan_id}/execute")
+    assert reply.status_code == 503, reply.text
+    assert "steps [1]) are not recorded: the next run of the plan decides them" in reply.json()["error"]
