@@ -17,13 +17,14 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from plangate import Catalogue, RunContext, ledger, lifecycle, tool
+from plangate import Catalogue, Policy, RunContext, ledger, lifecycle, tool
 from plangate._clock import SystemClock, iso
 from plangate.cli import main
 from plangate.errors import LeaseLostError, StoreLostError
 from plangate.models import ModelRequest
 from plangate.models.test import FunctionModel, ScriptedModel
 from plangate.react import ReActAgent
+from plangate.register import Register
 from plangate.runtime import Runtime
 from plangate.store import Store, open_store
 from tests import outage
@@ -217,3 +218,29 @@ def test_a_late_observation_is_not_recorded_once_the_run_was_stopped_as_dead(pg_
         assert events[-1].kind == "react.stopped", events[-1]
         assert "action 1 (pay_and_be_stopped) started and no outcome of it is on record" in events[-1].data["reason"]
         assert ledger.verify(store).ok
+
+
+CLEARED = Policy.from_yaml(
+    "version: 1\nname: outage\ncategories:\n  react: {tools: [note]}\napproval:\n  auto: [react]\n"
+)
+
+
+def test_a_cut_as_the_register_is_read_is_waited_out_and_the_cleared_action_runs_once(
+    pg_db: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The store went away as the run read whether the register holds its category for people: the run stayed
+    running with its action recorded and never called. Now it reads the register again and goes on."""
+    real = Register.holding
+
+    def cut_first(self: Register, category: str) -> str | None:
+        if not outage.DB.get("cut"):
+            outage.DB["cut"] = "yes"
+            cut_every_connection()
+        return real(self, category)
+
+    monkeypatch.setattr(Register, "holding", cut_first)
+    react = agent(pg_db, ScriptedModel(['Action: note {"n": 1}', "Final Answer: noted"]), policy=CLEARED)
+    result = react.run("Note 1")
+    assert result.status == "answered" and outage.DB.get("cut"), result
+    assert [(result.run_id, 1)] == CALLS
+    observed_once_and_verifies(pg_db, result.run_id)

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
 import json
 import re
@@ -34,7 +35,7 @@ import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from pydantic import ValidationError
 
@@ -53,6 +54,8 @@ from plangate.store import CallRow, CheckRecord, PlanRow, Store, VersionRow
 from plangate.tools import Catalogue, RunContext, Tool, render_tool
 from plangate.tracing import Traces
 from plangate.violations import Violation
+
+T = TypeVar("T")
 
 _ACTION = re.compile(r"^\s*Action\s*:\s*(?P<tool>[A-Za-z_][\w.\-]*)\s*(?P<rest>.*)$", re.MULTILINE | re.DOTALL)
 _ACTION_INPUT = re.compile(r"^\s*Action Input\s*:\s*(?P<input>.*)$", re.MULTILINE | re.DOTALL)
@@ -414,7 +417,7 @@ class ReActAgent:
         if approved:
             return self._lacking(state, act, required)
         cleared = not held and (decision.approval == "auto" or self.policy.auto_approves(state.category, tool))
-        on_hold = Register(self.store, self.clock).holding(state.category) if cleared else None
+        on_hold = self._kept(state, functools.partial(self._hold, state), lambda: False) if cleared else None
         cleared = cleared and on_hold is None  # governance holds the category for people
         person = not cleared and (tool.effect != "read" or any(rule.approve is None for rule in held))
         needs = (["a person"] if person else []) + required
@@ -422,6 +425,10 @@ class ReActAgent:
             why = {"reasons": [on_hold]} if on_hold is not None else {}
             return self._pause(state, act, tool, needs, {"approval": "human", "required_approvals": required, **why})
         return None
+
+    def _hold(self, state: RunState) -> str | None:
+        """Why the auto-approval register holds the run's category for people (None: it does not)."""
+        return Register(self.store, self.clock).holding(state.category)
 
     def _rights(self, state: RunState) -> list[tuple[str, str | None]]:
         """Whose rights an action is held to: those of who asked (in the role the policy gives them) and, when
@@ -716,11 +723,12 @@ class ReActAgent:
             self.store.fence(state.run_id, state.owner)
 
     # -- a store cut -------------------------------------------------------------------------
-    def _kept(self, state: RunState, write: Callable[[], None], done: Callable[[], bool], known: str = "") -> None:
-        """One of the run's records, kept through a store cut: its connection broken as it is written, the run
-        waits for the store and takes itself back under its own lease (:meth:`_take_back`), and writes it again
-        unless it is on record (``done``: its commit went through as the connection broke). ``known``: what
-        the record holds that only this run knows (an action's outcome), said if it cannot be recorded."""
+    def _kept(self, state: RunState, write: Callable[[], T], done: Callable[[], bool], known: str = "") -> T | None:
+        """One of the run's records (or reads), kept through a store cut: its connection broken as it is written,
+        the run waits for the store and takes itself back under its own lease (:meth:`_take_back`), and writes
+        it again unless it is on record (``done``: its commit went through as the connection broke; None comes
+        back then). ``known``: what the record holds that only this run knows (an action's outcome), said if
+        it cannot be recorded."""
         known = known or "it knew no action's outcome that is not recorded"
         while True:  # the store may go away again as it is written again
             try:
