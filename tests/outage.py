@@ -18,11 +18,11 @@ from typing import Any
 import psycopg
 import pytest
 
-from plangate import Catalogue, RunContext, ledger, lifecycle, timeouts, tool
+from plangate import Catalogue, RunContext, _storeback, ledger, lifecycle, timeouts, tool
 from plangate._clock import SystemClock, iso
 from plangate.errors import StoreError
 from plangate.runtime import Runtime
-from plangate.store import open_store
+from plangate.store import Store, open_store
 from plangate.store.postgres import PostgresStore
 from tests.helpers import plan, until
 
@@ -99,12 +99,13 @@ def pay_then_stop(amount: int, ctx: RunContext) -> str:
 
 
 def store_stays_away(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Once cut, the store stays out of reach: each try to connect to it again is refused."""
+    """Once cut, the store stays out of reach: each try to connect to it again is refused (a plan's runtime's
+    and a ReAct agent's alike)."""
 
-    def refused(self: Runtime) -> None:
+    def refused(store: Store) -> Store:
         raise StoreError("cannot open the PostgreSQL store: connection refused")
 
-    monkeypatch.setattr(Runtime, "_reconnect", refused)
+    monkeypatch.setattr(_storeback, "reconnected", refused)
 
 
 def submitted(db: str, *steps: dict[str, Any]) -> str:

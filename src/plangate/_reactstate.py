@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
@@ -180,6 +181,18 @@ class RunState:
             self.pending_call = call_id
         else:
             self.actions.append({**data, "number": number})
+
+
+def unsettled(events: Iterable[Event]) -> dict[int, str]:
+    """The actions a run started whose outcome is not on record (an action event and no observation after it),
+    by step number: their tools."""
+    started: dict[int, str] = {}
+    for event in events:
+        if event.kind == "react.action":
+            started[event.step_id or 0] = event.data["tool"]
+        elif event.kind == "react.observation":
+            started.pop(event.step_id or 0, None)
+    return started
 
 
 def recorded_calls(recorded: list[dict[str, Any]]) -> tuple[ToolCall, ...]:

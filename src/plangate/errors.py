@@ -168,6 +168,8 @@ class StoreLostError(StoreError):
     once the store answers, and records them only for a step still started at that attempt; raised
     past it, the store was not back within the lease, and the message says which outcomes were known
     and not recorded: the next run of the plan decides them (a retry can help once the store answers).
+    A ReAct run takes itself back in its own loop; raised past it, ``known`` is empty and the message
+    names the action whose answer was known and not recorded.
     """
 
     def __init__(self, message: str, known: Unconfirmed) -> None:

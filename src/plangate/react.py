@@ -26,21 +26,25 @@ Everything is recorded under the run's UUID in the same audit store as plans, so
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 import hashlib
 import json
 import re
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from pydantic import ValidationError
 
-from plangate import _aio, _input, approval, lifecycle, metrics, names, provenance, references, tracing
+from plangate import _aio, _input, _storeback, approval, lifecycle, metrics, names, provenance, references, tracing
 from plangate._clock import Clock, SystemClock, iso, parse_iso
-from plangate._reactstate import Act, Mode, ReActResult, ReActStep, RunState
+from plangate._reactstate import Act, Mode, ReActResult, ReActStep, RunState, unsettled
 from plangate.costs import PriceTable
-from plangate.errors import LeaseLostError, ParamsError, RefusedInputError, StateError
+from plangate.engine import Unconfirmed
+from plangate.errors import LeaseLostError, ParamsError, RefusedInputError, StateError, StoreLostError
 from plangate.models import Message, Model, ModelError, ModelRequest, ModelResponse, ToolCall, ToolSpec, Usage
 from plangate.plan import Plan, canonical
 from plangate.planner import prompt
@@ -50,6 +54,8 @@ from plangate.store import CallRow, CheckRecord, PlanRow, Store, VersionRow
 from plangate.tools import Catalogue, RunContext, Tool, render_tool
 from plangate.tracing import Traces
 from plangate.violations import Violation
+
+T = TypeVar("T")
 
 _ACTION = re.compile(r"^\s*Action\s*:\s*(?P<tool>[A-Za-z_][\w.\-]*)\s*(?P<rest>.*)$", re.MULTILINE | re.DOTALL)
 _ACTION_INPUT = re.compile(r"^\s*Action Input\s*:\s*(?P<input>.*)$", re.MULTILINE | re.DOTALL)
@@ -89,6 +95,8 @@ class ReActAgent:
     lease_seconds: float = 30.0
     traces: Traces | None = None
     """Where the run's spans go (:mod:`plangate.tracing`); None: the process's, off unless configured."""
+    _lease: contextlib.ExitStack | None = field(default=None, init=False, repr=False)  # the run's lease keeper
+    _made: Store | None = field(default=None, init=False, repr=False)  # a connection made again after a cut
 
     def __post_init__(self) -> None:
         # The role comes from the policy; a claim may only name the role the user holds.
@@ -122,7 +130,7 @@ class ReActAgent:
                     lease_until=self._until(),
                 )
             )
-            self._event(
+            self._append(
                 state,
                 "react.started",
                 None,
@@ -135,7 +143,7 @@ class ReActAgent:
                     "transition": {"from": None, "to": "running"},
                 },
             )
-        with self._leased(state.run_id, owner):
+        with self._leased(state):
             return self._finish(state)
 
     def resume(self, run_id: str) -> ReActResult:
@@ -172,7 +180,7 @@ class ReActAgent:
                 data={"action_hash": row.hash},
                 lease=(owner, self._until()),
             )
-        with self._leased(run_id, owner):
+        with self._leased(state):
             return self._go_on(state)
 
     async def arun(self, question: str) -> ReActResult:
@@ -191,23 +199,45 @@ class ReActAgent:
         store = _aio.reopened(self.store)
         if store is None:  # a store in memory: this agent's own, one run at a time
             return call(self)
+        agent = replace(self, store=store)
         try:
-            return call(replace(self, store=store))
+            return call(agent)
         finally:
+            agent.close()  # a connection it made again after its store went away
             store.close()
 
     def _stop_dead(self, row: PlanRow) -> ReActResult:
-        """End a run whose process died mid-way (inside the caller's transaction)."""
-        reason = (
-            f"the run stopped without finishing (its process, {row.lease_owner}, is gone): an action it had "
-            "started may or may not have happened; check before asking again"
+        """End a run whose process died mid-way (inside the caller's transaction), naming the actions it started
+        whose outcome is not on record."""
+        started = unsettled(self.store.events(row.id))
+        left = (
+            f"{' and '.join(f'action {n} ({tool})' for n, tool in started.items())} started and no outcome of it is "
+            "on record: it may or may not have happened; check before asking again"
+            if started
+            else "every action it started has its outcome on record"
         )
+        reason = f"the run stopped without finishing (its process, {row.lease_owner}, is gone): {left}"
         at = iso(self.clock.now())
         lifecycle.move(self.store, row, "halted", actor=self.user, at=at, kind="react.stopped", data={"reason": reason})
         return ReActResult(run_id=row.id, status="stopped", reason=reason)
 
-    def _leased(self, run_id: str, owner: str) -> lifecycle.LeaseKeeper:
-        return lifecycle.LeaseKeeper(self.store, run_id, owner, self.lease_seconds, self._until)
+    def close(self) -> None:
+        """Close the store connection this agent made again after its store went away mid-run (never the one it
+        was given, which is its caller's to close)."""
+        if self._made is not None:
+            self._made.close()
+            self._made = None
+
+    def _leased(self, state: RunState) -> contextlib.ExitStack:
+        """The run's lease renewed while it goes on (by a new keeper once the run takes itself back: the
+        keeper before renewed over the connection that broke, and gives up on it)."""
+        self._lease = contextlib.ExitStack()
+        self._lease.enter_context(self._keeper(state))
+        return self._lease
+
+    def _keeper(self, state: RunState) -> lifecycle.LeaseKeeper:
+        assert state.owner is not None
+        return lifecycle.LeaseKeeper(self.store, state.run_id, state.owner, self.lease_seconds, self._until)
 
     def _until(self) -> str:
         return iso(self.clock.now() + timedelta(seconds=self.lease_seconds))
@@ -387,7 +417,7 @@ class ReActAgent:
         if approved:
             return self._lacking(state, act, required)
         cleared = not held and (decision.approval == "auto" or self.policy.auto_approves(state.category, tool))
-        on_hold = Register(self.store, self.clock).holding(state.category) if cleared else None
+        on_hold = self._kept(state, functools.partial(self._hold, state), lambda: False) if cleared else None
         cleared = cleared and on_hold is None  # governance holds the category for people
         person = not cleared and (tool.effect != "read" or any(rule.approve is None for rule in held))
         needs = (["a person"] if person else []) + required
@@ -395,6 +425,10 @@ class ReActAgent:
             why = {"reasons": [on_hold]} if on_hold is not None else {}
             return self._pause(state, act, tool, needs, {"approval": "human", "required_approvals": required, **why})
         return None
+
+    def _hold(self, state: RunState) -> str | None:
+        """Why the auto-approval register holds the run's category for people (None: it does not)."""
+        return Register(self.store, self.clock).holding(state.category)
 
     def _rights(self, state: RunState) -> list[tuple[str, str | None]]:
         """Whose rights an action is held to: those of who asked (in the role the policy gives them) and, when
@@ -452,48 +486,52 @@ class ReActAgent:
         body = canonical(action)
         digest = _digest(body)
         now = iso(self.clock.now())
-        with self.store.transaction():
-            self.store.lock_log()
-            row = self._held(state)
-            if self.policy is not None:
-                self.store.save_policy(self.policy.hash, self.policy.name, self.policy.canonical_json())
-            version = row.version + 1
-            self.store.insert_version(
-                VersionRow(
-                    plan_id=state.run_id,
-                    version=version,
-                    hash=digest,
-                    body=body,
-                    author=self.user,  # who carried the run on to it: it may not approve it
-                    created_at=now,
-                    check=CheckRecord(ok=True, policy=decision or {"approval": "human"}, action=action),
-                    policy_hash=self.policy.hash if self.policy else None,
+
+        def record() -> None:
+            with self.store.transaction():
+                self.store.lock_log()
+                row = self._held(state)
+                if self.policy is not None:
+                    self.store.save_policy(self.policy.hash, self.policy.name, self.policy.canonical_json())
+                version = row.version + 1
+                self.store.insert_version(
+                    VersionRow(
+                        plan_id=state.run_id,
+                        version=version,
+                        hash=digest,
+                        body=body,
+                        author=self.user,  # who carried the run on to it: it may not approve it
+                        created_at=now,
+                        check=CheckRecord(ok=True, policy=decision or {"approval": "human"}, action=action),
+                        policy_hash=self.policy.hash if self.policy else None,
+                    )
                 )
-            )
-            self.store.update_plan(state.run_id, version=version, hash=digest, updated_at=now)
-            self._event(
-                state,
-                "react.approval_needed",
-                act.number,
-                {
-                    "tool": tool.name,
-                    "effect": tool.effect,
-                    "arguments": act.arguments,
-                    "hash": digest,
-                    "needs": needs,
-                    "author": self.user,
-                    "policy_hash": self.policy.hash if self.policy else None,  # the one a resume keeps
-                },
-                fenced=False,  # the move below holds the run
-            )
-            lifecycle.move(
-                self.store,
-                replace(row, version=version, hash=digest),
-                "pending_approval",
-                actor=self.user,
-                at=now,
-                held_by=state.owner,
-            )
+                self.store.update_plan(state.run_id, version=version, hash=digest, updated_at=now)
+                self._append(
+                    state,
+                    "react.approval_needed",
+                    act.number,
+                    {
+                        "tool": tool.name,
+                        "effect": tool.effect,
+                        "arguments": act.arguments,
+                        "hash": digest,
+                        "needs": needs,
+                        "author": self.user,
+                        "policy_hash": self.policy.hash if self.policy else None,  # the one a resume keeps
+                    },
+                    fenced=False,  # the move below holds the run
+                )
+                lifecycle.move(
+                    self.store,
+                    replace(row, version=version, hash=digest),
+                    "pending_approval",
+                    actor=self.user,
+                    at=now,
+                    held_by=state.owner,
+                )
+
+        self._kept(state, record, lambda: self._newest_is(state, "plan.pending_approval", None, {}))
         state.status, state.pending_hash = "paused", digest
         why = "".join(f"; {reason}" for reason in decision.get("reasons", ()))
         state.reason = f"paused: {tool.name} ({tool.effect}) needs approval by {' and by '.join(needs)}{why}"
@@ -514,8 +552,7 @@ class ReActAgent:
 
     def _call_tool(self, state: RunState, number: int, tool: Tool, kwargs: dict[str, Any]) -> str:
         if state.owner is not None:  # a tool is called only while this process holds the run
-            with self.store.transaction():
-                self.store.fence(state.run_id, state.owner)
+            self._kept(state, lambda: self._fenced(state), lambda: False)
         if tool.ctx_param is not None:
             kwargs[tool.ctx_param] = RunContext(
                 plan_id=state.run_id,
@@ -542,7 +579,8 @@ class ReActAgent:
             data["call_id"] = act.call_id
         if kind == "refused":  # it did not run: a resume leaves it out of the actions the policy sees
             data["refused"] = True
-        self._event(state, "react.observation", act.number, data)
+        known = f"action {act.number} ({act.tool}) answered {_shown(observation)}, and that is not recorded"
+        self._event(state, "react.observation", act.number, data, known=known)
         self._observe(state, observation, act.call_id)
         return ReActStep(
             number=act.number,
@@ -620,22 +658,26 @@ class ReActAgent:
     def _end(
         self, state: RunState, status: Literal["succeeded", "halted"], kind: str, number: int, data: dict[str, Any]
     ) -> None:
-        """The run's last event, and its status, in one transaction."""
-        with self.store.transaction():
-            self.store.lock_log()
-            row = self._held(state)
-            at = iso(self.clock.now())
-            lifecycle.move(
-                self.store,
-                row,
-                status,
-                actor=self.user,
-                at=at,
-                kind=kind,
-                data=data,
-                step_id=number,
-                held_by=state.owner,
-            )
+        """The run's last event, and its status, in one transaction (kept through a store cut)."""
+
+        def record() -> None:
+            with self.store.transaction():
+                self.store.lock_log()
+                row = self._held(state)
+                at = iso(self.clock.now())
+                lifecycle.move(
+                    self.store,
+                    row,
+                    status,
+                    actor=self.user,
+                    at=at,
+                    kind=kind,
+                    data=data,
+                    step_id=number,
+                    held_by=state.owner,
+                )
+
+        self._kept(state, record, lambda: self._newest_is(state, kind, number, data))
 
     def _held(self, state: RunState) -> PlanRow:
         """The run's row, read under the log's lock: only while this runner holds the run (else it stops here)."""
@@ -647,7 +689,17 @@ class ReActAgent:
             )
         return row
 
-    def _event(
+    def _event(self, state: RunState, kind: str, step: int | None, data: dict[str, Any], *, known: str = "") -> None:
+        """One event of the run, recorded only while this runner holds it, and kept through a store cut
+        (:meth:`_kept`; ``known``: what only this run knows, that the event holds)."""
+        self._kept(
+            state,
+            lambda: self._append(state, kind, step, data),
+            lambda: self._newest_is(state, kind, step, data),
+            known,
+        )
+
+    def _append(
         self, state: RunState, kind: str, step: int | None, data: dict[str, Any], *, fenced: bool = True
     ) -> None:
         """One event of the run, recorded only while this runner holds it (``fenced``: unless the caller's
@@ -665,28 +717,92 @@ class ReActAgent:
                 data=data,
             )
 
-    def _ledger(self, state: RunState, at: str, usage: Usage, seconds: float, error: str | None = None) -> None:
+    def _fenced(self, state: RunState) -> None:
+        assert state.owner is not None
         with self.store.transaction():
-            self.store.record_call(
-                row := CallRow(
-                    id=self.clock.new_id(),
-                    at=at,
-                    plan_id=state.run_id,
-                    task=state.question,
-                    model=self.model.name,
-                    purpose="react",
-                    expected_steps=None,
-                    budget=None,
-                    effort=None,
-                    input_tokens=usage.input,
-                    output_tokens=usage.output,
-                    thinking_tokens=usage.thinking,
-                    cost=self.prices.cost(self.model.name, usage),
-                    seconds=seconds,
-                    ok=error is None,
-                    error=error,
+            self.store.fence(state.run_id, state.owner)
+
+    # -- a store cut -------------------------------------------------------------------------
+    def _kept(self, state: RunState, write: Callable[[], T], done: Callable[[], bool], known: str = "") -> T | None:
+        """One of the run's records (or reads), kept through a store cut: its connection broken as it is written,
+        the run waits for the store and takes itself back under its own lease (:meth:`_take_back`), and writes
+        it again unless it is on record (``done``: its commit went through as the connection broke; None comes
+        back then). ``known``: what the record holds that only this run knows (an action's outcome), said if
+        it cannot be recorded."""
+        known = known or "it knew no action's outcome that is not recorded"
+        while True:  # the store may go away again as it is written again
+            try:
+                return write()
+            except Exception as exc:
+                if not self.store.broken():
+                    raise
+                if self._take_back(state, exc, done, known):
+                    return None
+
+    def _take_back(self, state: RunState, cause: Exception, done: Callable[[], bool], known: str) -> bool:
+        """Wait for the store (:func:`plangate._storeback.waited_for`, at most the lease), connect again and
+        renew the run's lease where this runner still holds it (a compare-and-set on its owner): whether the
+        record is on record already. The store not back in time: a StoreLostError that says what was known
+        and not recorded; the lease another's (the run stopped as dead meanwhile): a LeaseLostError."""
+        owner = state.owner
+        assert owner is not None and self._lease is not None
+
+        def claimed() -> bool:
+            self.store = self._made = _storeback.reconnected(self.store)
+            held = self.store.renew(state.run_id, owner, self._until())
+            if done():
+                return True
+            if not held:
+                raise LeaseLostError(
+                    f"ReAct run {state.run_id}'s store is back, but {owner} no longer holds it: {known}"
                 )
-            )
+            return False
+
+        def gave_up(why: str) -> StoreLostError:
+            said = f"ReAct run {state.run_id} lost its store ({cause}); the store was not back {why}: {known}"
+            return StoreLostError(said, Unconfirmed())
+
+        recorded = _storeback.waited_for(self.lease_seconds, threading.Event(), claimed, lambda: self.store, gave_up)
+        self._lease.close()  # the keeper that renewed over the broken connection
+        self._lease.enter_context(self._keeper(state))
+        return recorded
+
+    def _newest_is(self, state: RunState, kind: str, step: int | None, data: dict[str, Any]) -> bool:
+        """Whether the run's newest event is this one (written in a commit that went through as the connection
+        broke: only the runner that holds a running run writes its events)."""
+        events = list(self.store.events(state.run_id))
+        newest = events[-1] if events else None
+        return (
+            newest is not None
+            and (newest.kind, newest.step_id) == (kind, step)
+            and all(newest.data.get(key) == value for key, value in data.items())
+        )
+
+    def _ledger(self, state: RunState, at: str, usage: Usage, seconds: float, error: str | None = None) -> None:
+        row = CallRow(
+            id=self.clock.new_id(),
+            at=at,
+            plan_id=state.run_id,
+            task=state.question,
+            model=self.model.name,
+            purpose="react",
+            expected_steps=None,
+            budget=None,
+            effort=None,
+            input_tokens=usage.input,
+            output_tokens=usage.output,
+            thinking_tokens=usage.thinking,
+            cost=self.prices.cost(self.model.name, usage),
+            seconds=seconds,
+            ok=error is None,
+            error=error,
+        )
+
+        def record() -> None:
+            with self.store.transaction():
+                self.store.record_call(row)
+
+        self._kept(state, record, lambda: any(call.id == row.id for call in self.store.calls(plan_id=state.run_id)))
         metrics.model_call(row)
 
 
@@ -737,6 +853,11 @@ def _step(action: dict[str, Any]) -> Any:
 
 def _spec(tool: Tool) -> ToolSpec:
     return ToolSpec(name=tool.name, description=tool.description or tool.name, parameters=tool.params_schema)
+
+
+def _shown(text: str) -> str:
+    """A tool's answer as an error message quotes it."""
+    return repr(text if len(text) <= 200 else text[:197] + "...")
 
 
 def _digest(text: str) -> str:

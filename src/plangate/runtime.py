@@ -8,9 +8,7 @@ the hash-chained audit log under the plan's UUID.
 
 from __future__ import annotations
 
-import contextlib
 import threading
-import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from datetime import timedelta
@@ -19,6 +17,7 @@ from typing import Any, TypeVar
 from plangate import (
     _aio,
     _input,
+    _storeback,
     approval,
     drift,
     ledger,
@@ -29,7 +28,6 @@ from plangate import (
     recovery,
     replay,
     rundiff,
-    timeouts,
     tracing,
 )
 from plangate._clock import Clock, SystemClock, iso
@@ -43,7 +41,6 @@ from plangate.errors import (
     NotFoundError,
     PlangateError,
     StateError,
-    StoreError,
     StoreLostError,
     UsageError,
     quoted_id,
@@ -674,32 +671,22 @@ class Runtime:
             )
 
     def _take_back(self, claim: Claim, cut: StoreLostError, stop: threading.Event) -> Claim | RunResult:
-        """The store went away mid-run: wait for it (doubling the waits, as a worker's claims do), at most until
-        the run's lease would have run out, and claim the run again under that same lease (compare-and-set:
+        """The store went away mid-run: wait for it (:func:`plangate._storeback.waited_for`), at most until the
+        run's lease would have run out, and claim the run again under that same lease (compare-and-set:
         :meth:`start` with ``leased``), to record what it knew. The store not back in time (or ``stop`` set):
         a StoreLostError that names the outcomes known and not recorded, which the next run decides."""
-        deadline, times = time.monotonic() + self.lease_seconds, 0
-        while True:
-            times += 1
-            # The last wait ends at the deadline: one the doubling would carry past it gave up with a third of
-            # the lease to go. A try that late is safe: the claim finds the lease another's if it was taken.
-            left = deadline - time.monotonic()
-            given_up = left > 0 and stop.wait(min(timeouts.doubled(timeouts.STORE_RETRY_SECONDS, times), left))
-            if left <= 0 or given_up:
-                why = (
-                    "before its runner gave it up" if given_up else f"within the run's lease ({self.lease_seconds:g} s)"
-                )
-                raise StoreLostError(f"{cut}; the store was not back {why}: {cut.known.unrecorded()}", cut.known)
+
+        def claimed() -> Claim | RunResult:
+            self._reconnect()
             try:
-                self._reconnect()
                 return self.start(claim.plan.id, actor=claim.actor, owner=claim.owner, leased=True)
             except (LeaseLostError, StateError) as refused:
                 return self._taken_by_another(claim.plan.id, cut, refused)
-            except StoreError:
-                pass  # not back yet (a connection refused)
-            except Exception:
-                if not self.store.broken():  # not the store gone again: a failure of its own, not waited out
-                    raise
+
+        def gave_up(why: str) -> StoreLostError:
+            return StoreLostError(f"{cut}; the store was not back {why}: {cut.known.unrecorded()}", cut.known)
+
+        return _storeback.waited_for(self.lease_seconds, stop, claimed, lambda: self.store, gave_up)
 
     def _taken_by_another(self, plan_id: str, cut: StoreLostError, refused: PlangateError) -> RunResult:
         """The claim to take a run back was refused: the lease ran out and another runner took the plan over,
@@ -713,12 +700,7 @@ class Runtime:
 
     def _reconnect(self) -> None:
         """A new connection to the store in place of one that broke (a StoreError while the store is away)."""
-        made = _aio.reopened(self.store)
-        if made is None:  # a store in memory never goes away; nothing else to connect to
-            raise StoreError("the store cannot be opened again")
-        broken, self.store = self.store, made
-        with contextlib.suppress(Exception):  # a broken connection may refuse to close
-            broken.close()
+        self.store = _storeback.reconnected(self.store)
 
     def _rolled_back_if_due(self, claim: Claim, result: RunResult, rollback_owner: str | None) -> RunResult:
         """The policy's rollback of a halted run (``compensation.on_halt: auto``), unless a step's outcome is

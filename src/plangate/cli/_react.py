@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -109,7 +110,8 @@ def react_command(
         role=role,
         on_step=_print_step,
     )
-    result = agent.resume(runtime.resolve_id(resume_id)) if resume_id else agent.run(question or "")
+    with closing(runtime), closing(agent):  # the agent's connection may be one made again after a store cut
+        result = agent.resume(runtime.resolve_id(resume_id)) if resume_id else agent.run(question or "")
     click.echo(
         f"run {result.run_id}: {result.model_calls} model calls, {result.usage.input} input and "
         f"{result.usage.output} output tokens, {result.tool_calls} tool calls"
