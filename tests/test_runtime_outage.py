@@ -9,6 +9,7 @@ The connections are cut from inside a step's tool call (:mod:`tests.outage`).
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Iterator
 from contextlib import closing
 from typing import Any
@@ -112,6 +113,32 @@ def test_a_late_outcome_is_not_recorded_once_another_runner_took_the_plan(pg_db:
     assert [(plan_id, 1)] == CALLS
     with closing(open_store(pg_db)) as store:
         assert store.steps(plan_id)[1].status == "outcome_unknown"  # the other run's decision stands
+
+
+def test_a_take_back_whose_claim_was_cut_in_flight_claims_again(pg_db: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The claim that takes the run back commits, and its connection breaks before the answer comes: the next
+    try finds the plan under the lease that claim took, its own. It claims it again and records the payment,
+    where it read the plan as taken by another runner, raised, and left the payment started under a live
+    lease, for the next run to halt for a person."""
+    outage.cut_armed_commits(monkeypatch)
+    start, armed = Runtime.start, []
+
+    def the_take_back_cut(self: Runtime, plan_id: str, **kwargs: Any) -> Any:
+        if kwargs.get("leased") and not armed:  # the take-back's first claim (execute's own is not leased)
+            armed.append(plan_id)
+            outage.ARMED["thread"] = threading.get_ident()
+        return start(self, plan_id, **kwargs)
+
+    monkeypatch.setattr(Runtime, "start", the_take_back_cut)
+    plan_id = paid_then_noted(pg_db)
+    rt = Runtime(Catalogue(tools()), db=pg_db)
+    try:
+        result = rt.execute(plan_id)
+    finally:
+        rt.close()
+    assert armed == [plan_id] and "thread" not in outage.ARMED  # the claim's commit was cut
+    assert result.status == "succeeded" and result.outputs == {1: "paid 5", 2: 1}, result
+    ran_once_and_verifies(pg_db, plan_id, 2)
 
 
 def plangate(*args: str) -> tuple[int, str, str]:
