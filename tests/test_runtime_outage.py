@@ -18,7 +18,7 @@ import pytest
 from click.testing import CliRunner
 from fastapi.testclient import TestClient
 
-from plangate import Catalogue
+from plangate import Catalogue, engine
 from plangate.accounts import Accounts
 from plangate.cli import main
 from plangate.errors import LeaseLostError, StoreLostError
@@ -139,6 +139,65 @@ def test_a_take_back_whose_claim_was_cut_in_flight_claims_again(pg_db: str, monk
     assert armed == [plan_id] and "thread" not in outage.ARMED  # the claim's commit was cut
     assert result.status == "succeeded" and result.outputs == {1: "paid 5", 2: 1}, result
     ran_once_and_verifies(pg_db, plan_id, 2)
+
+
+def test_a_take_back_cut_off_before_its_run_began_still_knows_the_payment(
+    pg_db: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The store goes away again as soon as the run is claimed back, before its run's first transaction: the
+    second take-back still records the payment, where the run forgot the outcomes it was given and had not
+    yet loaded, and the plan halted for a person to settle a payment plangate knew had been made."""
+    start, cuts = Runtime.start, []
+
+    def cut_again(self: Runtime, plan_id: str, **kwargs: Any) -> Any:
+        claim = start(self, plan_id, **kwargs)
+        if kwargs.get("leased") and not cuts:  # the first take-back: its run has not begun
+            cuts.append(plan_id)
+            outage.cut_every_connection()
+        return claim
+
+    monkeypatch.setattr(Runtime, "start", cut_again)
+    plan_id = paid_then_noted(pg_db)
+    rt = Runtime(Catalogue(tools()), db=pg_db)
+    try:
+        result = rt.execute(plan_id)
+    finally:
+        rt.close()
+    assert cuts == [plan_id]
+    assert result.status == "succeeded" and result.outputs == {1: "paid 5", 2: 1}, result
+    ran_once_and_verifies(pg_db, plan_id, 2)
+
+
+def test_a_step_never_called_stays_so_when_its_restart_is_cut_off_too(
+    pg_db: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The commit that records the payment and starts the shipment goes through as its answer is lost; the run
+    that takes it back starts the shipment again, and the store goes away before that commits. The next
+    take-back still knows the shipment was never called, and starts it, where it read the shipment (its
+    record still the first start) as of unknown outcome and halted for a person."""
+    outage.cut_armed_commits(monkeypatch)
+    load, cuts = engine._Run._load, []
+
+    def cut_after_loading(self: engine._Run) -> None:
+        load(self)
+        if self.uncalled and not cuts:  # the first take-back: it restarts the shipment, uncommitted
+            cuts.append(self.plan_id)
+            outage.cut_every_connection()
+
+    monkeypatch.setattr(engine._Run, "_load", cut_after_loading)
+    plan_id = submitted(
+        pg_db,
+        {"id": 1, "tool": "pay_then_cut_the_commit", "params": {"amount": 5}},
+        {"id": 2, "tool": "ship", "params": {"n": 1}},
+    )
+    rt = Runtime(Catalogue(tools()), db=pg_db)
+    try:
+        result = rt.execute(plan_id)
+    finally:
+        rt.close()
+    assert cuts == [plan_id]
+    assert result.status == "succeeded" and result.outputs == {1: "paid 5", 2: 1}, result
+    ran_once_and_verifies(pg_db, plan_id, 2, restarted=2)
 
 
 def plangate(*args: str) -> tuple[int, str, str]:
