@@ -83,7 +83,20 @@ def note(n: int, ctx: RunContext) -> int:
 
 
 def tools() -> list[Any]:
-    return [pay, put, note, ship, pay_first, pay_beside, pay_then_stop, pay_and_lose_the_lease, pay_then_cut_the_commit]
+    return [
+        *(pay, put, note, ship, pay_first, pay_beside, pay_then_stop),
+        *(pay_and_lose_the_lease, pay_then_cut_the_commit, pay_then_tamper),
+    ]
+
+
+@tool(effect="irreversible")
+def pay_then_tamper(amount: int, ctx: RunContext) -> str:
+    """Pay; the store goes away, and someone changes the step's record outside plangate meanwhile."""
+    CALLS.append((ctx.plan_id, ctx.step_id))
+    cut_every_connection()
+    with closing(psycopg.connect(DB["url"], autocommit=True)) as admin:
+        admin.execute("UPDATE steps SET params = 'not json' WHERE plan_id = %s", (ctx.plan_id,))
+    return f"paid {amount}"
 
 
 STOPPING: list[Any] = []  # the worker a SIGTERM stops while its run is cut off

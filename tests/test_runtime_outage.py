@@ -21,7 +21,7 @@ from fastapi.testclient import TestClient
 from plangate import Catalogue, engine
 from plangate.accounts import Accounts
 from plangate.cli import main
-from plangate.errors import LeaseLostError, StoreLostError
+from plangate.errors import LeaseLostError, StoreError, StoreLostError
 from plangate.results import Progress
 from plangate.runtime import Runtime
 from plangate.server import create_app
@@ -198,6 +198,21 @@ def test_a_step_never_called_stays_so_when_its_restart_is_cut_off_too(
     assert cuts == [plan_id]
     assert result.status == "succeeded" and result.outputs == {1: "paid 5", 2: 1}, result
     ran_once_and_verifies(pg_db, plan_id, 2, restarted=2)
+
+
+def test_a_store_back_with_its_records_changed_says_so_at_once(pg_db: str) -> None:
+    """The store is back, and the claim to take the run back finds a record changed outside plangate: that is
+    said at once, where the take-back read it as the store not back yet, waited out the whole lease and said
+    the store was not back."""
+    plan_id = submitted(pg_db, {"id": 1, "tool": "pay_then_tamper", "params": {"amount": 5}})
+    rt = Runtime(Catalogue(tools()), db=pg_db, lease_seconds=30.0)
+    try:
+        with pytest.raises(StoreError, match="changed outside plangate") as raised:
+            rt.execute(plan_id)
+    finally:
+        rt.close()
+    assert not isinstance(raised.value, StoreLostError), raised.value
+    assert [(plan_id, 1)] == CALLS
 
 
 def plangate(*args: str) -> tuple[int, str, str]:

@@ -697,13 +697,16 @@ class Runtime:
                 raise StoreLostError(f"{cut}; the store was not back {why}: {cut.known.unrecorded()}", cut.known)
             try:
                 self._reconnect()
+            except Exception:  # noqa: BLE001 - not back yet (a connection refused, or gone again as it opened)
+                continue
+            try:
                 return self.start(claim.plan.id, actor=claim.actor, owner=claim.owner, leased=True, lease=lease)
             except (LeaseLostError, StateError) as refused:
                 return self._taken_by_another(claim.plan.id, cut, refused)
-            except StoreError:
-                pass  # not back yet (a connection refused)
             except Exception:
-                if not self.store.broken():  # not the store gone again: a failure of its own, not waited out
+                # Only the store gone again is waited out: a store back that refuses the claim (a record changed
+                # outside plangate, the audit key) says so at once, where it was read as not back yet till the end.
+                if not self.store.broken():
                     raise
 
     def _taken_by_another(self, plan_id: str, cut: StoreLostError, refused: PlangateError) -> RunResult:
