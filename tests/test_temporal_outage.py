@@ -12,19 +12,17 @@ import asyncio
 import collections
 import dataclasses
 import logging
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from plangate import Catalogue, engine, ledger
+from plangate import Catalogue, ledger
 from plangate import temporal as temporal_module
 from plangate.errors import StoreLostError
 from plangate.runtime import Runtime
 from plangate.testing import temporal_server
-from tests import outage
 from tests.helpers import plan
 from tests.test_temporal_attacks import RUN, _direct
 
@@ -61,13 +59,6 @@ def pay(amount: int) -> str:
 @tool(effect="write", idempotent=True, timeout=30)
 def put(n: int) -> int:
     _called("put")
-    return n
-
-
-@tool(effect="irreversible", timeout=30)
-def ship(n: int) -> int:
-    with (DIR / "calls.txt").open("a") as calls:
-        calls.write("ship\\n")
     return n
 
 
@@ -222,37 +213,3 @@ def _known(told: dict[str, Any]) -> Any:
     from plangate.engine import Unconfirmed
 
     return Unconfirmed(((told["attempt"], Outcome(**told["outcome"])),))
-
-
-def test_a_start_cut_in_flight_before_the_call_is_started_again(
-    pg_db: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The transaction that records the shipment as started commits, and its connection breaks before the
-    answer comes: the tool was never called. Temporal's retry, given the sealed details, starts it again and
-    calls it once, where it read the shipment as of unknown outcome and halted the plan for a person."""
-    monkeypatch.setitem(outage.DB, "url", pg_db)
-    outage.cut_armed_commits(monkeypatch)
-    start_one = engine._Run._start_one
-
-    def cut_the_start(self: engine._Run, step_id: int, row: Any) -> str | None:
-        said = start_one(self, step_id, row)
-        if said is None and not self.uncalled:  # the first attempt: its start's commit is cut in flight
-            outage.ARMED["thread"] = threading.get_ident()
-        return said
-
-    monkeypatch.setattr(engine._Run, "_start_one", cut_the_start)
-    tools, plan_id = _setup(tmp_path, pg_db, "ship")
-    args = {**_direct(pg_db, tools, "t-start-cut"), "step_id": 1}
-    raised, sent = _attempt(pg_db, tools, args, [])
-    assert isinstance(raised, StoreLostError), raised
-    assert "thread" not in outage.ARMED  # the start's commit was cut
-    assert _attempt(pg_db, tools, args, sent[-1:])[0] == "succeeded"
-    assert (tmp_path / "calls.txt").read_text().split() == ["ship"]
-    rt = Runtime(Catalogue.from_spec(tools), db=pg_db)
-    try:
-        kinds = collections.Counter((e.kind, e.step_id) for e in rt.store.events(plan_id))
-        assert kinds[("step.started", 1)] == 2 and kinds[("step.retrying", 1)] == 1, kinds
-        assert kinds[("step.outcome_unknown", 1)] == 0 and kinds[("step.succeeded", 1)] == 1, kinds
-        assert ledger.verify(rt.store).ok
-    finally:
-        rt.close()

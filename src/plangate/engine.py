@@ -57,7 +57,6 @@ from plangate.tools import Catalogue, RunContext, Tool, idempotency_key
 from plangate.tracing import Traces
 
 DEFAULT_CONCURRENCY = 8
-_NEVER_CALLED = "its start was recorded as the store went away, before its tool was called"
 
 
 @dataclass(frozen=True)
@@ -182,9 +181,7 @@ class Engine:
         run = _Run(self, plan_id, version, plan, actor)
         run.spans = (self.traces or tracing.default()).joined(plan_id, traceparent)
         run.held = held
-        known = known or Unconfirmed()
-        run.carried = {outcome.step_id: (attempt, outcome) for attempt, outcome in known.outcomes}
-        run.uncalled = set(known.uncalled)
+        run.carried = {outcome.step_id: (attempt, outcome) for attempt, outcome in (known or Unconfirmed()).outcomes}
         return run
 
 
@@ -335,17 +332,26 @@ class _Run:
         (a fence): a late attempt, paused while another took over or a person settled the step,
         changes nothing. A store that goes away after the call ends it with a
         :class:`~plangate.errors.StoreLostError` that carries the call's outcome, for the next attempt
-        (``stepper(known=...)``) to record; one that goes away as the step's start commits, before the call,
-        carries that the tool was not called, for the next attempt to start it again.
+        (``stepper(known=...)``) to record.
         """
-        try:
-            said, known = self._one_start(step_id)
-        except Exception as exc:
-            if step_id not in self.kwargs or not self.store.broken():  # no start of this attempt's was made
-                raise
-            raise self._one_cut_off(exc, uncalled=step_id) from exc
-        if said is not None:
-            return said
+        with self.store.transaction():
+            self._tick()
+            self._fence()
+            # The log's lock before the step's record is read: two attempts of the step under one claim (an
+            # orchestrator's retry beside an attempt it gave up on) pass the same fence, and on PostgreSQL
+            # both would read the step as never started and both call its tool. Now one reads the other's start.
+            self.store.lock_log()
+            self._reload()
+            row = self.rows.get(step_id)
+            if row is not None and row.status in DONE:
+                return row.status  # already done: the same answer again
+            if row is not None and row.status == "failed" and self._failed_in_this_run(step_id):
+                return row.status  # an attempt whose answer was lost, made again: the same answer again
+            known = self._known(row) if row is not None else None
+            if known is None:
+                said = self._start_one(step_id, row)
+                if said is not None:
+                    return said
         try:
             outcome = self._one_call(step_id, known)
             with self.store.transaction():
@@ -360,30 +366,9 @@ class _Run:
             raise self._one_cut_off(exc) from exc
         return self.rows[step_id].status
 
-    def _one_start(self, step_id: int) -> tuple[str | None, Outcome | None]:
-        """Read the step's record and start it: its status when it is not to be called (None: it is), and the
-        outcome an attempt cut off from its store knew of its call, to record in place of a call."""
-        with self.store.transaction():
-            self._tick()
-            self._fence()
-            # The log's lock before the step's record is read: two attempts of the step under one claim (an
-            # orchestrator's retry beside an attempt it gave up on) pass the same fence, and on PostgreSQL
-            # both would read the step as never started and both call its tool. Now one reads the other's start.
-            self.store.lock_log()
-            self._reload()
-            row = self.rows.get(step_id)
-            if row is not None and row.status in DONE:
-                return row.status, None  # already done: the same answer again
-            if row is not None and row.status == "failed" and self._failed_in_this_run(step_id):
-                return row.status, None  # an attempt whose answer was lost, made again: the same answer again
-            known = self._known(row) if row is not None else None
-            return (None, known) if known is not None else (self._start_one(step_id, row), None)
-
     def _start_one(self, step_id: int, row: StepRow | None) -> str | None:
         """Record the step as started (None: its tool is to be called), or say why it does not start."""
-        if row is not None and self._never_called(row):
-            self._run_again(row, _NEVER_CALLED)
-        elif row is not None and row.status in ("started", "outcome_unknown"):
+        if row is not None and row.status in ("started", "outcome_unknown"):
             self._unknown_outcome(row)
             if self.halt is not None:
                 return "outcome_unknown"
@@ -393,16 +378,9 @@ class _Run:
         self._check_lease()
         return None if self._prepare(step_id) else self.rows[step_id].status
 
-    def _one_cut_off(self, cause: Exception, *, uncalled: int | None = None) -> StoreLostError:
+    def _one_cut_off(self, cause: Exception) -> StoreLostError:
         """The store went away after the step's call: its outcome goes back with the error, for the attempt
-        that takes the step back under the same lease to record (as :meth:`_cut_off` does for a whole run).
-        ``uncalled``: it went away as the step's start committed, before its call: that goes back instead."""
-        if uncalled is not None:
-            attempt = self.rows[uncalled].attempt
-            held = f"step {uncalled}'s start (attempt {attempt}) is not confirmed recorded, and its tool was not called"
-            return StoreLostError(
-                f"plan {self.plan_id} lost its store ({cause}): {held}", Unconfirmed(uncalled=((attempt, uncalled),))
-            )
+        that takes the step back under the same lease to record (as :meth:`_cut_off` does for a whole run)."""
         assert self.answered is not None
         attempt, outcome = self.answered
         held = f"the outcome of step {outcome.step_id} (attempt {attempt}) is known and not confirmed recorded"
@@ -471,8 +449,8 @@ class _Run:
                 self._report("reused", step_id, row.status)
             elif row is not None and self._answered(row):
                 continue  # recorded with the outcomes of this run's first transaction
-            elif row is not None and self._never_called(row):
-                self._run_again(row, _NEVER_CALLED)
+            elif row is not None and row.status == "started" and (row.attempt, step_id) in self.uncalled:
+                self._run_again(row, "its start was recorded as the store went away, before its tool was called")
             elif row is not None and row.status in ("started", "outcome_unknown"):
                 self._unknown_outcome(row)
             elif row is not None and row.status == "failed" and step_id in self.unhalted:
@@ -503,10 +481,6 @@ class _Run:
         if carried is None or row.status != "started" or carried[0] != row.attempt:
             return None
         return carried[1]
-
-    def _never_called(self, row: StepRow) -> bool:
-        """Whether a run cut off from its store knew this started record was never called (:class:`Unconfirmed`)."""
-        return row.status == "started" and (row.attempt, row.step_id) in self.uncalled
 
     def _run_again(self, row: StepRow, why: str) -> None:
         """The step starts again (the next attempt, the same key), and the log says why."""

@@ -267,15 +267,9 @@ class _Heartbeats:
 def _seal(args: dict[str, Any], owner: str, known: Unconfirmed) -> dict[str, Any]:
     """What a step's attempt knew of its call and could not record, bound to the plan, its version and text,
     the step, the call's attempt and the run's lease, and sealed under the audit key: Temporal's history is
-    outside plangate's trust, and no outcome a tool did not give may come back from it. Or else that the step's
-    start was not confirmed and its tool not called (``uncalled``), for the retry to start it again."""
-    if known.outcomes:
-        (attempt, outcome), *_ = known.outcomes
-        said: dict[str, Any] = {"attempt": attempt, "outcome": dataclasses.asdict(outcome)}
-    else:
-        (attempt, _), *_ = known.uncalled
-        said = {"attempt": attempt, "uncalled": True}
-    told = {**_binding(args, owner), **said}
+    outside plangate's trust, and no outcome a tool did not give may come back from it."""
+    (attempt, outcome), *_ = known.outcomes
+    told = {**_binding(args, owner), "attempt": attempt, "outcome": dataclasses.asdict(outcome)}
     return {**told, "seal": _chain().seal_text(_sealed_text(told))}
 
 
@@ -289,11 +283,12 @@ def _unsealed(args: dict[str, Any], owner: str) -> Unconfirmed | None:
     try:
         seal, told = told["seal"], {k: v for k, v in told.items() if k != "seal"}
         sealed = hmac.compare_digest(str(seal), _chain().seal_text(_sealed_text(told)))
+        outcome = Outcome(**told["outcome"])
         bound = sealed and {k: told[k] for k in _binding(args, owner)} == _binding(args, owner)
-        known = _known(told, int(args["step_id"])) if bound and isinstance(told["attempt"], int) else None
+        bound = bound and outcome.step_id == int(args["step_id"]) and isinstance(told["attempt"], int)
     except (TypeError, KeyError, AttributeError, ValueError):
-        known = None
-    if known is None:
+        bound = False
+    if not bound:
         _log.warning(
             "plan %s step %s: a heartbeat's details that plangate did not seal for this step of this run "
             "are ignored: no outcome is taken from them",
@@ -301,15 +296,7 @@ def _unsealed(args: dict[str, Any], owner: str) -> Unconfirmed | None:
             args["step_id"],
         )
         return None
-    return known
-
-
-def _known(told: dict[str, Any], step_id: int) -> Unconfirmed | None:
-    """What sealed details say of the step's call: its outcome, or that it was never called."""
-    if told.get("uncalled") is True:
-        return Unconfirmed(uncalled=((told["attempt"], step_id),))
-    outcome = Outcome(**told["outcome"])
-    return Unconfirmed(((told["attempt"], outcome),)) if outcome.step_id == step_id else None
+    return Unconfirmed(((told["attempt"], outcome),))
 
 
 def _binding(args: dict[str, Any], owner: str) -> dict[str, Any]:
