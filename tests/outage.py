@@ -9,6 +9,7 @@ also the catalogue of the module ``tests.outage`` (``--tools tests.outage`` on t
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import threading
 from collections.abc import Iterator
@@ -85,8 +86,16 @@ def note(n: int, ctx: RunContext) -> int:
 def tools() -> list[Any]:
     return [
         *(pay, put, note, ship, pay_first, pay_beside, pay_then_stop),
-        *(pay_and_lose_the_lease, pay_then_cut_the_commit, pay_then_tamper),
+        *(pay_and_lose_the_lease, pay_then_cut_the_commit, pay_then_tamper, ship_too_slowly),
     ]
+
+
+@tool(effect="irreversible", timeout=0.2)
+async def ship_too_slowly(n: int, ctx: RunContext) -> int:
+    """A shipment that overruns its limit every time: it may have happened."""
+    CALLS.append((ctx.plan_id, ctx.step_id))
+    await asyncio.sleep(30)
+    return n
 
 
 @tool(effect="irreversible")

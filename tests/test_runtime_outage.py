@@ -18,7 +18,7 @@ import pytest
 from click.testing import CliRunner
 from fastapi.testclient import TestClient
 
-from plangate import Catalogue, engine
+from plangate import Catalogue, engine, ledger
 from plangate.accounts import Accounts
 from plangate.cli import main
 from plangate.errors import LeaseLostError, StoreError, StoreLostError
@@ -213,6 +213,44 @@ def test_a_store_back_with_its_records_changed_says_so_at_once(pg_db: str) -> No
         rt.close()
     assert not isinstance(raised.value, StoreLostError), raised.value
     assert [(plan_id, 1)] == CALLS
+
+
+def test_a_start_known_never_called_is_forgotten_once_the_step_starts_at_that_attempt(
+    pg_db: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The store goes away as the shipment's first start commits, and that commit does not go through; the run
+    taken back starts the shipment at that same attempt and calls it (it overruns: it may have happened); the
+    store goes away again as that is recorded. The next take-back reads the shipment as of unknown outcome and
+    halts for a person: it is never read as the start the first run knew was never called, and shipped again."""
+    start_ready, record_call, cuts = engine._Run._start_ready, engine._Run._record_call, []
+
+    def cut_as_it_starts(self: engine._Run) -> list[int]:
+        launch = start_ready(self)
+        if launch and not cuts:  # the first run's first start: its commit fails
+            cuts.append("start")
+            outage.cut_every_connection()
+        return launch
+
+    def cut_as_it_records(self: engine._Run, outcome: Any) -> None:
+        record_call(self, outcome)
+        if cuts == ["start"]:  # the shipment the run taken back called, read as of unknown outcome: not committed
+            cuts.append("outcome")
+            outage.cut_every_connection()
+
+    monkeypatch.setattr(engine._Run, "_start_ready", cut_as_it_starts)
+    monkeypatch.setattr(engine._Run, "_record_call", cut_as_it_records)
+    plan_id = submitted(pg_db, {"id": 1, "tool": "ship_too_slowly", "params": {"n": 1}})
+    rt = Runtime(Catalogue(tools()), db=pg_db)
+    try:
+        result = rt.execute(plan_id)
+    finally:
+        rt.close()
+    assert cuts == ["start", "outcome"]
+    assert result.status == "halted" and (result.error or "").startswith("outcome unknown"), result
+    assert [(plan_id, 1)] == CALLS  # shipped once
+    with closing(open_store(pg_db)) as store:
+        assert store.steps(plan_id)[1].status == "outcome_unknown"
+        assert ledger.verify(store).ok
 
 
 def plangate(*args: str) -> tuple[int, str, str]:

@@ -596,6 +596,8 @@ class _Run:
         )
         self.rows[step_id] = row
         self.store.put_step(row)
+        # A start this run knew was never called may not have committed: this one, at its attempt, may be called.
+        self.uncalled.discard((attempt, step_id))
         self._event(
             "step.started",
             step_id,
