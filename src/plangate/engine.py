@@ -311,7 +311,7 @@ class _Run:
         known_by_step = {**self.carried, **{s: (self.rows[s].attempt, outcome) for s, outcome in answered.items()}}
         uncalled = self.uncalled | {(self.rows[step_id].attempt, step_id) for step_id in self.starting}
         known = Unconfirmed(tuple(known_by_step[s] for s in sorted(known_by_step)), tuple(sorted(uncalled)))
-        held = f"; the outcomes of steps {known.steps} are known and not confirmed recorded" if answered else ""
+        held = f"; the outcomes of steps {known.steps} are known and not confirmed recorded" if known.outcomes else ""
         return StoreLostError(f"plan {self.plan_id}'s run lost its store ({cause}){held}", known)
 
     async def _next_done(self) -> None:
