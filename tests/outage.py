@@ -9,6 +9,7 @@ also the catalogue of the module ``tests.outage`` (``--tools tests.outage`` on t
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import threading
 from collections.abc import Iterator
@@ -83,7 +84,28 @@ def note(n: int, ctx: RunContext) -> int:
 
 
 def tools() -> list[Any]:
-    return [pay, put, note, ship, pay_first, pay_beside, pay_then_stop, pay_and_lose_the_lease, pay_then_cut_the_commit]
+    return [
+        *(pay, put, note, ship, pay_first, pay_beside, pay_then_stop),
+        *(pay_and_lose_the_lease, pay_then_cut_the_commit, pay_then_tamper, ship_too_slowly),
+    ]
+
+
+@tool(effect="irreversible", timeout=0.2)
+async def ship_too_slowly(n: int, ctx: RunContext) -> int:
+    """A shipment that overruns its limit every time: it may have happened."""
+    CALLS.append((ctx.plan_id, ctx.step_id))
+    await asyncio.sleep(30)
+    return n
+
+
+@tool(effect="irreversible")
+def pay_then_tamper(amount: int, ctx: RunContext) -> str:
+    """Pay; the store goes away, and someone changes the step's record outside plangate meanwhile."""
+    CALLS.append((ctx.plan_id, ctx.step_id))
+    cut_every_connection()
+    with closing(psycopg.connect(DB["url"], autocommit=True)) as admin:
+        admin.execute("UPDATE steps SET params = 'not json' WHERE plan_id = %s", (ctx.plan_id,))
+    return f"paid {amount}"
 
 
 STOPPING: list[Any] = []  # the worker a SIGTERM stops while its run is cut off

@@ -9,6 +9,7 @@ The connections are cut from inside a step's tool call (:mod:`tests.outage`).
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Iterator
 from contextlib import closing
 from typing import Any
@@ -17,10 +18,10 @@ import pytest
 from click.testing import CliRunner
 from fastapi.testclient import TestClient
 
-from plangate import Catalogue
+from plangate import Catalogue, engine, ledger
 from plangate.accounts import Accounts
 from plangate.cli import main
-from plangate.errors import LeaseLostError, StoreLostError
+from plangate.errors import LeaseLostError, StoreError, StoreLostError
 from plangate.results import Progress
 from plangate.runtime import Runtime
 from plangate.server import create_app
@@ -112,6 +113,144 @@ def test_a_late_outcome_is_not_recorded_once_another_runner_took_the_plan(pg_db:
     assert [(plan_id, 1)] == CALLS
     with closing(open_store(pg_db)) as store:
         assert store.steps(plan_id)[1].status == "outcome_unknown"  # the other run's decision stands
+
+
+def test_a_take_back_whose_claim_was_cut_in_flight_claims_again(pg_db: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The claim that takes the run back commits, and its connection breaks before the answer comes: the next
+    try finds the plan under the lease that claim took, its own. It claims it again and records the payment,
+    where it read the plan as taken by another runner, raised, and left the payment started under a live
+    lease, for the next run to halt for a person."""
+    outage.cut_armed_commits(monkeypatch)
+    start, armed = Runtime.start, []
+
+    def the_take_back_cut(self: Runtime, plan_id: str, **kwargs: Any) -> Any:
+        if kwargs.get("leased") and not armed:  # the take-back's first claim (execute's own is not leased)
+            armed.append(plan_id)
+            outage.ARMED["thread"] = threading.get_ident()
+        return start(self, plan_id, **kwargs)
+
+    monkeypatch.setattr(Runtime, "start", the_take_back_cut)
+    plan_id = paid_then_noted(pg_db)
+    rt = Runtime(Catalogue(tools()), db=pg_db)
+    try:
+        result = rt.execute(plan_id)
+    finally:
+        rt.close()
+    assert armed == [plan_id] and "thread" not in outage.ARMED  # the claim's commit was cut
+    assert result.status == "succeeded" and result.outputs == {1: "paid 5", 2: 1}, result
+    ran_once_and_verifies(pg_db, plan_id, 2)
+
+
+def test_a_take_back_cut_off_before_its_run_began_still_knows_the_payment(
+    pg_db: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The store goes away again as soon as the run is claimed back, before its run's first transaction: the
+    second take-back still records the payment, where the run forgot the outcomes it was given and had not
+    yet loaded, and the plan halted for a person to settle a payment plangate knew had been made."""
+    start, cuts = Runtime.start, []
+
+    def cut_again(self: Runtime, plan_id: str, **kwargs: Any) -> Any:
+        claim = start(self, plan_id, **kwargs)
+        if kwargs.get("leased") and not cuts:  # the first take-back: its run has not begun
+            cuts.append(plan_id)
+            outage.cut_every_connection()
+        return claim
+
+    monkeypatch.setattr(Runtime, "start", cut_again)
+    plan_id = paid_then_noted(pg_db)
+    rt = Runtime(Catalogue(tools()), db=pg_db)
+    try:
+        result = rt.execute(plan_id)
+    finally:
+        rt.close()
+    assert cuts == [plan_id]
+    assert result.status == "succeeded" and result.outputs == {1: "paid 5", 2: 1}, result
+    ran_once_and_verifies(pg_db, plan_id, 2)
+
+
+def test_a_step_never_called_stays_so_when_its_restart_is_cut_off_too(
+    pg_db: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The commit that records the payment and starts the shipment goes through as its answer is lost; the run
+    that takes it back starts the shipment again, and the store goes away before that commits. The next
+    take-back still knows the shipment was never called, and starts it, where it read the shipment (its
+    record still the first start) as of unknown outcome and halted for a person."""
+    outage.cut_armed_commits(monkeypatch)
+    load, cuts = engine._Run._load, []
+
+    def cut_after_loading(self: engine._Run) -> None:
+        load(self)
+        if self.uncalled and not cuts:  # the first take-back: it restarts the shipment, uncommitted
+            cuts.append(self.plan_id)
+            outage.cut_every_connection()
+
+    monkeypatch.setattr(engine._Run, "_load", cut_after_loading)
+    plan_id = submitted(
+        pg_db,
+        {"id": 1, "tool": "pay_then_cut_the_commit", "params": {"amount": 5}},
+        {"id": 2, "tool": "ship", "params": {"n": 1}},
+    )
+    rt = Runtime(Catalogue(tools()), db=pg_db)
+    try:
+        result = rt.execute(plan_id)
+    finally:
+        rt.close()
+    assert cuts == [plan_id]
+    assert result.status == "succeeded" and result.outputs == {1: "paid 5", 2: 1}, result
+    ran_once_and_verifies(pg_db, plan_id, 2, restarted=2)
+
+
+def test_a_store_back_with_its_records_changed_says_so_at_once(pg_db: str) -> None:
+    """The store is back, and the claim to take the run back finds a record changed outside plangate: that is
+    said at once, where the take-back read it as the store not back yet, waited out the whole lease and said
+    the store was not back."""
+    plan_id = submitted(pg_db, {"id": 1, "tool": "pay_then_tamper", "params": {"amount": 5}})
+    rt = Runtime(Catalogue(tools()), db=pg_db, lease_seconds=30.0)
+    try:
+        with pytest.raises(StoreError, match="changed outside plangate") as raised:
+            rt.execute(plan_id)
+    finally:
+        rt.close()
+    assert not isinstance(raised.value, StoreLostError), raised.value
+    assert [(plan_id, 1)] == CALLS
+
+
+def test_a_start_known_never_called_is_forgotten_once_the_step_starts_at_that_attempt(
+    pg_db: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The store goes away as the shipment's first start commits, and that commit does not go through; the run
+    taken back starts the shipment at that same attempt and calls it (it overruns: it may have happened); the
+    store goes away again as that is recorded. The next take-back reads the shipment as of unknown outcome and
+    halts for a person: it is never read as the start the first run knew was never called, and shipped again."""
+    start_ready, record_call, cuts = engine._Run._start_ready, engine._Run._record_call, []
+
+    def cut_as_it_starts(self: engine._Run) -> list[int]:
+        launch = start_ready(self)
+        if launch and not cuts:  # the first run's first start: its commit fails
+            cuts.append("start")
+            outage.cut_every_connection()
+        return launch
+
+    def cut_as_it_records(self: engine._Run, outcome: Any) -> None:
+        record_call(self, outcome)
+        if cuts == ["start"]:  # the shipment the run taken back called, read as of unknown outcome: not committed
+            cuts.append("outcome")
+            outage.cut_every_connection()
+
+    monkeypatch.setattr(engine._Run, "_start_ready", cut_as_it_starts)
+    monkeypatch.setattr(engine._Run, "_record_call", cut_as_it_records)
+    plan_id = submitted(pg_db, {"id": 1, "tool": "ship_too_slowly", "params": {"n": 1}})
+    rt = Runtime(Catalogue(tools()), db=pg_db)
+    try:
+        result = rt.execute(plan_id)
+    finally:
+        rt.close()
+    assert cuts == ["start", "outcome"]
+    assert result.status == "halted" and (result.error or "").startswith("outcome unknown"), result
+    assert [(plan_id, 1)] == CALLS  # shipped once
+    with closing(open_store(pg_db)) as store:
+        assert store.steps(plan_id)[1].status == "outcome_unknown"
+        assert ledger.verify(store).ok
 
 
 def plangate(*args: str) -> tuple[int, str, str]:

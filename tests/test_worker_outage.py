@@ -219,3 +219,18 @@ def test_a_run_whose_last_commit_was_cut_in_flight_ended_and_says_so(
     assert not w.refused and not w.failed, (w.refused, w.failed)
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
     ran_once_and_verifies(pg_db, plan_id, 1)
+
+
+def test_a_worker_that_served_and_drained_before_still_takes_its_runs_back(pg_db: str) -> None:
+    """A worker that served until nothing was left (``serve(drain=True)``) serves again: a run cut off from its
+    store still waits for it and records the payment, where the first drain's end, never cleared, made every
+    later run give up at once and leave a known payment for a person to settle."""
+    w = Worker(Catalogue(tools()), db=pg_db)
+    try:
+        assert w.serve(drain=True, poll=0.05) == 0  # nothing to do yet: the drain ends at once
+        plan_id = submitted(pg_db, {"id": 1, "tool": "pay", "params": {"amount": 5}})
+        assert w.serve(drain=True, poll=0.05) == 1
+    finally:
+        w.close()
+    assert w.failed == [], w.failed
+    ran_once_and_verifies(pg_db, plan_id, 1)

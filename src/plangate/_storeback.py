@@ -19,14 +19,17 @@ T = TypeVar("T")
 def waited_for(
     seconds: float,
     stop: threading.Event,
+    *,
+    reconnect: Callable[[], object],
     claim: Callable[[], T],
     store: Callable[[], Store],
     gave_up: Callable[[str], Exception],
 ) -> T:
-    """``claim`` (connect again and take the run back under its own lease) tried after waits that double (as
-    a worker's claims do), at most until the run's lease of ``seconds`` would have run out. A try that fails
-    because the store is still away is tried again; any other failure is raised. Not back in time (or
-    ``stop`` set): ``gave_up(why)`` is raised. ``store``: the run's store as it is now (each try connects again)."""
+    """``reconnect`` then ``claim`` (take the run back under its own lease) tried after waits that double (as
+    a worker's claims do), at most until the run's lease of ``seconds`` would have run out. A connection that
+    cannot be made, or a claim whose connection broke again, is tried again; any other failure of the claim
+    (a store back that refuses it: a record changed outside plangate, the audit key) is raised at once. Not
+    back in time (or ``stop`` set): ``gave_up(why)`` is raised. ``store``: the run's store as it is now."""
     deadline, times = time.monotonic() + seconds, 0
     while True:
         times += 1
@@ -37,9 +40,11 @@ def waited_for(
         if left <= 0 or given_up:
             raise gave_up("before its runner gave it up" if given_up else f"within the run's lease ({seconds:g} s)")
         try:
+            reconnect()
+        except Exception:  # noqa: BLE001 - not back yet (a connection refused, or gone again as it opened)
+            continue
+        try:
             return claim()
-        except StoreError:
-            pass  # not back yet (a connection refused)
         except Exception:
             if not store().broken():  # not the store gone again: a failure of its own, not waited out
                 raise

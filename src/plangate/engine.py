@@ -72,8 +72,9 @@ class Unconfirmed:
 
     outcomes: tuple[tuple[int, Outcome], ...] = ()
     uncalled: tuple[tuple[int, int], ...] = ()
-    """Steps (``(attempt, step id)``) the broken transaction recorded as started, whose tools were never
-    called: if that commit went through in flight, they run again (never read as of unknown outcome)."""
+    """Steps (``(attempt, step id)``) recorded as started whose tools were never called (by the broken
+    transaction, or by one an earlier run of the lease knew of): where that commit went through in flight, they
+    run again (never read as of unknown outcome)."""
 
     @property
     def steps(self) -> list[int]:
@@ -155,7 +156,7 @@ class Engine:
         run.unhalted = failed
         known = known or Unconfirmed()
         run.carried = {outcome.step_id: (attempt, outcome) for attempt, outcome in known.outcomes}
-        run.uncalled = {step_id: attempt for attempt, step_id in known.uncalled}
+        run.uncalled = set(known.uncalled)
         return run.watched()
 
     def stepper(
@@ -200,7 +201,7 @@ class _Run:
         self.carried: dict[int, tuple[int, Outcome]] = {}  # outcomes a run cut off from its store knew, for _load
         self.held: Callable[[], Mapping[int, StepRow]] | None = None  # the rows as checked, for _reload
         self.answered: tuple[int, Outcome] | None = None  # one()'s last call: its attempt and outcome
-        self.uncalled: dict[int, int] = {}  # steps it started and never called, by attempt, for _load
+        self.uncalled: set[tuple[int, int]] = set()  # (attempt, step id) started and never called, for _load
         self.recording: list[Outcome] = []  # the outcomes handed to the open transaction, until it commits
         self.starting: list[int] = []  # the steps it records as started, until it commits
         self.position = {step_id: index for index, step_id in enumerate(self.order)}
@@ -299,16 +300,18 @@ class _Run:
 
     async def _cut_off(self, cause: Exception) -> StoreLostError:
         """The store went away: the calls in flight are waited for (each within its limit), and the outcomes
-        that no commit confirmed go back with the error, for the run that takes the plan back to record."""
+        that no commit confirmed go back with the error, for the run that takes the plan back to record. So
+        does what this run was given to record and has not loaded (the store went away again before its first
+        transaction), and every step it knows was started and never called (a commit that failed here may not
+        have started it again)."""
         answered = {outcome.step_id: outcome for outcome in [*self.recording, *self.finished]}
         ended = await asyncio.gather(*self.in_flight, return_exceptions=True)  # a retry's own commit fails too
         answered.update({outcome.step_id: outcome for outcome in ended if isinstance(outcome, Outcome)})
         self.in_flight.clear()
-        known = Unconfirmed(
-            tuple((self.rows[step_id].attempt, answered[step_id]) for step_id in sorted(answered)),
-            tuple((self.rows[step_id].attempt, step_id) for step_id in self.starting),
-        )
-        held = f"; the outcomes of steps {known.steps} are known and not confirmed recorded" if answered else ""
+        known_by_step = {**self.carried, **{s: (self.rows[s].attempt, outcome) for s, outcome in answered.items()}}
+        uncalled = self.uncalled | {(self.rows[step_id].attempt, step_id) for step_id in self.starting}
+        known = Unconfirmed(tuple(known_by_step[s] for s in sorted(known_by_step)), tuple(sorted(uncalled)))
+        held = f"; the outcomes of steps {known.steps} are known and not confirmed recorded" if known.outcomes else ""
         return StoreLostError(f"plan {self.plan_id}'s run lost its store ({cause}){held}", known)
 
     async def _next_done(self) -> None:
@@ -446,7 +449,7 @@ class _Run:
                 self._report("reused", step_id, row.status)
             elif row is not None and self._answered(row):
                 continue  # recorded with the outcomes of this run's first transaction
-            elif row is not None and row.status == "started" and self.uncalled.get(step_id) == row.attempt:
+            elif row is not None and row.status == "started" and (row.attempt, step_id) in self.uncalled:
                 self._run_again(row, "its start was recorded as the store went away, before its tool was called")
             elif row is not None and row.status in ("started", "outcome_unknown"):
                 self._unknown_outcome(row)
@@ -454,6 +457,7 @@ class _Run:
                 self.halt = self.halt or (step_id, row.error or "failed", None)  # the halt its run did not record
             else:
                 self.waiting.add(step_id)
+        self.carried = {}  # each recorded above, or moot (the step is done, or has no record)
         for step_id in self.waiting:
             self.blockers[step_id] = set(self.deps[step_id]) - self.outputs.keys()
             for dep in self.blockers[step_id]:
@@ -592,6 +596,8 @@ class _Run:
         )
         self.rows[step_id] = row
         self.store.put_step(row)
+        # A start this run knew was never called may not have committed: this one, at its attempt, may be called.
+        self.uncalled.discard((attempt, step_id))
         self._event(
             "step.started",
             step_id,

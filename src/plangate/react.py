@@ -747,8 +747,10 @@ class ReActAgent:
         owner = state.owner
         assert owner is not None and self._lease is not None
 
-        def claimed() -> bool:
+        def reconnect() -> None:
             self.store = self._made = _storeback.reconnected(self.store)
+
+        def claimed() -> bool:
             held = self.store.renew(state.run_id, owner, self._until())
             if done():
                 return True
@@ -762,7 +764,14 @@ class ReActAgent:
             said = f"ReAct run {state.run_id} lost its store ({cause}); the store was not back {why}: {known}"
             return StoreLostError(said, Unconfirmed())
 
-        recorded = _storeback.waited_for(self.lease_seconds, threading.Event(), claimed, lambda: self.store, gave_up)
+        recorded = _storeback.waited_for(
+            self.lease_seconds,
+            threading.Event(),
+            reconnect=reconnect,
+            claim=claimed,
+            store=lambda: self.store,
+            gave_up=gave_up,
+        )
         self._lease.close()  # the keeper that renewed over the broken connection
         self._lease.enter_context(self._keeper(state))
         return recorded

@@ -521,13 +521,17 @@ class Runtime:
             raise StateError(f"plan {plan.id} is {plan.status}; only an approved plan can run")
         return self.drive(self.start(plan.id, actor=actor, owner=owner), progress)
 
-    def start(self, plan_id: str, *, actor: str, owner: str | None = None, leased: bool = False) -> Claim:
+    def start(
+        self, plan_id: str, *, actor: str, owner: str | None = None, leased: bool = False, lease: str | None = None
+    ) -> Claim:
         """Claim the plan for a run, after proving that exactly this text was approved.
 
         ``leased``: ``owner`` leased the plan beforehand (a worker's claim); the run starts only
         while that lease is still its own, never after it was given back or taken by another, and
         only once: the run's lease takes its place. ``owner`` is a name: every claim holds a lease of
         its own (:func:`plangate.lifecycle.claimant`), the claim's ``owner``, which its fences name.
+        ``lease``: that lease's name, given (a take-back tries one name until its claim is answered: a try
+        whose commit went through as its answer was lost left the plan under that lease, still its own).
 
         The plan's events are replayed (:mod:`plangate.ledger`): the stored text must hash
         to the current version's hash, the rows must agree with the audit log, and the
@@ -536,14 +540,14 @@ class Runtime:
         longer passes, or needs approvals it lacks, it goes back for approval and the run is
         refused. Nothing runs unless all of that holds, and no two runners hold one plan.
         """
-        held = owner if leased else None
-        claimant = lifecycle.claimant(owner) if owner else lifecycle.runner(actor)
+        claimant = lease or (lifecycle.claimant(owner) if owner else lifecycle.runner(actor))
         refusal: str | None = None
         proved = self._proved_before(plan_id)
         with self.store.transaction():
             plan, version = self._locked(plan_id)
-            if leased and plan.lease_owner != owner:
+            if leased and plan.lease_owner not in (owner, claimant):
                 raise LeaseLostError(f"{owner} no longer holds its claim on plan {plan_id}: it does not start")
+            held = plan.lease_owner if leased else None
             if proved is not None and proved[0] == (plan, version, self.store.newest_event(plan.id)):
                 body, told, policy, recheck = proved[1]  # nothing of the plan changed since: the proof holds
             else:
@@ -675,18 +679,25 @@ class Runtime:
         run's lease would have run out, and claim the run again under that same lease (compare-and-set:
         :meth:`start` with ``leased``), to record what it knew. The store not back in time (or ``stop`` set):
         a StoreLostError that names the outcomes known and not recorded, which the next run decides."""
+        lease = lifecycle.claimant(claim.owner)  # one name for every try: a try cut in flight may have taken it
 
         def claimed() -> Claim | RunResult:
-            self._reconnect()
             try:
-                return self.start(claim.plan.id, actor=claim.actor, owner=claim.owner, leased=True)
+                return self.start(claim.plan.id, actor=claim.actor, owner=claim.owner, leased=True, lease=lease)
             except (LeaseLostError, StateError) as refused:
                 return self._taken_by_another(claim.plan.id, cut, refused)
 
         def gave_up(why: str) -> StoreLostError:
             return StoreLostError(f"{cut}; the store was not back {why}: {cut.known.unrecorded()}", cut.known)
 
-        return _storeback.waited_for(self.lease_seconds, stop, claimed, lambda: self.store, gave_up)
+        return _storeback.waited_for(
+            self.lease_seconds,
+            stop,
+            reconnect=self._reconnect,
+            claim=claimed,
+            store=lambda: self.store,
+            gave_up=gave_up,
+        )
 
     def _taken_by_another(self, plan_id: str, cut: StoreLostError, refused: PlangateError) -> RunResult:
         """The claim to take a run back was refused: the lease ran out and another runner took the plan over,

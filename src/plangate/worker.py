@@ -135,6 +135,7 @@ class Worker:
         self, *, drain: bool = False, poll: float = 1.0, on_result: Callable[[RunResult], object] | None = None
     ) -> int:
         """Run plans until stopped (or, with ``drain``, until none is left). Returns how many ran."""
+        self._drained.clear()  # an earlier serve's drain gave up its own runs' waits for the store, not these
         try:
             while not self._stopping.is_set():
                 with self._cond:
@@ -207,6 +208,7 @@ class Worker:
 
     def run_one(self) -> RunResult | None:
         """Claim and run one plan on this thread; None when there is nothing to do."""
+        self._drained.clear()  # as in serve: a drain before this gave up its own runs' waits, not this one's
         while True:
             claimed = self._claim(1)
             if not claimed:
