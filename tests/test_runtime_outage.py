@@ -79,6 +79,26 @@ def test_aexecute_takes_its_run_back_on_its_own_connection(pg_db: str) -> None:
     ran_once_and_verifies(pg_db, plan_id, 2)
 
 
+def executed(db: str, plan_id: str) -> Any:
+    """What ``Runtime.execute`` gives back, on a runtime of its own."""
+    rt = Runtime(Catalogue(tools()), db=db)
+    try:
+        return rt.execute(plan_id)
+    finally:
+        rt.close()
+
+
+def refused(db: str, plan_id: str, error: type[Exception], lease_seconds: float = 1.0) -> Exception:
+    """The error ``Runtime.execute`` ends with, on a runtime of its own whose leases last ``lease_seconds``."""
+    rt = Runtime(Catalogue(tools()), db=db, lease_seconds=lease_seconds)
+    try:
+        with pytest.raises(error) as raised:
+            rt.execute(plan_id)
+    finally:
+        rt.close()
+    return raised.value
+
+
 def test_a_store_not_back_within_the_lease_is_said_with_the_steps_known(
     pg_db: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -87,13 +107,7 @@ def test_a_store_not_back_within_the_lease_is_said_with_the_steps_known(
     plan_id = submitted(pg_db, {"id": 1, "tool": "pay", "params": {"amount": 5}})
 
     store_stays_away(monkeypatch)
-    rt = Runtime(Catalogue(tools()), db=pg_db, lease_seconds=1.0)
-    try:
-        with pytest.raises(StoreLostError) as raised:
-            rt.execute(plan_id)
-    finally:
-        rt.close()
-    said = str(raised.value)
+    said = str(refused(pg_db, plan_id, StoreLostError))
     assert "not back within the run's lease (1 s)" in said and "steps [1]) are not recorded" in said, said
     assert "the next run of the plan decides them" in said, said
     with closing(open_store(pg_db)) as store:
@@ -102,13 +116,7 @@ def test_a_store_not_back_within_the_lease_is_said_with_the_steps_known(
 
 def test_a_late_outcome_is_not_recorded_once_another_runner_took_the_plan(pg_db: str) -> None:
     plan_id = submitted(pg_db, {"id": 1, "tool": "pay_and_lose_the_lease", "params": {"amount": 5}})
-    rt = Runtime(Catalogue(tools()), db=pg_db, lease_seconds=1.0)
-    try:
-        with pytest.raises(LeaseLostError) as raised:
-            rt.execute(plan_id)
-    finally:
-        rt.close()
-    said = str(raised.value)
+    said = str(refused(pg_db, plan_id, LeaseLostError))
     assert "no longer holds" in said and "steps [1]) are not recorded" in said, said
     assert [(plan_id, 1)] == CALLS
     with closing(open_store(pg_db)) as store:
@@ -131,11 +139,7 @@ def test_a_take_back_whose_claim_was_cut_in_flight_claims_again(pg_db: str, monk
 
     monkeypatch.setattr(Runtime, "start", the_take_back_cut)
     plan_id = paid_then_noted(pg_db)
-    rt = Runtime(Catalogue(tools()), db=pg_db)
-    try:
-        result = rt.execute(plan_id)
-    finally:
-        rt.close()
+    result = executed(pg_db, plan_id)
     assert armed == [plan_id] and "thread" not in outage.ARMED  # the claim's commit was cut
     assert result.status == "succeeded" and result.outputs == {1: "paid 5", 2: 1}, result
     ran_once_and_verifies(pg_db, plan_id, 2)
@@ -158,11 +162,7 @@ def test_a_take_back_cut_off_before_its_run_began_still_knows_the_payment(
 
     monkeypatch.setattr(Runtime, "start", cut_again)
     plan_id = paid_then_noted(pg_db)
-    rt = Runtime(Catalogue(tools()), db=pg_db)
-    try:
-        result = rt.execute(plan_id)
-    finally:
-        rt.close()
+    result = executed(pg_db, plan_id)
     assert cuts == [plan_id]
     assert result.status == "succeeded" and result.outputs == {1: "paid 5", 2: 1}, result
     ran_once_and_verifies(pg_db, plan_id, 2)
@@ -190,11 +190,7 @@ def test_a_step_never_called_stays_so_when_its_restart_is_cut_off_too(
         {"id": 1, "tool": "pay_then_cut_the_commit", "params": {"amount": 5}},
         {"id": 2, "tool": "ship", "params": {"n": 1}},
     )
-    rt = Runtime(Catalogue(tools()), db=pg_db)
-    try:
-        result = rt.execute(plan_id)
-    finally:
-        rt.close()
+    result = executed(pg_db, plan_id)
     assert cuts == [plan_id]
     assert result.status == "succeeded" and result.outputs == {1: "paid 5", 2: 1}, result
     ran_once_and_verifies(pg_db, plan_id, 2, restarted=2)
@@ -205,13 +201,8 @@ def test_a_store_back_with_its_records_changed_says_so_at_once(pg_db: str) -> No
     said at once, where the take-back read it as the store not back yet, waited out the whole lease and said
     the store was not back."""
     plan_id = submitted(pg_db, {"id": 1, "tool": "pay_then_tamper", "params": {"amount": 5}})
-    rt = Runtime(Catalogue(tools()), db=pg_db, lease_seconds=30.0)
-    try:
-        with pytest.raises(StoreError, match="changed outside plangate") as raised:
-            rt.execute(plan_id)
-    finally:
-        rt.close()
-    assert not isinstance(raised.value, StoreLostError), raised.value
+    error = refused(pg_db, plan_id, StoreError, lease_seconds=30.0)
+    assert "changed outside plangate" in str(error) and not isinstance(error, StoreLostError), error
     assert [(plan_id, 1)] == CALLS
 
 
@@ -240,11 +231,7 @@ def test_a_start_known_never_called_is_forgotten_once_the_step_starts_at_that_at
     monkeypatch.setattr(engine._Run, "_start_ready", cut_as_it_starts)
     monkeypatch.setattr(engine._Run, "_record_call", cut_as_it_records)
     plan_id = submitted(pg_db, {"id": 1, "tool": "ship_too_slowly", "params": {"n": 1}})
-    rt = Runtime(Catalogue(tools()), db=pg_db)
-    try:
-        result = rt.execute(plan_id)
-    finally:
-        rt.close()
+    result = executed(pg_db, plan_id)
     assert cuts == ["start", "outcome"]
     assert result.status == "halted" and (result.error or "").startswith("outcome unknown"), result
     assert [(plan_id, 1)] == CALLS  # shipped once

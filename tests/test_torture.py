@@ -31,6 +31,17 @@ def load_bench() -> object:
     return module
 
 
+def held_every_promise(counts: dict[str, int], stats: Any) -> None:
+    """The torture's zeros: no effect twice, nothing lost, every plan ended, the log intact."""
+    assert counts["duplicated effects of idempotent tools"] == 0
+    assert counts["silent re-runs of non-idempotent tools"] == 0
+    assert counts.get("lost or duplicated completed steps", 0) == 0
+    assert counts.get("sends the store does not know about", 0) == 0
+    assert counts.get("plans that did not end", 0) == 0, counts
+    assert counts["audit log intact"] == 1
+    assert counts["plans"] == stats.plans == counts.get("plans succeeded", 0) + counts.get("plans halted", 0)
+
+
 def test_random_kills_lose_and_repeat_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     bench = load_bench()
     monkeypatch.setenv("TORTURE_LEDGER", str(tmp_path / "ledger.db"))
@@ -63,13 +74,7 @@ def test_three_workers_killed_on_postgresql_lose_and_repeat_nothing(
     stats = bench.torture_workers(fleet, plans=30, kills=20, seed=3, backlog=12)
     counts = bench.check(db, tmp_path)
     assert stats.kills >= 20 and stats.exits == 0, stats.errors
-    assert counts["duplicated effects of idempotent tools"] == 0
-    assert counts["silent re-runs of non-idempotent tools"] == 0
-    assert counts.get("lost or duplicated completed steps", 0) == 0
-    assert counts.get("sends the store does not know about", 0) == 0
-    assert counts.get("plans that did not end", 0) == 0, counts
-    assert counts["audit log intact"] == 1
-    assert counts["plans"] == stats.plans == counts.get("plans succeeded", 0) + counts.get("plans halted", 0)
+    held_every_promise(counts, stats)
     with closing(open_store(db)) as store:
         actors = {e.actor for e in store.events() if e.kind in ("run.started", "run.resumed")}
     assert len(actors) >= 2, f"more than one worker process ran plans: {actors}"
@@ -90,10 +95,4 @@ def test_three_workers_cut_off_from_postgresql_keep_every_answer(
     assert stats.cuts >= 20 and stats.kills == 0 and stats.exits == 0, stats.errors
     assert counts.get("known outcomes lost", 0) == 0, counts
     assert counts.get("known outcomes recorded after a cut", 0) >= 1, counts
-    assert counts["duplicated effects of idempotent tools"] == 0
-    assert counts["silent re-runs of non-idempotent tools"] == 0
-    assert counts.get("lost or duplicated completed steps", 0) == 0
-    assert counts.get("sends the store does not know about", 0) == 0
-    assert counts.get("plans that did not end", 0) == 0, counts
-    assert counts["audit log intact"] == 1
-    assert counts["plans"] == stats.plans == counts.get("plans succeeded", 0) + counts.get("plans halted", 0)
+    held_every_promise(counts, stats)
