@@ -7,6 +7,7 @@ import sys
 from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import click
 import pytest
@@ -253,3 +254,24 @@ def test_the_demo_walks_the_whole_story(tmp_path: Path) -> None:
     assert "planned from the library: template 'refund-and-tell', slots {'invoice_id': '44'}" in out
     assert "run SUCCEEDED (4 steps)" in out and "audit log intact:" in out
     assert out.rstrip().endswith("{'refund': 2, 'email': 2}")
+
+
+def test_a_store_that_goes_away_mid_command_ends_it_plainly(pg_db: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The PostgreSQL connection cut while a command reads (a server restart, a network cut): one plain line
+    and exit 2, where the driver's error ended the command with a traceback."""
+    from plangate.runtime import Runtime
+    from tests import outage
+
+    outage.DB["url"] = pg_db
+    listed = Runtime.list_plans
+
+    def cut_first(self: Runtime, *args: Any, **kwargs: Any) -> Any:
+        outage.cut_every_connection()
+        return listed(self, *args, **kwargs)
+
+    monkeypatch.setattr(Runtime, "list_plans", cut_first)
+    code, out, err = run("list", "--db", pg_db)
+    assert code == 2, (out, err)
+    assert "Traceback" not in out + err
+    assert err.startswith("plangate: the store could not be used (") and err.count("\n") == 1, err
+    assert "the command can be run again once the store answers" in err, err

@@ -12,7 +12,8 @@
 Commands exit with 1 and 3 themselves, from the result they got. Codes 2 and 4 come from
 one place, :class:`PlainErrors`, the class of the top group: a plangate error raised by
 any command below it ends the command with ``plangate: ...`` on standard error, never a
-traceback. Any other exception is a bug (plangate's or a tool's) and keeps its traceback.
+traceback; so does the database's driver when the store goes away mid-command (exit 2). Any other
+exception is a bug (plangate's or a tool's) and keeps its traceback.
 """
 
 from __future__ import annotations
@@ -52,3 +53,27 @@ class PlainErrors(click.Group):
         except PlangateError as exc:
             click.echo(message(exc), err=True)
             sys.exit(exit_code(exc))
+        except Exception as exc:
+            if not store_failed(exc):
+                raise
+            said = " ".join(str(exc).split()) or type(exc).__name__
+            click.echo(
+                f"plangate: the store could not be used ({said}); what was recorded before stays recorded, and the "
+                "command can be run again once the store answers",
+                err=True,
+            )
+            sys.exit(EXIT_BAD_INPUT)
+
+
+def store_failed(exc: BaseException) -> bool:
+    """Whether ``exc`` is the database's driver saying the store could not be used mid-command (a connection
+    cut by a server restart or a network, a disk error), not a bug: the store's own errors are plangate's."""
+    import sqlite3
+
+    if isinstance(exc, sqlite3.OperationalError):  # not "no such table" and the like: those are bugs
+        return any(said in str(exc) for said in _SQLITE_FAILURES)
+    psycopg = sys.modules.get("psycopg")  # loaded only where a PostgreSQL store was opened
+    return psycopg is not None and isinstance(exc, (psycopg.OperationalError, psycopg.InterfaceError))
+
+
+_SQLITE_FAILURES = ("database is locked", "disk I/O error", "unable to open database file", "database or disk is full")
