@@ -18,7 +18,7 @@ import pytest
 from click.testing import CliRunner
 from fastapi.testclient import TestClient
 
-from plangate import Catalogue, engine, ledger
+from plangate import Catalogue, engine, ledger, tool
 from plangate.accounts import Accounts
 from plangate.cli import main
 from plangate.errors import LeaseLostError, StoreError, StoreLostError
@@ -305,3 +305,52 @@ def test_the_api_says_what_was_not_recorded_when_the_store_is_not_back_in_time(
     reply = api_as_the_requester(pg_db).post(f"/api/plans/{plan_id}/execute")
     assert reply.status_code == 503, reply.text
     assert "steps [1]) are not recorded: the next run of the plan decides them" in reply.json()["error"]
+
+
+@tool(effect="write", compensate="refund")
+def book(n: int) -> dict[str, str]:
+    """A booking, undone by refund."""
+    return {"booking": f"b{n}"}
+
+
+@tool(effect="write", idempotent=True)
+def refund(booking: str) -> str:
+    CALLS.append((booking, 0))
+    return f"refunded {booking}"
+
+
+@tool(effect="write")
+def declined(n: int) -> int:
+    raise RuntimeError("declined")
+
+
+def test_the_policys_rollback_begins_once_the_store_is_back(pg_db: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The run halts, and the store goes away as the policy's rollback begins: the rollback waits for the store
+    and begins then, where the driver's error reached the caller and the halted plan was never rolled back."""
+    from plangate.policy import Policy
+
+    rolling = Policy.from_yaml("version: 1\nname: rolling\ncompensation: {on_halt: auto}\n")
+    catalogue = Catalogue([book, refund, declined])
+    rt = Runtime(catalogue, rolling, db=pg_db)
+    steps = [{"id": 1, "tool": "book", "params": {"n": 1}}, {"id": 2, "tool": "declined", "params": {"n": 1}}]
+    record = rt.submit({"task": "t", "category": "c", "steps": [{"rationale": "r", **s} for s in steps]}, "ann")
+    rt.approve(record.id, "ben", record.hash)
+    roll_back, cuts = Runtime._roll_back, []
+
+    def cut_first(self: Runtime, plan_id: str, **kwargs: Any) -> Any:
+        if not cuts:
+            cuts.append(plan_id)
+            outage.cut_every_connection()
+        return roll_back(self, plan_id, **kwargs)
+
+    monkeypatch.setattr(Runtime, "_roll_back", cut_first)
+    try:
+        result = rt.execute(record.id)
+    finally:
+        rt.close()
+    assert cuts == [record.id] and result.status == "halted" and result.failed_step == 2, result
+    assert CALLS == [("b1", 0)]  # refunded once
+    with closing(open_store(pg_db)) as store:
+        row = store.get_plan(record.id)
+        assert row is not None and row.status == "compensated" and row.lease_owner is None
+        assert store.verify_audit().ok

@@ -8,6 +8,7 @@ the hash-chained audit log under the plan's UUID.
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
@@ -722,14 +723,34 @@ class Runtime:
         unknown = (result.error or "").startswith("outcome unknown") or recovery.unknown(
             self.store.steps(claim.plan.id).items()
         )
-        if not unknown:
-            self._roll_back(
+        if unknown:
+            return result
+
+        def roll_back() -> object:
+            return self._roll_back(
                 claim.plan.id,
                 actor=f"policy:{policy.name}",
                 reason="the policy rolls back halted plans",
                 by_person=False,
                 owner=rollback_owner,
             )
+
+        try:
+            roll_back()
+        except Exception as exc:  # the store gone as it began: begun again once it is back (the begin is a
+            if not self.store.broken():  # compare-and-set, so one that went through is not begun twice)
+                raise
+            plan_id, cause = claim.plan.id, " ".join(str(exc).split())
+
+            def gave_up(why: str) -> StoreLostError:
+                return StoreLostError(
+                    f"plan {plan_id} halted, and its store went away as the policy's rollback began ({cause}); the "
+                    f"store was not back {why}: run plangate compensate {plan_id} once it is",
+                    Unconfirmed(),
+                )
+
+            wait = functools.partial(_storeback.waited_for, self.lease_seconds, threading.Event())
+            wait(reconnect=self._reconnect, claim=roll_back, store=lambda: self.store, gave_up=gave_up)
         return result
 
     def _policy_now(self, version: VersionRow) -> Policy | None:
