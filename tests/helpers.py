@@ -137,3 +137,21 @@ def waiting_for_the_log(db: str) -> int:
             (_LOG_LOCK,),
         ).fetchone()
     return int(row[0]) if row else 0
+
+
+ROLLING = "version: 1\nname: rolling\ncompensation: {on_halt: auto}\n"
+"""A policy that rolls back halted plans on its own."""
+
+
+def rolled_back_on_halt(db: str, tools: list[Any], done: str, fails: str) -> tuple[Any, str]:
+    """A runtime under :data:`ROLLING` over ``tools``, and a plan of two steps it approved: ``done`` (a tool undone
+    by another) then ``fails`` (a tool that fails), so that its run halts and the policy rolls it back."""
+    from plangate import Catalogue
+    from plangate.policy import Policy
+    from plangate.runtime import Runtime
+
+    rt = Runtime(Catalogue(tools), Policy.from_yaml(ROLLING), db=db)
+    steps = [{"id": 1, "tool": done, "params": {"n": 1}}, {"id": 2, "tool": fails, "params": {"n": 1}}]
+    record = rt.submit({"task": "t", "category": "c", "steps": [{"rationale": "r", **s} for s in steps]}, "ann")
+    rt.approve(record.id, "ben", record.hash)
+    return rt, record.id

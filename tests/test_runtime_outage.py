@@ -27,6 +27,7 @@ from plangate.runtime import Runtime
 from plangate.server import create_app
 from plangate.store import open_store
 from tests import outage
+from tests.helpers import rolled_back_on_halt
 from tests.outage import CALLS, ran_once_and_verifies, store_stays_away, submitted, tools
 
 
@@ -327,14 +328,7 @@ def declined(n: int) -> int:
 def test_the_policys_rollback_begins_once_the_store_is_back(pg_db: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """The run halts, and the store goes away as the policy's rollback begins: the rollback waits for the store
     and begins then, where the driver's error reached the caller and the halted plan was never rolled back."""
-    from plangate.policy import Policy
-
-    rolling = Policy.from_yaml("version: 1\nname: rolling\ncompensation: {on_halt: auto}\n")
-    catalogue = Catalogue([book, refund, declined])
-    rt = Runtime(catalogue, rolling, db=pg_db)
-    steps = [{"id": 1, "tool": "book", "params": {"n": 1}}, {"id": 2, "tool": "declined", "params": {"n": 1}}]
-    record = rt.submit({"task": "t", "category": "c", "steps": [{"rationale": "r", **s} for s in steps]}, "ann")
-    rt.approve(record.id, "ben", record.hash)
+    rt, plan_id = rolled_back_on_halt(pg_db, [book, refund, declined], "book", "declined")
     roll_back, cuts = Runtime._roll_back, []
 
     def cut_first(self: Runtime, plan_id: str, **kwargs: Any) -> Any:
@@ -345,12 +339,12 @@ def test_the_policys_rollback_begins_once_the_store_is_back(pg_db: str, monkeypa
 
     monkeypatch.setattr(Runtime, "_roll_back", cut_first)
     try:
-        result = rt.execute(record.id)
+        result = rt.execute(plan_id)
     finally:
         rt.close()
-    assert cuts == [record.id] and result.status == "halted" and result.failed_step == 2, result
+    assert cuts == [plan_id] and result.status == "halted" and result.failed_step == 2, result
     assert CALLS == [("b1", 0)]  # refunded once
     with closing(open_store(pg_db)) as store:
-        row = store.get_plan(record.id)
+        row = store.get_plan(plan_id)
         assert row is not None and row.status == "compensated" and row.lease_owner is None
         assert store.verify_audit().ok

@@ -19,12 +19,13 @@ import pytest
 from plangate import Catalogue, RunContext, timeouts, tool
 from plangate import worker as worker_module
 from plangate.errors import StoreError
+from plangate.policy import Policy
 from plangate.results import RunResult
 from plangate.runtime import Runtime
 from plangate.store import PlanRow, open_store
 from plangate.worker import Worker
 from tests import concurrencytools as tools
-from tests.helpers import until
+from tests.helpers import ROLLING, rolled_back_on_halt, until
 from tests.test_worker_concurrency import submit
 
 
@@ -704,9 +705,7 @@ def fails(n: int) -> int:
 
 def cut_off_rollback(db: str, monkeypatch: pytest.MonkeyPatch) -> tuple[Catalogue, Any, str]:
     """A plan the policy began to roll back, whose runner stopped after the undo's call, its lease run out."""
-    from plangate.policy import Policy
-
-    rolling = Policy.from_yaml("version: 1\nname: rolling\ncompensation: {on_halt: auto}\n")
+    rolling = Policy.from_yaml(ROLLING)
     catalogue = Catalogue([charge, undo, fails, tools.count])
     rt = Runtime(catalogue, rolling, db=db)
     put_step = rt.store.put_step
@@ -784,19 +783,12 @@ def test_a_rollback_the_policy_begins_as_a_run_halts_is_given_up_at_the_drain(an
     worker returned, and recorded its undo's outcome after the drain (or was killed mid-call as the
     command's process left, its lease held until it ran out).
     """
-    from plangate.policy import Policy
-
-    rolling = Policy.from_yaml("version: 1\nname: rolling\ncompensation: {on_halt: auto}\n")
-    catalogue = Catalogue([charge, undo, fails])
-    rt = Runtime(catalogue, rolling, db=any_db)
-    steps = [{"id": 1, "tool": "charge", "params": {"n": 1}}, {"id": 2, "tool": "fails", "params": {"n": 1}}]
-    record = rt.submit({"task": "t", "category": "c", "steps": [{"rationale": "r", **s} for s in steps]}, "bob")
-    rt.approve(record.id, "dave", record.hash)
+    rt, plan_id = rolled_back_on_halt(any_db, [charge, undo, fails], "charge", "fails")
     rt.close()
-    with drained_mid_undo(catalogue, rolling, any_db) as w:
+    with drained_mid_undo(Catalogue([charge, undo, fails]), Policy.from_yaml(ROLLING), any_db) as w:
         pass
-    assert w.left == [record.id]
-    left_mid_undo(any_db, record.id)
+    assert w.left == [plan_id]
+    left_mid_undo(any_db, plan_id)
 
 
 SECOND_SIGNAL = """
