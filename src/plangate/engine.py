@@ -80,6 +80,11 @@ class Unconfirmed:
     def steps(self) -> list[int]:
         return sorted(outcome.step_id for _, outcome in self.outcomes)
 
+    @property
+    def by_step(self) -> dict[int, tuple[int, Outcome]]:
+        """Each outcome, with its attempt, by its step."""
+        return {outcome.step_id: (attempt, outcome) for attempt, outcome in self.outcomes}
+
     def recorded_in(self, rows: Mapping[int, StepRow]) -> bool:
         """Whether every outcome is on record, at the attempt that answered (the commit cut in flight went through)."""
         return all(_done_at(rows.get(outcome.step_id), attempt) for attempt, outcome in self.outcomes)
@@ -155,7 +160,7 @@ class Engine:
         run.claimed = claimed
         run.unhalted = failed
         known = known or Unconfirmed()
-        run.carried = {outcome.step_id: (attempt, outcome) for attempt, outcome in known.outcomes}
+        run.carried = known.by_step
         run.uncalled = set(known.uncalled)
         return run.watched()
 
@@ -181,7 +186,7 @@ class Engine:
         run = _Run(self, plan_id, version, plan, actor)
         run.spans = (self.traces or tracing.default()).joined(plan_id, traceparent)
         run.held = held
-        run.carried = {outcome.step_id: (attempt, outcome) for attempt, outcome in (known or Unconfirmed()).outcomes}
+        run.carried = (known or Unconfirmed()).by_step
         return run
 
 

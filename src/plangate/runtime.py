@@ -8,7 +8,6 @@ the hash-chained audit log under the plan's UUID.
 
 from __future__ import annotations
 
-import functools
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
@@ -639,7 +638,7 @@ class Runtime:
             try:
                 result = self._run_engine(claim, progress, known)
             except StoreLostError as cut:
-                taken = self._take_back(claim, cut, stop or threading.Event())
+                taken = self._take_back(claim, cut, stop)
                 if isinstance(taken, RunResult):  # it had ended: its last commit went through
                     result = taken
                 else:
@@ -675,7 +674,7 @@ class Runtime:
                 known=known,
             )
 
-    def _take_back(self, claim: Claim, cut: StoreLostError, stop: threading.Event) -> Claim | RunResult:
+    def _take_back(self, claim: Claim, cut: StoreLostError, stop: threading.Event | None) -> Claim | RunResult:
         """The store went away mid-run: wait for it (:func:`plangate._storeback.waited_for`), at most until the
         run's lease would have run out, and claim the run again under that same lease (compare-and-set:
         :meth:`start` with ``leased``), to record what it knew. The store not back in time (or ``stop`` set):
@@ -691,14 +690,7 @@ class Runtime:
         def gave_up(why: str) -> StoreLostError:
             return StoreLostError(f"{cut}; the store was not back {why}: {cut.known.unrecorded()}", cut.known)
 
-        return _storeback.waited_for(
-            self.lease_seconds,
-            stop,
-            reconnect=self._reconnect,
-            claim=claimed,
-            store=lambda: self.store,
-            gave_up=gave_up,
-        )
+        return self._when_back(claimed, gave_up, stop)
 
     def _taken_by_another(self, plan_id: str, cut: StoreLostError, refused: PlangateError) -> RunResult:
         """The claim to take a run back was refused: the lease ran out and another runner took the plan over,
@@ -709,6 +701,20 @@ class Runtime:
         if cut.known.recorded_in(rows) and (ended := self.ended(plan_id)) is not None:
             return ended
         raise LeaseLostError(f"plan {plan_id}'s store is back, but {refused}: {cut.known.told(rows)}") from cut
+
+    def _when_back(
+        self, then: Callable[[], T], gave_up: Callable[[str], Exception], stop: threading.Event | None = None
+    ) -> T:
+        """``then``, on a new connection, once the store that went away is back (:func:`_storeback.waited_for`:
+        at most until the run's lease would have run out, or ``stop`` is set; else ``gave_up(why)`` is raised)."""
+        return _storeback.waited_for(
+            self.lease_seconds,
+            stop or threading.Event(),
+            reconnect=self._reconnect,
+            claim=then,
+            store=lambda: self.store,
+            gave_up=gave_up,
+        )
 
     def _reconnect(self) -> None:
         """A new connection to the store in place of one that broke (a StoreError while the store is away)."""
@@ -749,8 +755,7 @@ class Runtime:
                     Unconfirmed(),
                 )
 
-            wait = functools.partial(_storeback.waited_for, self.lease_seconds, threading.Event())
-            wait(reconnect=self._reconnect, claim=roll_back, store=lambda: self.store, gave_up=gave_up)
+            self._when_back(roll_back, gave_up)
         return result
 
     def _policy_now(self, version: VersionRow) -> Policy | None:
