@@ -139,9 +139,12 @@ def submitted(db: str, *steps: dict[str, Any]) -> str:
     return record.id
 
 
-def ran_once_and_verifies(db: str, plan_id: str, steps: int, restarted: int | None = None) -> None:
+def ran_once_and_verifies(
+    db: str, plan_id: str, steps: int, restarted: int | None = None, catalogue: Catalogue | None = None
+) -> None:
     """Each step's tool was called once and its outcome recorded once; only ``restarted``, whose start was
-    recorded as the store went away, before its call, started twice; the whole log verifies."""
+    recorded as the store went away, before its call, started twice; the whole log verifies, and its replay
+    over ``catalogue`` (this module's tools unless told) agrees with it."""
     assert sorted(collections.Counter(CALLS).values()) == [1] * steps  # each step's tool called once
     with closing(open_store(db)) as store:
         kinds = collections.Counter((e.kind, e.step_id) for e in store.events(plan_id))
@@ -152,7 +155,7 @@ def ran_once_and_verifies(db: str, plan_id: str, steps: int, restarted: int | No
         assert report.ok, str(report)
         row = store.get_plan(plan_id)
         assert row is not None and row.lease_owner is None
-    rt = Runtime(Catalogue(tools()), db=db)
+    rt = Runtime(catalogue or Catalogue(tools()), db=db)
     replayed = rt.replay(plan_id)  # the engine's decisions made again over the log agree with it
     rt.close()
     assert replayed.ok, replayed

@@ -18,16 +18,18 @@ import pytest
 from click.testing import CliRunner
 from fastapi.testclient import TestClient
 
-from plangate import Catalogue, engine, ledger, tool
+from plangate import Catalogue, RunContext, engine, ledger, tool
 from plangate.accounts import Accounts
 from plangate.cli import main
-from plangate.errors import LeaseLostError, StoreError, StoreLostError
+from plangate.errors import GovernanceError, LeaseLostError, StoreError, StoreLostError
+from plangate.policy import Policy
+from plangate.register import Register
 from plangate.results import Progress
 from plangate.runtime import Runtime
 from plangate.server import create_app
 from plangate.store import open_store
 from tests import outage
-from tests.helpers import rolled_back_on_halt
+from tests.helpers import plan, rolled_back_on_halt
 from tests.outage import CALLS, ran_once_and_verifies, store_stays_away, submitted, tools
 
 
@@ -348,3 +350,112 @@ def test_the_policys_rollback_begins_once_the_store_is_back(pg_db: str, monkeypa
         row = store.get_plan(plan_id)
         assert row is not None and row.status == "compensated" and row.lease_owner is None
         assert store.verify_audit().ok
+
+
+HOLD: dict[str, Any] = {}  # what changes in governance while the store is away, for the tools below
+
+
+@tool(effect="irreversible")
+def pay_as_governance_changes(amount: int, ctx: RunContext) -> str:
+    """Pay; while the store is away, governance changes (``HOLD``: the register holds the plan's category for
+    people, or the runtime's tools change), so that the take-back's claim is refused."""
+    CALLS.append((ctx.plan_id, ctx.step_id))
+    HOLD["change"]()
+    outage.cut_every_connection()
+    return f"paid {amount}"
+
+
+@tool(effect="write", idempotent=True)
+def filed(n: str, ctx: RunContext) -> str:
+    CALLS.append((ctx.plan_id, ctx.step_id))
+    return n
+
+
+@tool(name="filed", effect="write", idempotent=True)
+def filed_as_text(n: bool) -> bool:  # its contract changed: what the plan gives it no longer fits
+    return n
+
+
+AUTO = Policy.from_yaml(
+    "version: 1\nname: auto-ops\ncategories: {ops: {tools: [pay_as_governance_changes, filed]}}\n"
+    "approval: {auto: [ops], escalate: []}\n"
+)
+
+
+def paid_then_filed(db: str) -> str:
+    """A payment then a filing, approved automatically (category ``ops``)."""
+    rt = Runtime(Catalogue([pay_as_governance_changes, filed]), AUTO, db=db)
+    try:
+        Accounts(rt.store).add("gina", "governance")
+        steps = ({"id": 1, "tool": "pay_as_governance_changes", "params": {"amount": 5}},)
+        record = rt.submit(plan(*steps, {"id": 2, "tool": "filed", "params": {"n": "${1}"}}), "ann")
+        assert record.status == "approved"
+        return record.id
+    finally:
+        rt.close()
+
+
+def test_a_take_back_refused_by_the_register_records_what_it_knew(pg_db: str) -> None:
+    """The register held the plan's category for people while the store was away: the take-back's claim is
+    refused and the plan goes back for approval, as before. The payment plangate knew was made is recorded
+    first, where it was dropped: left started, the run after the approval halted it as of unknown outcome,
+    for a person to settle a payment plangate had known was made."""
+    plan_id = paid_then_filed(pg_db)
+
+    def hold() -> None:
+        with closing(open_store(pg_db)) as store:
+            Register(store).set("ops", False, by="gina", reason="an audit")
+
+    HOLD["change"] = hold
+    rt = Runtime(Catalogue([pay_as_governance_changes, filed]), AUTO, db=pg_db)
+    try:
+        with pytest.raises(GovernanceError, match="a person") as refused:
+            rt.execute(plan_id)
+        assert "the outcome of step 1, known from before the store went away, is recorded" in str(refused.value)
+        held = rt.get(plan_id)
+        assert (held.status, held.needs) == ("pending_approval", ("a person",))
+        assert rt.store.steps(plan_id)[1].status == "succeeded" and rt.store.steps(plan_id)[1].output == "paid 5"
+        rt.approve(plan_id, "ben", held.hash)
+        result = rt.execute(plan_id)
+    finally:
+        rt.close()
+    assert result.status == "succeeded" and result.outputs == {1: "paid 5", 2: "paid 5"}, result
+    ran_once_and_verifies(pg_db, plan_id, 2, catalogue=Catalogue([pay_as_governance_changes, filed]))
+
+
+def test_a_take_back_refused_by_changed_tools_records_what_it_knew_and_halts(pg_db: str) -> None:
+    """The tools changed while the store was away, and the plan no longer passes: the run halts where a person
+    can end it, as before, with the payment it knew recorded, not left for that person to settle."""
+    plan_id = paid_then_filed(pg_db)
+    rt = Runtime(Catalogue([pay_as_governance_changes, filed]), AUTO, db=pg_db)
+    HOLD["change"] = lambda: setattr(rt, "catalogue", Catalogue([pay_as_governance_changes, filed_as_text]))
+    try:
+        with pytest.raises(GovernanceError, match="no longer passes") as refused:
+            rt.execute(plan_id)
+        assert "the outcome of step 1, known from before the store went away, is recorded" in str(refused.value)
+        assert rt.get(plan_id).status == "halted"
+        steps = rt.store.steps(plan_id)
+        assert steps[1].status == "succeeded" and steps[1].output == "paid 5" and 2 not in steps
+        assert rt.store.verify_audit().ok
+        assert rt.replay(plan_id).ok
+    finally:
+        rt.close()
+    assert [s for _, s in CALLS] == [1]
+
+
+def test_a_take_back_refused_as_the_tool_that_answered_is_gone_says_its_outcome_is_not_recorded(pg_db: str) -> None:
+    """The tool that answered is gone from the tools now in force: its outcome is not recorded (the engine would
+    have nothing to record it as), the step is left started for the next run to decide, and the refusal says so."""
+    plan_id = paid_then_filed(pg_db)
+    rt = Runtime(Catalogue([pay_as_governance_changes, filed]), AUTO, db=pg_db)
+    HOLD["change"] = lambda: setattr(rt, "catalogue", Catalogue([filed]))
+    try:
+        with pytest.raises(GovernanceError, match="no longer passes") as refused:
+            rt.execute(plan_id)
+        said = str(refused.value)
+        assert "the outcome of step 1, known from before the store went away, is not recorded (the tools" in said
+        assert "is recorded" not in said, said
+        assert rt.get(plan_id).status == "halted" and rt.store.steps(plan_id)[1].status == "started"
+        assert rt.store.verify_audit().ok
+    finally:
+        rt.close()

@@ -164,6 +164,19 @@ class Engine:
         run.uncalled = set(known.uncalled)
         return run.watched()
 
+    def record_known(
+        self, plan_id: str, version: int, plan: Plan, rows: Mapping[int, StepRow], known: Unconfirmed, *, actor: str
+    ) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """Record, in the caller's open transaction, the outcomes a run cut off from its store knew (``known``),
+        where the run may not go on: its take-back's claim was refused by the tools or the policy now in force.
+        What a tool answered is a fact, whatever may run next; left ``started``, a payment plangate knew was
+        made would wait for a person to settle it. Each is recorded as the run would have (signed, a known
+        overrun or broken call of a tool that is not idempotent as of unknown outcome), only where the step's
+        record is still the answering attempt's ``started`` one, with no retry: nothing is called or started.
+        A step whose tool is gone from the catalogue is left as it is. The steps recorded come back, and those
+        whose outcomes were left so."""
+        return _Run(self, plan_id, version, plan, actor).record_known(rows, known)
+
     def stepper(
         self,
         plan_id: str,
@@ -442,6 +455,25 @@ class _Run:
             row = self.rows.get(sid)
             if row is not None and row.status in DONE:
                 self._recorded(row)
+
+    def record_known(self, rows: Mapping[int, StepRow], known: Unconfirmed) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """:meth:`Engine.record_known`: the known outcomes recorded as :meth:`_load` and the loop record them."""
+        self.rows, self.carried = dict(rows), known.by_step
+        self._tick()
+        left = []
+        for step_id in self.order:
+            row = self.rows.get(step_id)
+            if row is None or step_id not in self.carried:
+                continue
+            if self.steps[step_id].tool not in self.e.catalogue:
+                left += [step_id] if self._known(row) is not None else []
+            else:
+                self._answered(row)
+        answered, self.finished = self.finished, []
+        for outcome in answered:
+            self._record_call(outcome)
+        self._record_finished()
+        return tuple(sorted(outcome.step_id for outcome in answered)), tuple(left)
 
     def _load(self) -> None:
         """Load what earlier runs recorded; decide what an unknown outcome means."""

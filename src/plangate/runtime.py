@@ -522,7 +522,14 @@ class Runtime:
         return self.drive(self.start(plan.id, actor=actor, owner=owner), progress)
 
     def start(
-        self, plan_id: str, *, actor: str, owner: str | None = None, leased: bool = False, lease: str | None = None
+        self,
+        plan_id: str,
+        *,
+        actor: str,
+        owner: str | None = None,
+        leased: bool = False,
+        lease: str | None = None,
+        known: Unconfirmed | None = None,
     ) -> Claim:
         """Claim the plan for a run, after proving that exactly this text was approved.
 
@@ -532,6 +539,8 @@ class Runtime:
         its own (:func:`plangate.lifecycle.claimant`), the claim's ``owner``, which its fences name.
         ``lease``: that lease's name, given (a take-back tries one name until its claim is answered: a try
         whose commit went through as its answer was lost left the plan under that lease, still its own).
+        ``known``: what the run this take-back carries on knew when its store went away; refused, the claim
+        still records those outcomes (:meth:`Engine.record_known`) before the plan halts or goes back.
 
         The plan's events are replayed (:mod:`plangate.ledger`): the stored text must hash
         to the current version's hash, the rows must agree with the audit log, and the
@@ -548,14 +557,24 @@ class Runtime:
             if leased and plan.lease_owner not in (owner, claimant):
                 raise LeaseLostError(f"{owner} no longer holds its claim on plan {plan_id}: it does not start")
             held = plan.lease_owner if leased else None
+            recorded: tuple[tuple[int, ...], tuple[int, ...]] = ((), ())
+
+            def refusing() -> None:  # before the plan leaves ``running``: what the run knew is recorded first
+                nonlocal recorded
+                rows = told.rows
+                if known is not None and known.outcomes and rows is not None and held and plan.status == "running":
+                    engine = Engine(store=self.store, catalogue=self._catalogue(), clock=self.clock, policy=policy)
+                    recorded = engine.record_known(plan.id, version.version, body, rows, known, actor=actor)
+
             if proved is not None and proved[0] == (plan, version, self.store.newest_event(plan.id)):
                 body, told, policy, recheck = proved[1]  # nothing of the plan changed since: the proof holds
             else:
                 body, told, policy, recheck = self._right_to_run(plan, version)
             recheck = self._held_by_register(body.category, recheck) if recheck else self._held_since(body, version)
             if recheck is not None:
-                plan, version, refusal = self._apply_recheck(plan, version, recheck, policy)
+                plan, version, refusal = self._apply_recheck(plan, version, recheck, policy, refusing)
             elif not version.check.ok:
+                refusing()
                 refusal = f"plan {plan.id} may not run: it does not pass ({drift.first_violation(version.check)})"
             if refusal is not None and plan.status == "running":
                 self._halt_cut_off(plan, refusal, held)
@@ -574,7 +593,7 @@ class Runtime:
                     data={"steps": len(body.steps), "hash": version.hash},
                 )
         if refusal is not None:
-            raise GovernanceError(refusal)
+            raise GovernanceError(refusal + _recorded_before(*recorded))
         failed = ledger.unhalted(told.events) if taken_over else ()
         return Claim(plan=plan, body=body, policy=policy, owner=claimant, actor=actor, rows=told.rows, failed=failed)
 
@@ -683,7 +702,9 @@ class Runtime:
 
         def claimed() -> Claim | RunResult:
             try:
-                return self.start(claim.plan.id, actor=claim.actor, owner=claim.owner, leased=True, lease=lease)
+                return self.start(
+                    claim.plan.id, actor=claim.actor, owner=claim.owner, leased=True, lease=lease, known=cut.known
+                )
             except (LeaseLostError, StateError) as refused:
                 return self._taken_by_another(claim.plan.id, cut, refused)
 
@@ -763,9 +784,15 @@ class Runtime:
         return self.policy if self.policy is not None else self._policy_for(version)
 
     def _apply_recheck(
-        self, plan: PlanRow, version: VersionRow, checked: CheckRecord, policy: Policy | None
+        self,
+        plan: PlanRow,
+        version: VersionRow,
+        checked: CheckRecord,
+        policy: Policy | None,
+        refusing: Callable[[], None],
     ) -> tuple[PlanRow, VersionRow, str | None]:
-        """Record the new check; send the plan back for approval if it no longer may run."""
+        """Record the new check; send the plan back for approval if it no longer may run (``refusing`` is
+        called first, once it is known that it may not)."""
         if policy is not None:
             self.store.save_policy(policy.hash, policy.name, policy.canonical_json())
         policy_hash = policy.hash if policy else None
@@ -774,10 +801,12 @@ class Runtime:
         self._record(plan, "plan.checked", "checker", checked.to_dict())
         why = checked.recheck
         if not checked.ok:  # not a decision to take back: it may not run while the tools or policy are so
+            refusing()
             reason = f"{why}, and it no longer passes: {drift.first_violation(checked)}"
             return plan, version, f"plan {plan.id} may not run: {reason}"
         needs = approval.missing(checked.policy, self.store.approvals(plan.id, plan.version), policy)
         if needs and plan.status in ("approved", "running", "halted"):
+            refusing()
             reason = f"{why}, and it now needs approval by {' and by '.join(needs)}"
             plan = lifecycle.move(
                 self.store,
@@ -1147,6 +1176,28 @@ def _as_checked(plan: PlanRow, category: str | None, doing: str) -> None:
             f"plan {plan.id}'s category changed after the right to {doing} it was checked (it was {category!r}): "
             "look at it again"
         )
+
+
+def _recorded_before(recorded: tuple[int, ...], left: tuple[int, ...]) -> str:
+    """What a refused take-back recorded of what its run knew (and left: their tools are gone), for the
+    refusal's message."""
+    said = ""
+    if recorded:
+        said += f"; {_outcomes(recorded)}, known from before the store went away, {_be(recorded)} recorded"
+    if left:
+        said += (
+            f"; {_outcomes(left)}, known from before the store went away, {_be(left)} not recorded (the tools are "
+            "gone): the next run of the plan decides them by the usual rules"
+        )
+    return said
+
+
+def _outcomes(steps: tuple[int, ...]) -> str:
+    return f"the outcome of step {steps[0]}" if len(steps) == 1 else f"the outcomes of steps {list(steps)}"
+
+
+def _be(steps: tuple[int, ...]) -> str:
+    return "is" if len(steps) == 1 else "are"
 
 
 def _not_react(plan: PlanRow) -> None:
