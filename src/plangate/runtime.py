@@ -620,7 +620,6 @@ class Runtime:
         known: Unconfirmed | None = None,
         rollback_owner: str | None = None,
         stop: threading.Event | None = None,
-        taken_back: Callable[[Claim], object] | None = None,
     ) -> RunResult:
         """Run a claimed plan to its end or a halt, renewing the lease as it goes.
 
@@ -629,8 +628,8 @@ class Runtime:
         they still may be. ``known``: the outcomes a run of the same lease knew when its store went away (the
         :class:`~plangate.errors.StoreLostError` it raised carries them). ``rollback_owner``: the lease the
         policy's rollback of a halted run takes (a worker names it, to release it at its drain). ``stop``: set
-        to give up waiting for the store (a worker's drain). ``taken_back``: told of each claim that takes the
-        run back (a worker keeps the name of the lease it releases).
+        to give up waiting for the store (a worker's drain). The run is taken back under its own lease: the
+        name its driver knows, and releases (a worker's drain), goes on naming it.
         """
         _aio.refuse_in_loop("Runtime.drive", "runtime.aexecute")
         result: RunResult | None = None
@@ -643,8 +642,6 @@ class Runtime:
                     result = taken
                 else:
                     claim, known = taken, cut.known
-                    if taken_back is not None:
-                        taken_back(claim)
         return self._rolled_back_if_due(claim, result, rollback_owner)
 
     def _run_engine(
@@ -679,11 +676,12 @@ class Runtime:
         run's lease would have run out, and claim the run again under that same lease (compare-and-set:
         :meth:`start` with ``leased``), to record what it knew. The store not back in time (or ``stop`` set):
         a StoreLostError that names the outcomes known and not recorded, which the next run decides."""
-        lease = lifecycle.claimant(claim.owner)  # one name for every try: a try cut in flight may have taken it
 
         def claimed() -> Claim | RunResult:
+            # Under the run's own lease, not one of the take-back's: whoever releases it (a worker's drain) releases
+            # the run wherever the claim lands, and a try cut in flight that took it leaves it the next try's.
             try:
-                return self.start(claim.plan.id, actor=claim.actor, owner=claim.owner, leased=True, lease=lease)
+                return self.start(claim.plan.id, actor=claim.actor, owner=claim.owner, leased=True, lease=claim.owner)
             except (LeaseLostError, StateError) as refused:
                 return self._taken_by_another(claim.plan.id, cut, refused)
 
