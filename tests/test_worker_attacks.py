@@ -791,6 +791,30 @@ def test_a_rollback_the_policy_begins_as_a_run_halts_is_given_up_at_the_drain(an
     left_mid_undo(any_db, plan_id)
 
 
+def test_a_rollback_the_drain_gave_up_is_carried_on_by_the_next_worker(any_db: str) -> None:
+    """Workers looked only for the policy's rollbacks still under the policy's lease, run out: one whose lease
+    the drain had given back (no lease at all) was never carried on, and waited, half undone, for a person."""
+    rt, plan_id = rolled_back_on_halt(any_db, [charge, undo, fails], "charge", "fails")
+    rt.close()
+    catalogue, rolling = Catalogue([charge, undo, fails]), Policy.from_yaml(ROLLING)
+    with drained_mid_undo(catalogue, rolling, any_db):
+        pass
+    left_mid_undo(any_db, plan_id)
+    carried_on(catalogue, rolling, any_db, plan_id)
+    assert UNDONE == ["c1", "c1"]  # the undo cut off by the drain, called again under the same key
+
+
+def carried_on(catalogue: Catalogue, rolling: Policy, db: str, plan_id: str) -> None:
+    """The next worker carries the policy's rollback on to its end."""
+    UNDO_GATE.set()
+    with closing(Worker(catalogue, db=db, policy=rolling)) as w:
+        w.serve(drain=True, poll=0.05)
+    with closing(open_store(db)) as store:
+        row = store.get_plan(plan_id)
+        assert row is not None and row.status == "compensated" and row.lease_owner is None
+        assert store.verify_audit().ok
+
+
 SECOND_SIGNAL = """
 import os, signal, sys, time
 from plangate import Catalogue

@@ -62,11 +62,12 @@ before it is claimed again: the first wait, doubled each time it fails again, up
 ROLLBACK_POLL = 5.0
 """How often a worker looks for rollbacks the policy began whose runner stopped (at most, in seconds)."""
 _CUT_OFF_ROLLBACKS = (
-    "SELECT id FROM plans WHERE kind = 'plan' AND status = 'compensating' AND lease_owner LIKE 'policy:%'"
-    " AND (lease_until IS NULL OR lease_until < ?) ORDER BY created_at, id LIMIT 8"
+    "SELECT id FROM plans WHERE kind = 'plan' AND status = 'compensating'"
+    " AND (lease_owner IS NULL OR (lease_owner LIKE 'policy:%' AND lease_until < ?)) ORDER BY created_at, id LIMIT 8"
 )
-"""The rollbacks the policy began (its runner is named for it) whose lease ran out. The owner's name only
-picks them: each is proven the policy's from the audit log (:meth:`Runtime.carry_on_rollback`)."""
+"""The rollbacks the policy began (its runner is named for it) whose lease ran out, and those whose lease was given
+back (at a drain: the name is gone with it). The owner's name only picks them: each is proven the policy's from the
+audit log (:meth:`Runtime.carry_on_rollback`)."""
 
 
 @dataclass
