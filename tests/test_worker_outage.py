@@ -17,12 +17,14 @@ import pytest
 
 from plangate import Catalogue, ledger, timeouts
 from plangate.errors import StoreError
+from plangate.policy import Policy
 from plangate.runtime import Runtime
 from plangate.store import open_store
 from plangate.worker import Worker
 from tests import outage
-from tests.helpers import plan, until
+from tests.helpers import ROLLING, plan, rolled_back_on_halt, until
 from tests.outage import CALLS, PAID, cut_armed_commits, ran_once_and_verifies, store_stays_away, submitted, tools
+from tests.test_runtime_outage import book, declined, refund
 
 
 @pytest.fixture(autouse=True)
@@ -272,6 +274,42 @@ def test_a_run_that_takes_itself_back_as_the_drain_ends_leaves_no_lease_held(
     assert w.left == [plan_id]
     assert held is None, f"the drain ended with the plan under the lease {held}"
     assert lease_of(pg_db, plan_id) is None
+
+
+def test_the_policys_rollback_waiting_for_its_store_gives_up_at_the_drains_end(
+    pg_db: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The run halts, and the store goes away as the policy's rollback begins, just as the worker is stopped. The
+    rollback's wait for the store did not heed the drain: it went on for the whole lease (30 s here) after the
+    worker returned, and began once the store was back, under the lease the drain had given back, past it. It
+    now gives up at the drain's end, as the runs do, and says to run plangate compensate."""
+    rt, plan_id = rolled_back_on_halt(pg_db, [book, refund, declined], "book", "declined")
+    rt.close()
+    w = Worker(Catalogue([book, refund, declined]), db=pg_db, policy=Policy.from_yaml(ROLLING), drain_timeout=0.2)
+    roll_back = Runtime._roll_back
+
+    def cut_as_it_begins(self: Runtime, plan_id: str, **kwargs: Any) -> Any:
+        if not w.left:  # the first try: the store goes away, and a SIGTERM comes
+            store_stays_away(monkeypatch)
+            outage.cut_every_connection()
+            w.stop()
+        return roll_back(self, plan_id, **kwargs)
+
+    monkeypatch.setattr(Runtime, "_roll_back", cut_as_it_begins)
+
+    def gave_up() -> bool:
+        return any(plan_id in m and "before its runner gave it up" in m and "compensate" in m for m in caplog.messages)
+
+    with caplog.at_level(logging.ERROR, logger="plangate.worker"):
+        try:
+            w.serve(poll=0.05)
+            until("the rollback gave up at the drain's end", gave_up, limit=10)
+        finally:
+            w.close()
+    assert w.left == [plan_id]
+    with closing(open_store(pg_db)) as store:
+        row = store.get_plan(plan_id)
+        assert row is not None and row.status == "halted" and row.lease_owner is None
 
 
 def lease_of(db: str, plan_id: str) -> str | None:

@@ -367,12 +367,15 @@ class Runtime:
         _aio.refuse_in_loop("Runtime.compensate", "runtime.acompensate")
         return self._roll_back(plan_id, actor=actor, reason=reason, by_person=True, category=category)
 
-    def carry_on_rollback(self, plan_id: str, *, owner: str | None = None) -> CompensationResult:
+    def carry_on_rollback(
+        self, plan_id: str, *, owner: str | None = None, stop: threading.Event | None = None
+    ) -> CompensationResult:
         """Carry on a rollback the policy began (``compensation.on_halt: auto``) whose runner stopped, once its
         lease has run out: as the policy, under the rules of any rollback (nothing undone twice). A rollback
         a person began is theirs to run again (``plangate compensate``), and so is one the policy in force no
         longer begins on its own. Workers call this for the rollbacks they find cut off, naming the lease
-        (``owner``, a :func:`lifecycle.runner` name beginning ``policy:``) that their drain gives back."""
+        (``owner``, a :func:`lifecycle.runner` name beginning ``policy:``) that their drain gives back, and the
+        drain's end (``stop``: a rollback begun after it gives its lease back at once)."""
         _aio.refuse_in_loop("Runtime.carry_on_rollback", "runtime.acompensate")
         with self.store.snapshot():
             plan, version = self._current(plan_id)
@@ -387,7 +390,7 @@ class Runtime:
                 "on its own: a person runs it again (plangate compensate)"
             )
         reason = "the policy's rollback, carried on after its runner stopped"
-        return self._roll_back(plan_id, actor=actor, reason=reason, by_person=False, owner=owner)
+        return self._roll_back(plan_id, actor=actor, reason=reason, by_person=False, owner=owner, stop=stop)
 
     def close_plan(self, plan_id: str, *, actor: str, reason: str, category: str | None = None) -> PlanRecord:
         """End a halted plan that will not be resumed: ``closed``, for good, with who and why.
@@ -418,7 +421,10 @@ class Runtime:
         by_person: bool,
         category: str | None = None,
         owner: str | None = None,
+        stop: threading.Event | None = None,
     ) -> CompensationResult:
+        """Begin (or take over) the rollback under the lease ``owner`` and run it. ``stop``: its runner's drain
+        ended, which gave that lease back first; a rollback begun after it gives the lease back at once."""
         if not _input.check_text(reason, "reason", what="rollback").strip():
             raise UsageError("say why the plan is rolled back")
         owner = owner or lifecycle.runner(actor)
@@ -438,6 +444,11 @@ class Runtime:
                 data={"reason": reason},
                 lease=(owner, self._lease_until()),
             )
+        # The drain sets stop, then releases the lease: unset here, its release comes after this begin and frees
+        # the lease; set, its release may have come first, and found nothing to free.
+        if stop is not None and stop.is_set():
+            self.store.release(plan.id, owner)
+            raise LeaseLostError(f"plan {plan_id}'s rollback began as its runner's drain ended: left for the next one")
         keeper = lifecycle.LeaseKeeper(self.store, plan.id, owner, self.lease_seconds, self._lease_until)
         rollback = Compensation(
             store=self.store,
@@ -628,8 +639,9 @@ class Runtime:
         they still may be. ``known``: the outcomes a run of the same lease knew when its store went away (the
         :class:`~plangate.errors.StoreLostError` it raised carries them). ``rollback_owner``: the lease the
         policy's rollback of a halted run takes (a worker names it, to release it at its drain). ``stop``: set
-        to give up waiting for the store (a worker's drain). The run is taken back under its own lease: the
-        name its driver knows, and releases (a worker's drain), goes on naming it.
+        at a worker's drain's end, after which the run gives up waiting for the store, and so does the policy's
+        rollback, which gives its lease back at once if it begins after all. The run is taken back under its own
+        lease: the name its driver knows, and releases (a worker's drain), goes on naming it.
         """
         _aio.refuse_in_loop("Runtime.drive", "runtime.aexecute")
         result: RunResult | None = None
@@ -642,7 +654,7 @@ class Runtime:
                     result = taken
                 else:
                     claim, known = taken, cut.known
-        return self._rolled_back_if_due(claim, result, rollback_owner)
+        return self._rolled_back_if_due(claim, result, rollback_owner, stop)
 
     def _run_engine(
         self, claim: Claim, progress: Callable[[Progress], None] | None, known: Unconfirmed | None
@@ -718,9 +730,11 @@ class Runtime:
         """A new connection to the store in place of one that broke (a StoreError while the store is away)."""
         self.store = _storeback.reconnected(self.store)
 
-    def _rolled_back_if_due(self, claim: Claim, result: RunResult, rollback_owner: str | None) -> RunResult:
+    def _rolled_back_if_due(
+        self, claim: Claim, result: RunResult, rollback_owner: str | None, stop: threading.Event | None
+    ) -> RunResult:
         """The policy's rollback of a halted run (``compensation.on_halt: auto``), unless a step's outcome is
-        unknown: a person settles it first."""
+        unknown: a person settles it first. ``stop``: as for :meth:`drive`."""
         policy = claim.policy
         if result.ok or policy is None or policy.compensation.on_halt != "auto":
             return result
@@ -737,6 +751,7 @@ class Runtime:
                 reason="the policy rolls back halted plans",
                 by_person=False,
                 owner=rollback_owner,
+                stop=stop,
             )
 
         try:
@@ -753,7 +768,7 @@ class Runtime:
                     Unconfirmed(),
                 )
 
-            self._when_back(roll_back, gave_up)
+            self._when_back(roll_back, gave_up, stop)
         return result
 
     def _policy_now(self, version: VersionRow) -> Policy | None:

@@ -394,7 +394,7 @@ class Worker:
         healthy = True
         try:
             runtime = self._runtime()
-            result = runtime.carry_on_rollback(plan_id, owner=owner)
+            result = runtime.carry_on_rollback(plan_id, owner=owner, stop=self._drained)
             _log.warning("plan %s: the policy's rollback carried on: %s", plan_id, result.status)
         except (StateError, LeaseLostError):
             pass  # another runner carries it on now, or the drain gave it up
