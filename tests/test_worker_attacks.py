@@ -791,6 +791,68 @@ def test_a_rollback_the_policy_begins_as_a_run_halts_is_given_up_at_the_drain(an
     left_mid_undo(any_db, plan_id)
 
 
+def test_a_rollback_the_drain_gave_up_is_carried_on_by_the_next_worker(any_db: str) -> None:
+    """Workers looked only for the policy's rollbacks still under the policy's lease, run out: one whose lease
+    the drain had given back (no lease at all) was never carried on, and waited, half undone, for a person."""
+    rt, plan_id = rolled_back_on_halt(any_db, [charge, undo, fails], "charge", "fails")
+    rt.close()
+    catalogue, rolling = Catalogue([charge, undo, fails]), Policy.from_yaml(ROLLING)
+    with drained_mid_undo(catalogue, rolling, any_db):
+        pass
+    left_mid_undo(any_db, plan_id)
+    carried_on(catalogue, rolling, any_db, plan_id)
+    assert UNDONE == ["c1", "c1"]  # the undo cut off by the drain, called again under the same key
+
+
+def carried_on(catalogue: Catalogue, rolling: Policy, db: str, plan_id: str) -> None:
+    """The next worker carries the policy's rollback on to its end."""
+    UNDO_GATE.set()
+    with closing(Worker(catalogue, db=db, policy=rolling)) as w:
+        w.serve(drain=True, poll=0.05)
+    with closing(open_store(db)) as store:
+        row = store.get_plan(plan_id)
+        assert row is not None and row.status == "compensated" and row.lease_owner is None
+        assert store.verify_audit().ok
+
+
+def test_a_rollback_the_policy_begins_as_the_drain_ends_is_left_for_the_next_worker(
+    any_db: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The run halts just as the drain ends, and the policy's rollback begins after it, under the lease the drain
+    had already given back (not yet held then). It ran its undos past the drain, under a lease nobody released:
+    a process that exits then left the plan under it until it ran out, an undo perhaps cut off in its call. It
+    now gives its lease back as soon as it has begun, before any undo, and the next worker carries it on at once."""
+    rt, plan_id = rolled_back_on_halt(any_db, [charge, undo, fails], "charge", "fails")
+    rt.close()
+    catalogue, rolling = Catalogue([charge, undo, fails]), Policy.from_yaml(ROLLING)
+    UNDONE.clear()
+    UNDO_GATE.set()
+    w = Worker(catalogue, db=any_db, policy=rolling, drain_timeout=0.05)
+    served, roll_back = threading.Event(), Runtime._roll_back
+
+    def after_the_drain(self: Runtime, plan_id: str, **kwargs: Any) -> Any:
+        w.stop()
+        assert served.wait(30)
+        return roll_back(self, plan_id, **kwargs)
+
+    with monkeypatch.context() as patched:
+        patched.setattr(Runtime, "_roll_back", after_the_drain)
+        try:
+            w.serve(poll=0.05)
+            served.set()
+            until("the runner ended", lambda: not any(t.name.startswith("plangate-w") for t in threading.enumerate()))
+        finally:
+            served.set()
+            w.close()
+    assert w.left == [plan_id]
+    assert UNDONE == [], "an undo ran after the drain"
+    with closing(open_store(any_db)) as store:
+        row = store.get_plan(plan_id)
+        assert row is not None and row.status == "compensating" and row.lease_owner is None
+    carried_on(catalogue, rolling, any_db, plan_id)
+    assert UNDONE == ["c1"]
+
+
 SECOND_SIGNAL = """
 import os, signal, sys, time
 from plangate import Catalogue

@@ -8,6 +8,7 @@ runs get it, under the worker's lease, with its pool and its drain.
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Iterator
 from contextlib import closing
 from typing import Any
@@ -16,12 +17,14 @@ import pytest
 
 from plangate import Catalogue, ledger, timeouts
 from plangate.errors import StoreError
+from plangate.policy import Policy
 from plangate.runtime import Runtime
 from plangate.store import open_store
 from plangate.worker import Worker
 from tests import outage
-from tests.helpers import plan, until
+from tests.helpers import ROLLING, plan, rolled_back_on_halt, until
 from tests.outage import CALLS, PAID, cut_armed_commits, ran_once_and_verifies, store_stays_away, submitted, tools
+from tests.test_runtime_outage import book, declined, refund
 
 
 @pytest.fixture(autouse=True)
@@ -234,3 +237,83 @@ def test_a_worker_that_served_and_drained_before_still_takes_its_runs_back(pg_db
         w.close()
     assert w.failed == [], w.failed
     ran_once_and_verifies(pg_db, plan_id, 1)
+
+
+@pytest.mark.parametrize("answered", [True, False], ids=["answered", "answer-lost"])
+def test_a_run_that_takes_itself_back_as_the_drain_ends_leaves_no_lease_held(
+    pg_db: str, monkeypatch: pytest.MonkeyPatch, answered: bool
+) -> None:
+    """The run's claim to take itself back commits just as the drain ends. It claimed under a new lease, which the
+    worker learnt of only once the claim answered: the drain released the old one, no longer the plan's, and the
+    new one was still held when serve() returned (given back by the runner afterwards, which a process that exits
+    then never does; with the claim's answer lost, never). No other worker could take the plan until it ran out.
+    The take-back now claims under the run's own lease, which the drain releases wherever the claim lands."""
+    plan_id = submitted(pg_db, {"id": 1, "tool": "pay", "params": {"amount": 5}})
+    w = Worker(Catalogue(tools()), db=pg_db, drain_timeout=0.05)
+    served, start = threading.Event(), Runtime.start
+
+    def claimed_as_the_drain_ends(self: Runtime, plan_id: str, **kwargs: Any) -> Any:
+        claim = start(self, plan_id, **kwargs)
+        if kwargs.get("lease") is not None:  # the take-back's claim (the run's first names no lease): it went through
+            w.stop()
+            assert served.wait(30)
+            if not answered:  # and its connection broke before the answer came
+                outage.cut_every_connection()
+                self.store.query("SELECT 1")
+        return claim
+
+    monkeypatch.setattr(Runtime, "start", claimed_as_the_drain_ends)
+    try:
+        w.serve(poll=0.05)
+        held = lease_of(pg_db, plan_id)
+        served.set()
+        until("the run ended", lambda: not [t for t in threading.enumerate() if t.name.startswith("plangate-worker")])
+    finally:
+        served.set()
+        w.close()
+    assert w.left == [plan_id]
+    assert held is None, f"the drain ended with the plan under the lease {held}"
+    assert lease_of(pg_db, plan_id) is None
+
+
+def test_the_policys_rollback_waiting_for_its_store_gives_up_at_the_drains_end(
+    pg_db: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The run halts, and the store goes away as the policy's rollback begins, just as the worker is stopped. The
+    rollback's wait for the store did not heed the drain: it went on for the whole lease (30 s here) after the
+    worker returned, and began once the store was back, under the lease the drain had given back, past it. It
+    now gives up at the drain's end, as the runs do, and says to run plangate compensate."""
+    rt, plan_id = rolled_back_on_halt(pg_db, [book, refund, declined], "book", "declined")
+    rt.close()
+    w = Worker(Catalogue([book, refund, declined]), db=pg_db, policy=Policy.from_yaml(ROLLING), drain_timeout=0.2)
+    roll_back = Runtime._roll_back
+
+    def cut_as_it_begins(self: Runtime, plan_id: str, **kwargs: Any) -> Any:
+        if not w.left:  # the first try: the store goes away, and a SIGTERM comes
+            store_stays_away(monkeypatch)
+            outage.cut_every_connection()
+            w.stop()
+        return roll_back(self, plan_id, **kwargs)
+
+    monkeypatch.setattr(Runtime, "_roll_back", cut_as_it_begins)
+
+    def gave_up() -> bool:
+        return any(plan_id in m and "before its runner gave it up" in m and "compensate" in m for m in caplog.messages)
+
+    with caplog.at_level(logging.ERROR, logger="plangate.worker"):
+        try:
+            w.serve(poll=0.05)
+            until("the rollback gave up at the drain's end", gave_up, limit=10)
+        finally:
+            w.close()
+    assert w.left == [plan_id]
+    with closing(open_store(pg_db)) as store:
+        row = store.get_plan(plan_id)
+        assert row is not None and row.status == "halted" and row.lease_owner is None
+
+
+def lease_of(db: str, plan_id: str) -> str | None:
+    with closing(open_store(db)) as store:
+        row = store.get_plan(plan_id)
+        assert row is not None
+        return row.lease_owner

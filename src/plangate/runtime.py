@@ -367,12 +367,15 @@ class Runtime:
         _aio.refuse_in_loop("Runtime.compensate", "runtime.acompensate")
         return self._roll_back(plan_id, actor=actor, reason=reason, by_person=True, category=category)
 
-    def carry_on_rollback(self, plan_id: str, *, owner: str | None = None) -> CompensationResult:
+    def carry_on_rollback(
+        self, plan_id: str, *, owner: str | None = None, stop: threading.Event | None = None
+    ) -> CompensationResult:
         """Carry on a rollback the policy began (``compensation.on_halt: auto``) whose runner stopped, once its
         lease has run out: as the policy, under the rules of any rollback (nothing undone twice). A rollback
         a person began is theirs to run again (``plangate compensate``), and so is one the policy in force no
         longer begins on its own. Workers call this for the rollbacks they find cut off, naming the lease
-        (``owner``, a :func:`lifecycle.runner` name beginning ``policy:``) that their drain gives back."""
+        (``owner``, a :func:`lifecycle.runner` name beginning ``policy:``) that their drain gives back, and the
+        drain's end (``stop``: a rollback begun after it gives its lease back at once)."""
         _aio.refuse_in_loop("Runtime.carry_on_rollback", "runtime.acompensate")
         with self.store.snapshot():
             plan, version = self._current(plan_id)
@@ -387,7 +390,7 @@ class Runtime:
                 "on its own: a person runs it again (plangate compensate)"
             )
         reason = "the policy's rollback, carried on after its runner stopped"
-        return self._roll_back(plan_id, actor=actor, reason=reason, by_person=False, owner=owner)
+        return self._roll_back(plan_id, actor=actor, reason=reason, by_person=False, owner=owner, stop=stop)
 
     def close_plan(self, plan_id: str, *, actor: str, reason: str, category: str | None = None) -> PlanRecord:
         """End a halted plan that will not be resumed: ``closed``, for good, with who and why.
@@ -418,7 +421,10 @@ class Runtime:
         by_person: bool,
         category: str | None = None,
         owner: str | None = None,
+        stop: threading.Event | None = None,
     ) -> CompensationResult:
+        """Begin (or take over) the rollback under the lease ``owner`` and run it. ``stop``: its runner's drain
+        ended, which gave that lease back first; a rollback begun after it gives the lease back at once."""
         if not _input.check_text(reason, "reason", what="rollback").strip():
             raise UsageError("say why the plan is rolled back")
         owner = owner or lifecycle.runner(actor)
@@ -438,6 +444,11 @@ class Runtime:
                 data={"reason": reason},
                 lease=(owner, self._lease_until()),
             )
+        # The drain sets stop, then releases the lease: unset here, its release comes after this begin and frees
+        # the lease; set, its release may have come first, and found nothing to free.
+        if stop is not None and stop.is_set():
+            self.store.release(plan.id, owner)
+            raise LeaseLostError(f"plan {plan_id}'s rollback began as its runner's drain ended: left for the next one")
         keeper = lifecycle.LeaseKeeper(self.store, plan.id, owner, self.lease_seconds, self._lease_until)
         rollback = Compensation(
             store=self.store,
@@ -537,8 +548,8 @@ class Runtime:
         while that lease is still its own, never after it was given back or taken by another, and
         only once: the run's lease takes its place. ``owner`` is a name: every claim holds a lease of
         its own (:func:`plangate.lifecycle.claimant`), the claim's ``owner``, which its fences name.
-        ``lease``: that lease's name, given (a take-back tries one name until its claim is answered: a try
-        whose commit went through as its answer was lost left the plan under that lease, still its own).
+        ``lease``: that lease's name, given (a take-back claims again under the run's own lease, the one its
+        driver releases: a try whose commit went through as its answer was lost left the plan under it).
         ``known``: what the run this take-back carries on knew when its store went away; refused, the claim
         still records those outcomes (:meth:`Engine.record_known`) before the plan halts or goes back.
 
@@ -639,7 +650,6 @@ class Runtime:
         known: Unconfirmed | None = None,
         rollback_owner: str | None = None,
         stop: threading.Event | None = None,
-        taken_back: Callable[[Claim], object] | None = None,
     ) -> RunResult:
         """Run a claimed plan to its end or a halt, renewing the lease as it goes.
 
@@ -648,8 +658,9 @@ class Runtime:
         they still may be. ``known``: the outcomes a run of the same lease knew when its store went away (the
         :class:`~plangate.errors.StoreLostError` it raised carries them). ``rollback_owner``: the lease the
         policy's rollback of a halted run takes (a worker names it, to release it at its drain). ``stop``: set
-        to give up waiting for the store (a worker's drain). ``taken_back``: told of each claim that takes the
-        run back (a worker keeps the name of the lease it releases).
+        at a worker's drain's end, after which the run gives up waiting for the store, and so does the policy's
+        rollback, which gives its lease back at once if it begins after all. The run is taken back under its own
+        lease: the name its driver knows, and releases (a worker's drain), goes on naming it.
         """
         _aio.refuse_in_loop("Runtime.drive", "runtime.aexecute")
         result: RunResult | None = None
@@ -662,9 +673,7 @@ class Runtime:
                     result = taken
                 else:
                     claim, known = taken, cut.known
-                    if taken_back is not None:
-                        taken_back(claim)
-        return self._rolled_back_if_due(claim, result, rollback_owner)
+        return self._rolled_back_if_due(claim, result, rollback_owner, stop)
 
     def _run_engine(
         self, claim: Claim, progress: Callable[[Progress], None] | None, known: Unconfirmed | None
@@ -698,12 +707,13 @@ class Runtime:
         run's lease would have run out, and claim the run again under that same lease (compare-and-set:
         :meth:`start` with ``leased``), to record what it knew. The store not back in time (or ``stop`` set):
         a StoreLostError that names the outcomes known and not recorded, which the next run decides."""
-        lease = lifecycle.claimant(claim.owner)  # one name for every try: a try cut in flight may have taken it
 
         def claimed() -> Claim | RunResult:
+            # Under the run's own lease, not one of the take-back's: whoever releases it (a worker's drain) releases
+            # the run wherever the claim lands, and a try cut in flight that took it leaves it the next try's.
             try:
                 return self.start(
-                    claim.plan.id, actor=claim.actor, owner=claim.owner, leased=True, lease=lease, known=cut.known
+                    claim.plan.id, actor=claim.actor, owner=claim.owner, leased=True, lease=claim.owner, known=cut.known
                 )
             except (LeaseLostError, StateError) as refused:
                 return self._taken_by_another(claim.plan.id, cut, refused)
@@ -741,9 +751,11 @@ class Runtime:
         """A new connection to the store in place of one that broke (a StoreError while the store is away)."""
         self.store = _storeback.reconnected(self.store)
 
-    def _rolled_back_if_due(self, claim: Claim, result: RunResult, rollback_owner: str | None) -> RunResult:
+    def _rolled_back_if_due(
+        self, claim: Claim, result: RunResult, rollback_owner: str | None, stop: threading.Event | None
+    ) -> RunResult:
         """The policy's rollback of a halted run (``compensation.on_halt: auto``), unless a step's outcome is
-        unknown: a person settles it first."""
+        unknown: a person settles it first. ``stop``: as for :meth:`drive`."""
         policy = claim.policy
         if result.ok or policy is None or policy.compensation.on_halt != "auto":
             return result
@@ -760,6 +772,7 @@ class Runtime:
                 reason="the policy rolls back halted plans",
                 by_person=False,
                 owner=rollback_owner,
+                stop=stop,
             )
 
         try:
@@ -776,7 +789,7 @@ class Runtime:
                     Unconfirmed(),
                 )
 
-            self._when_back(roll_back, gave_up)
+            self._when_back(roll_back, gave_up, stop)
         return result
 
     def _policy_now(self, version: VersionRow) -> Policy | None:

@@ -23,8 +23,9 @@ A run whose store goes away mid-run (a PostgreSQL restart, a network cut) is not
 connection: it waits for the store, at most until the run's lease would have run out (or the drain),
 claims the run again under that same lease, and records the outcomes its tools had answered
 (:class:`plangate.engine.Unconfirmed`), once; a lease lost meanwhile records nothing, and says so.
-That is the runtime's (:meth:`Runtime.drive`), as for any run; the worker names its drain and keeps
-the lease it releases.
+That is the runtime's (:meth:`Runtime.drive`), as for any run; the worker names its drain, and the run's
+lease that the drain releases is the one a take-back claims again, so a claim that lands as the drain ends
+leaves nothing held.
 """
 
 from __future__ import annotations
@@ -42,7 +43,6 @@ from plangate import lifecycle, timeouts
 from plangate._clock import Clock, SystemClock, iso
 from plangate.errors import GovernanceError, LeaseLostError, PlangateError, StateError, StoreLostError
 from plangate.policy import Policy
-from plangate.record import Claim
 from plangate.results import RunResult
 from plangate.runtime import Runtime
 from plangate.store import Store, open_store
@@ -62,11 +62,12 @@ before it is claimed again: the first wait, doubled each time it fails again, up
 ROLLBACK_POLL = 5.0
 """How often a worker looks for rollbacks the policy began whose runner stopped (at most, in seconds)."""
 _CUT_OFF_ROLLBACKS = (
-    "SELECT id FROM plans WHERE kind = 'plan' AND status = 'compensating' AND lease_owner LIKE 'policy:%'"
-    " AND (lease_until IS NULL OR lease_until < ?) ORDER BY created_at, id LIMIT 8"
+    "SELECT id FROM plans WHERE kind = 'plan' AND status = 'compensating'"
+    " AND (lease_owner IS NULL OR (lease_owner LIKE 'policy:%' AND lease_until < ?)) ORDER BY created_at, id LIMIT 8"
 )
-"""The rollbacks the policy began (its runner is named for it) whose lease ran out. The owner's name only
-picks them: each is proven the policy's from the audit log (:meth:`Runtime.carry_on_rollback`)."""
+"""The rollbacks the policy began (its runner is named for it) whose lease ran out, and those whose lease was given
+back (at a drain: the name is gone with it). The owner's name only picks them: each is proven the policy's from the
+audit log (:meth:`Runtime.carry_on_rollback`)."""
 
 
 @dataclass
@@ -393,7 +394,7 @@ class Worker:
         healthy = True
         try:
             runtime = self._runtime()
-            result = runtime.carry_on_rollback(plan_id, owner=owner)
+            result = runtime.carry_on_rollback(plan_id, owner=owner, stop=self._drained)
             _log.warning("plan %s: the policy's rollback carried on: %s", plan_id, result.status)
         except (StateError, LeaseLostError):
             pass  # another runner carries it on now, or the drain gave it up
@@ -427,21 +428,16 @@ class Worker:
         runtime: Runtime | None = None
         result: RunResult | None = None
         healthy = True
-
-        def under(claim: Claim) -> None:  # the run's own lease from its claim on, again at a take-back
-            nonlocal owner
-            owner = self._run_under(plan_id, owner, claim.owner, rollback)
-
         try:
             runtime = self._runtime()  # a new connection may be refused: the claim is then given back below
             # resume's own checks are the claim's (lifecycle.claim): start at once, without reading the plan twice;
             # only under this claim's lease (a drain may have given it back meanwhile, or a person's decision)
             claim = runtime.start(plan_id, actor=f"worker:{self.name}", owner=owner, leased=True)
             rollback = self._policy_runner(claim.policy)
-            under(claim)
+            owner = self._run_under(plan_id, owner, claim.owner, rollback)
             # cut off from its store, the run waits for it (within the lease; a stop alone does not end the wait,
-            # the drain's end does) and takes itself back
-            result = runtime.drive(claim, rollback_owner=rollback, stop=self._drained, taken_back=under)
+            # the drain's end does) and takes itself back, under the lease the drain releases
+            result = runtime.drive(claim, rollback_owner=rollback, stop=self._drained)
         except GovernanceError as refused:  # it may not run: sent back for approval, or the log disagrees
             self._set_aside(plan_id, str(refused), self.refused, logging.ERROR)
         except LeaseLostError as lost:  # another runner has the plan now, or the drain gave it back
