@@ -363,7 +363,9 @@ def test_a_run_whose_claim_the_drain_gives_back_as_it_begins_does_not_run_and_fr
     db: str, calls: list[tuple[str, int]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The run's claim has just put a lease of its own in the place of the worker's when the drain gives
-    the worker's back: the run does not go on, and its own lease is released too, not left to expire."""
+    the worker's back: the run does not go on, and its own lease is released too, not left to expire. Released
+    by the drain itself, as serve() returns: a process that exits then, before its runner thread gave the lease
+    back, left the plan to no worker until the lease ran out."""
     plan = drained_as_the_run_begins(db, monkeypatch, claimed_first=True)
     assert calls == []
     assert plan.status == "running" and plan.lease_owner is None
@@ -392,6 +394,9 @@ def drained_as_the_run_begins(db: str, monkeypatch: pytest.MonkeyPatch, *, claim
         w.stop()
         serving.join(20)
         assert w.left == [plan_id]
+        with closing(open_store(db)) as store:
+            row = store.get_plan(plan_id)
+            assert row is not None and row.lease_owner is None, "serve() returned with the run's lease held"
         go_on.set()
         runner.join(20)
         assert not runner.is_alive()

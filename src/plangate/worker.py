@@ -109,6 +109,7 @@ class Worker:
         self._cond = threading.Condition()
         self._running: dict[str, str] = {}  # plan id -> the lease owner running it
         self._rolling: dict[str, str] = {}  # plan id -> the lease the policy's rollback takes if its run halts
+        self._starting: dict[str, str] = {}  # plan id -> the lease its run's claim takes, until the claim answers
         self._aside: dict[str, _Aside] = {}  # plans that could not run, left alone for a while
         self._outage = timeouts.Outage(_log, f"worker {self.name}")  # claims failed in a row: the store away
         self._stopping = threading.Event()
@@ -428,11 +429,13 @@ class Worker:
         runtime: Runtime | None = None
         result: RunResult | None = None
         healthy = True
+        with self._cond:  # named before the claim, so that a drain as it commits releases it too
+            claiming = self._starting[plan_id] = lifecycle.claimant(owner)
         try:
             runtime = self._runtime()  # a new connection may be refused: the claim is then given back below
             # resume's own checks are the claim's (lifecycle.claim): start at once, without reading the plan twice;
             # only under this claim's lease (a drain may have given it back meanwhile, or a person's decision)
-            claim = runtime.start(plan_id, actor=f"worker:{self.name}", owner=owner, leased=True)
+            claim = runtime.start(plan_id, actor=f"worker:{self.name}", owner=owner, leased=True, lease=claiming)
             rollback = self._policy_runner(claim.policy)
             owner = self._run_under(plan_id, owner, claim.owner, rollback)
             # cut off from its store, the run waits for it (within the lease; a stop alone does not end the wait,
@@ -454,7 +457,8 @@ class Worker:
             with self._cond:
                 self._aside.pop(plan_id, None)
         finally:
-            self._finish(plan_id, owner, runtime if healthy else self._dropped(runtime), ran=result is not None)
+            kept = runtime if healthy else self._dropped(runtime)
+            self._finish(plan_id, owner, kept, ran=result is not None, claiming=claiming)
         return result
 
     def _run_under(self, plan_id: str, leased: str, claimed: str, rollback: str) -> str:
@@ -462,6 +466,7 @@ class Worker:
         end release from now on, with the lease the policy's rollback takes if the run halts. If the drain
         gave the plan up meanwhile, this lease is given back too."""
         with self._cond:
+            self._starting.pop(plan_id, None)  # the claim answered: its lease is the run's now, or given back below
             if self._running.get(plan_id) == leased:
                 self._running[plan_id] = claimed
                 self._rolling[plan_id] = rollback
@@ -469,10 +474,14 @@ class Worker:
         self._give_back([(plan_id, claimed)])
         raise LeaseLostError(f"plan {plan_id} was given back at the drain as its run began: it does not run")
 
-    def _finish(self, plan_id: str, owner: str, runtime: Runtime | None, *, ran: bool) -> None:
+    def _finish(
+        self, plan_id: str, owner: str, runtime: Runtime | None, *, ran: bool, claiming: str | None = None
+    ) -> None:
         if runtime is not None and runtime.store.broken():  # cut off, and not back in time: not kept in the pool
             runtime = self._dropped(runtime)
         with self._cond:
+            if claiming is not None and self._starting.get(plan_id) == claiming:  # the claim never answered
+                del self._starting[plan_id]
             if self._running.get(plan_id) != owner:  # the drain gave it up already: its lease is released
                 self._dropped(runtime)  # nor is its connection kept: the worker is closing
                 return
@@ -513,11 +522,12 @@ class Worker:
             self._cond.wait_for(lambda: not self._running, timeout=max(0.0, deadline - time.monotonic()))
             left, self._running = dict(self._running), {}
             rolling, self._rolling = self._rolling, {}
+            starting, self._starting = self._starting, {}  # claims in flight: whether or not they commit first
         self._drained.set()  # a run waiting for its store to take itself back gives up (Runtime.drive's stop)
         # The engine's next fence fails without the lease: the run (or the rollback the policy began as it
         # halted) records nothing more, and the next worker resumes it under the usual rules (a step cut
         # off mid-call is not re-run blindly).
-        self._give_back([*left.items(), *rolling.items()])
+        self._give_back([*left.items(), *rolling.items(), *starting.items()])
         self.left.extend(left)
 
     def _until(self) -> str:
