@@ -237,6 +237,9 @@ class _Heartbeats:
         self.timeout, self.details = timeout, details
         self.stop = threading.Event()
         self.context = contextvars.copy_context()  # the activity's: activity.heartbeat() finds it there
+        # One heartbeat at a time: a context is entered by one thread at once (Python refuses a second), and
+        # the SDK keeps a heartbeat's context entered until the worker's event loop takes it, seconds when busy.
+        self.sending = threading.Lock()
 
     def __enter__(self) -> _Heartbeats:
         if self.timeout:  # none: a workflow started before there were heartbeats
@@ -250,16 +253,21 @@ class _Heartbeats:
         assert self.timeout
         while not self.stop.wait(min(1.0, self.timeout / 4)):
             try:
-                self.context.run(activity.heartbeat, *self.details)
+                self._send()
             except Exception:  # noqa: BLE001 -- the worker is shutting down: the step's own outcome decides
                 return
 
+    def _send(self) -> None:
+        with self.sending:  # the details read under the lock: none sent after carry()'s can be older
+            self.context.run(activity.heartbeat, *self.details)
+
     def carry(self, details: dict[str, Any]) -> None:
-        """Send ``details`` before the attempt fails. The SDK sends at most one heartbeat per 0.8 of the
-        timeout, holding a later one back until then, and sends no details with a failure: so the attempt
-        fails only once that long has passed, every heartbeat meanwhile carrying the same details."""
+        """Send ``details`` before the attempt fails, after the heartbeat in flight if any. The SDK sends at
+        most one heartbeat per 0.8 of the timeout, holding a later one back until then, and sends no details
+        with a failure: so the attempt fails only once that long has passed, every heartbeat meanwhile
+        carrying the same details."""
         self.details = (details,)
-        self.context.run(activity.heartbeat, *self.details)
+        self._send()
         if self.timeout:
             self.stop.wait(min(self.timeout * 0.8, _THROTTLE_SECONDS) + 0.5)
 
