@@ -29,6 +29,7 @@ from tests.test_temporal_attacks import RUN, _direct
 
 # Tools that write each call down, and cut every other connection to the database during the first call.
 TOOLS = """
+import time
 from contextlib import closing
 from pathlib import Path
 
@@ -60,6 +61,13 @@ def pay(amount: int) -> str:
 @tool(effect="write", idempotent=True, timeout=30)
 def put(n: int) -> int:
     _called("put")
+    return n
+
+
+@tool(effect="write", idempotent=True, timeout=30)
+def late(n: int) -> int:
+    time.sleep(1)  # answers after the attempt's first heartbeat (0.5 s in): the SDK holds the next one back
+    _called("late")
     return n
 
 
@@ -108,14 +116,15 @@ def _ran_once_and_verifies(db: str, tools: str, plan_id: str) -> None:
         rt.close()
 
 
-@pytest.mark.parametrize("first", ["pay", "put"])
+@pytest.mark.parametrize("first", ["pay", "put", "late"])
 def test_a_known_outcome_is_recorded_by_temporals_retry(
     temporal: str, pg_db: str, tmp_path: Path, first: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     """The step's activity called its tool, then could not record the outcome (its connection cut): it failed,
     and Temporal's retry read the step as started with no outcome. A payment plangate knew was made halted
     the plan for a person to settle; an idempotent write was called again. The retry now records the outcome
-    the first attempt sealed in its heartbeat, and the plan goes on."""
+    the first attempt sealed in its heartbeat, and the plan goes on; also where the SDK held that heartbeat
+    back (``late``): it goes to Temporal with the attempt's failure."""
     tools, plan_id = _setup(tmp_path, pg_db, first)
     settings = temporal_module.Settings(heartbeat_seconds=2, max_activities=2)
     with caplog.at_level(logging.WARNING, logger="plangate.temporal"):
