@@ -12,7 +12,8 @@ import asyncio
 import collections
 import dataclasses
 import logging
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,7 @@ from tests.test_temporal_attacks import RUN, _direct
 
 # Tools that write each call down, and cut every other connection to the database during the first call.
 TOOLS = """
+import time
 from contextlib import closing
 from pathlib import Path
 
@@ -59,6 +61,13 @@ def pay(amount: int) -> str:
 @tool(effect="write", idempotent=True, timeout=30)
 def put(n: int) -> int:
     _called("put")
+    return n
+
+
+@tool(effect="write", idempotent=True, timeout=30)
+def late(n: int) -> int:
+    time.sleep(1)  # answers after the attempt's first heartbeat (0.5 s in): the SDK holds the next one back
+    _called("late")
     return n
 
 
@@ -107,14 +116,15 @@ def _ran_once_and_verifies(db: str, tools: str, plan_id: str) -> None:
         rt.close()
 
 
-@pytest.mark.parametrize("first", ["pay", "put"])
+@pytest.mark.parametrize("first", ["pay", "put", "late"])
 def test_a_known_outcome_is_recorded_by_temporals_retry(
     temporal: str, pg_db: str, tmp_path: Path, first: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     """The step's activity called its tool, then could not record the outcome (its connection cut): it failed,
     and Temporal's retry read the step as started with no outcome. A payment plangate knew was made halted
     the plan for a person to settle; an idempotent write was called again. The retry now records the outcome
-    the first attempt sealed in its heartbeat, and the plan goes on."""
+    the first attempt sealed in its heartbeat, and the plan goes on; also where the SDK held that heartbeat
+    back (``late``): it goes to Temporal with the attempt's failure."""
     tools, plan_id = _setup(tmp_path, pg_db, first)
     settings = temporal_module.Settings(heartbeat_seconds=2, max_activities=2)
     with caplog.at_level(logging.WARNING, logger="plangate.temporal"):
@@ -127,9 +137,12 @@ def test_a_known_outcome_is_recorded_by_temporals_retry(
     assert "did not seal" not in caplog.text
 
 
-def _attempt(db: str, tools: str, args: dict[str, Any], details: list[Any]) -> tuple[str | BaseException, list[Any]]:
+def _attempt(
+    db: str, tools: str, args: dict[str, Any], details: list[Any], heard: Callable[..., None] = lambda *beat: None
+) -> tuple[str | BaseException, list[Any]]:
     """The step's activity as Temporal runs it in workflow run ``RUN``, given ``details`` from an earlier
-    attempt's heartbeat: what it returned or raised, and the details of the heartbeats it sent."""
+    attempt's heartbeat: what it returned or raised, and the details of the heartbeats it sent (each also
+    given to ``heard``, in the thread that sent it)."""
     from temporalio.testing import ActivityEnvironment
 
     env = ActivityEnvironment()
@@ -137,7 +150,12 @@ def _attempt(db: str, tools: str, args: dict[str, Any], details: list[Any]) -> t
         env.info, workflow_id=args["plan_id"], workflow_run_id=RUN, heartbeat_details=details
     )
     sent: list[Any] = []
-    env.on_heartbeat = lambda *beat: sent.extend(beat)
+
+    def on_heartbeat(*beat: Any) -> None:
+        sent.extend(beat)
+        heard(*beat)
+
+    env.on_heartbeat = on_heartbeat
     step, _ = temporal_module.hosted(db, tools)
     try:
         return env.run(step, args), sent
@@ -154,6 +172,44 @@ def _cut_off(tmp_path: Path, db: str) -> tuple[str, str, dict[str, Any], dict[st
     assert "the outcome of step 1 (attempt 1) is known and not confirmed recorded" in str(raised)
     assert sent and sent[-1]["outcome"]["output"] == "paid 5"
     return tools, plan_id, args, sent[-1]
+
+
+def test_the_outcome_goes_out_after_a_heartbeat_in_flight(
+    pg_db: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The step's heartbeat thread was handing a heartbeat to the SDK (which waits for the worker's event loop
+    to take it: long, on a loaded machine) as the store went away after the tool answered. The attempt's own
+    heartbeat of the outcome entered the same context meanwhile, which Python refuses (``cannot enter
+    context``): the attempt failed with that error and sent no outcome, and Temporal's retry called the
+    idempotent tool again. The outcome now goes out once the heartbeat in flight is through, as the last."""
+    tools, _ = _setup(tmp_path, pg_db, "put")
+    args = {**_direct(pg_db, tools, "t-in-flight"), "step_id": 1, "heartbeat_seconds": 2}
+    in_flight, over = threading.Event(), threading.Event()
+    beats: list[tuple[Any, ...]] = []
+
+    def slow_loop(*beat: Any) -> None:
+        beats.append(beat)
+        if threading.current_thread().name == "plangate-heartbeat" and not in_flight.is_set():
+            in_flight.set()
+            over.wait(1)  # the event loop takes a second to take it, or until the attempt is over
+
+    seal = temporal_module._seal
+
+    def sealed_in_flight(*known: Any) -> dict[str, Any]:
+        assert in_flight.wait(30)  # the store is found gone while the thread's first heartbeat is in flight
+        return seal(*known)
+
+    monkeypatch.setattr(temporal_module, "_seal", sealed_in_flight)
+    try:
+        raised, _ = _attempt(pg_db, tools, args, [], slow_loop)
+    finally:
+        over.set()
+    assert isinstance(raised, StoreLostError), repr(raised)
+    (last,) = beats[-1]
+    assert last["outcome"]["output"] == 5, "the attempt's last heartbeat carries the outcome"
+    assert _attempt(pg_db, tools, args, [last])[0] == "succeeded"
+    assert _attempt(pg_db, tools, {**args, "step_id": 2}, [])[0] == "succeeded"
+    assert _calls(tmp_path) == ["put", "note"], "each tool called once"
 
 
 def test_a_sealed_outcome_is_recorded_once(pg_db: str, tmp_path: Path) -> None:

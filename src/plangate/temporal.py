@@ -73,7 +73,6 @@ _LEASE_SECONDS = 3600.0  # a workflow's lease: Temporal itself keeps the run goi
 _MARGIN_SECONDS = 60.0  # over a step's own budget: the engine's limit, not Temporal's, ends a hung call
 _LOCAL_ACTIVITIES = 2  # plangate's own bookkeeping (a plan's end), on threads of its own beside the steps'
 _HANDOVER_SECONDS = 600.0  # a run left without its claim (its worker died as it started it) ends, well within the lease
-_THROTTLE_SECONDS = 60.0  # the most the SDK holds a heartbeat back (its max_heartbeat_throttle_interval)
 _STEP, _FINISH = "plangate.step", "plangate.finish"  # the activities' names: the host's own (hosted) answer to them
 
 
@@ -237,6 +236,9 @@ class _Heartbeats:
         self.timeout, self.details = timeout, details
         self.stop = threading.Event()
         self.context = contextvars.copy_context()  # the activity's: activity.heartbeat() finds it there
+        # One heartbeat at a time: a context is entered by one thread at once (Python refuses a second), and
+        # the SDK keeps a heartbeat's context entered until the worker's event loop takes it, seconds when busy.
+        self.sending = threading.Lock()
 
     def __enter__(self) -> _Heartbeats:
         if self.timeout:  # none: a workflow started before there were heartbeats
@@ -250,18 +252,21 @@ class _Heartbeats:
         assert self.timeout
         while not self.stop.wait(min(1.0, self.timeout / 4)):
             try:
-                self.context.run(activity.heartbeat, *self.details)
+                self._send()
             except Exception:  # noqa: BLE001 -- the worker is shutting down: the step's own outcome decides
                 return
 
+    def _send(self) -> None:
+        with self.sending:  # the details read under the lock: none sent after carry()'s can be older
+            self.context.run(activity.heartbeat, *self.details)
+
     def carry(self, details: dict[str, Any]) -> None:
-        """Send ``details`` before the attempt fails. The SDK sends at most one heartbeat per 0.8 of the
-        timeout, holding a later one back until then, and sends no details with a failure: so the attempt
-        fails only once that long has passed, every heartbeat meanwhile carrying the same details."""
+        """Send ``details`` as the attempt's last heartbeat, after the one in flight if any, before it fails.
+        The SDK sends at most one heartbeat per 0.8 of the timeout, holding a later one back, and hands the
+        last one's details to Temporal with the attempt's failure (``last_heartbeat_details``), where the
+        retry reads them: the attempt need not wait for them to go out."""
         self.details = (details,)
-        self.context.run(activity.heartbeat, *self.details)
-        if self.timeout:
-            self.stop.wait(min(self.timeout * 0.8, _THROTTLE_SECONDS) + 0.5)
+        self._send()
 
 
 def _seal(args: dict[str, Any], owner: str, known: Unconfirmed) -> dict[str, Any]:
