@@ -459,3 +459,67 @@ def test_a_take_back_refused_as_the_tool_that_answered_is_gone_says_its_outcome_
         assert rt.store.verify_audit().ok
     finally:
         rt.close()
+
+
+@tool(effect="write", compensate="refund")
+def book_as_governance_changes(n: int, ctx: RunContext) -> dict[str, str]:
+    """A booking, undone by refund; while the store is away, governance changes (``HOLD``), as for the payment."""
+    CALLS.append((ctx.plan_id, ctx.step_id))
+    HOLD["change"]()
+    outage.cut_every_connection()
+    return {"booking": f"b{n}"}
+
+
+AUTO_ROLLING = Policy.from_yaml(
+    "version: 1\nname: auto-ops\ncategories: {ops: {tools: [book_as_governance_changes, filed]}}\n"
+    "approval: {auto: [ops], escalate: []}\ncompensation: {on_halt: auto}\n"
+)
+
+
+@pytest.mark.parametrize(
+    ("change", "refusal", "status"),
+    [("tools", "no longer passes", "halted"), ("register", "it is back for approval", "pending_approval")],
+)
+def test_a_refused_take_back_whose_answer_was_lost_is_still_the_refusal(
+    pg_db: str, monkeypatch: pytest.MonkeyPatch, change: str, refusal: str, status: str
+) -> None:
+    """The take-back's claim is refused by the governance now in force, and the refusal's commit goes through as
+    its answer is lost. The next try found the plan no longer under its lease, with what its run knew on record:
+    a plan halted by the refusal it read as the run's own end, and the caller got a halted result with no word of
+    the refusal, and the policy's rollback (which a refused plan never gets: it halts for a person) undid the
+    booking; a plan back for approval it read as taken by another runner. Either way it is the refusal now."""
+    outage.cut_armed_commits(monkeypatch)
+    start, armed = Runtime.start, []
+
+    def the_refusal_cut(self: Runtime, plan_id: str, **kwargs: Any) -> Any:
+        if kwargs.get("known") is not None and not armed:  # the take-back's first claim: its commit is cut
+            armed.append(plan_id)
+            outage.ARMED["thread"] = threading.get_ident()
+        return start(self, plan_id, **kwargs)
+
+    monkeypatch.setattr(Runtime, "start", the_refusal_cut)
+    rt = Runtime(Catalogue([book_as_governance_changes, refund, filed]), AUTO_ROLLING, db=pg_db)
+
+    def hold() -> None:
+        if change == "tools":
+            rt.catalogue = Catalogue([book_as_governance_changes, refund, filed_as_text])
+        else:
+            with closing(open_store(pg_db)) as store:
+                Register(store).set("ops", False, by="gina", reason="an audit")
+
+    HOLD["change"] = hold
+    try:
+        Accounts(rt.store).add("gina", "governance")
+        steps = ({"id": 1, "tool": "book_as_governance_changes", "params": {"n": 1}},)
+        record = rt.submit(plan(*steps, {"id": 2, "tool": "filed", "params": {"n": "${1.booking}"}}), "ann")
+        assert record.status == "approved"
+        with pytest.raises(GovernanceError, match=refusal) as refused:
+            rt.execute(record.id)
+        assert armed == [record.id] and "thread" not in outage.ARMED  # the refusal's commit was cut
+        assert "the outcome of step 1, known from before the store went away, is recorded" in str(refused.value)
+        assert rt.get(record.id).status == status
+        assert rt.store.steps(record.id)[1].status == "succeeded"
+        assert rt.store.verify_audit().ok
+    finally:
+        rt.close()
+    assert [s for _, s in CALLS] == [1], "the booking was undone by the policy's rollback"

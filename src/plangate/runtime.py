@@ -727,10 +727,17 @@ class Runtime:
         """The claim to take a run back was refused: the lease ran out and another runner took the plan over,
         or the plan ended. A plan found ended with every outcome the run knew on record (its last commit went
         through, only the answer was lost) gives back its result as recorded; else nothing is written, and the
-        error says what became of the outcomes: they are that runner's to decide, by the usual rules."""
+        error says what became of the outcomes: they are that runner's to decide, by the usual rules. A plan
+        whose newest event is a refusal by governance, with those outcomes on record, was refused by an earlier
+        try whose answer was lost: that is still the refusal (read as the run's own end, a plan halted so got
+        the policy's rollback, which a refused plan never gets: it halts for a person)."""
         rows = self.store.steps(plan_id)
-        if cut.known.recorded_in(rows) and (ended := self.ended(plan_id)) is not None:
-            return ended
+        if cut.known.recorded_in(rows):
+            refusal = _refusal(plan_id, list(self.store.events(plan_id)))
+            if refusal is not None:
+                raise GovernanceError(refusal + _recorded_before(tuple(cut.known.steps), ())) from cut
+            if (ended := self.ended(plan_id)) is not None:
+                return ended
         raise LeaseLostError(f"plan {plan_id}'s store is back, but {refused}: {cut.known.told(rows)}") from cut
 
     def _when_back(
@@ -829,7 +836,7 @@ class Runtime:
                 at=self._now(),
                 data={"needs": needs, "reason": reason},
             )
-            return plan, version, f"plan {plan.id} may not run: {reason}; it is back for approval"
+            return plan, version, _back_for_approval(plan.id, reason)
         return plan, version, None
 
     def ended(self, plan_id: str) -> RunResult | None:
@@ -1203,6 +1210,23 @@ def _recorded_before(recorded: tuple[int, ...], left: tuple[int, ...]) -> str:
             "gone): the next run of the plan decides them by the usual rules"
         )
     return said
+
+
+def _back_for_approval(plan_id: str, reason: str) -> str:
+    return f"plan {plan_id} may not run: {reason}; it is back for approval"
+
+
+def _refusal(plan_id: str, events: Sequence[Event]) -> str | None:
+    """What the checker's refusal of a claim said (it halted a cut-off run, or sent the plan back for approval),
+    where that refusal is the plan's newest event; else None."""
+    last = events[-1] if events else None
+    if last is None or last.actor != "checker":
+        return None
+    if last.kind == "run.refused":
+        return str(last.data.get("error"))
+    if last.kind == "plan.pending_approval":
+        return _back_for_approval(plan_id, str(last.data.get("reason")))
+    return None
 
 
 def _outcomes(steps: tuple[int, ...]) -> str:
