@@ -437,3 +437,32 @@ def test_a_temporal_worker_survives_a_plan_it_cannot_read_and_a_store_out_of_rea
         assert store.verify_audit().ok
     finally:
         store.close()
+
+
+def test_a_workers_heartbeats_are_not_held_back_past_the_beat(
+    temporal: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A step's thread heartbeats each second, but the SDK sends one heartbeat per 0.8 of the timeout at most
+    unless told otherwise, holding the rest back: Temporal heard from a live worker once in 8 s (at the default
+    10 s timeout), so a pause of 2 s at the wrong moment had it run a step still running elsewhere. The worker
+    ``serve`` hosts holds the SDK's throttle to the beat."""
+    from datetime import timedelta
+    from typing import Any
+
+    import temporalio.worker
+
+    from plangate import temporal as temporal_module
+    from tests.test_worker_concurrency import TOOLS
+
+    made: list[dict[str, Any]] = []
+
+    class Recorded(temporalio.worker.Worker):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            made.append(kwargs)
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(temporalio.worker, "Worker", Recorded)
+    db = f"sqlite:///{tmp_path}/beat.db"
+    ran = asyncio.run(temporal_module.serve(temporal, db, str(TOOLS), drain=True, poll=0.05, name="t-beat"))
+    assert ran == 0 and len(made) == 1
+    assert made[0]["max_heartbeat_throttle_interval"] == timedelta(seconds=1)

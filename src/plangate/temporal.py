@@ -70,6 +70,7 @@ with workflow.unsafe.imports_passed_through():
 TASK_QUEUE = "plangate"
 _log = logging.getLogger("plangate.temporal")
 _LEASE_SECONDS = 3600.0  # a workflow's lease: Temporal itself keeps the run going, not this process
+_BEAT_SECONDS = 1.0  # how often a step's heartbeats go out (to Temporal too: the SDK's throttle is held to it)
 _MARGIN_SECONDS = 60.0  # over a step's own budget: the engine's limit, not Temporal's, ends a hung call
 _LOCAL_ACTIVITIES = 2  # plangate's own bookkeeping (a plan's end), on threads of its own beside the steps'
 _HANDOVER_SECONDS = 600.0  # a run left without its claim (its worker died as it started it) ends, well within the lease
@@ -250,7 +251,7 @@ class _Heartbeats:
 
     def _beat(self) -> None:
         assert self.timeout
-        while not self.stop.wait(min(1.0, self.timeout / 4)):
+        while not self.stop.wait(min(_BEAT_SECONDS, self.timeout / 4)):
             try:
                 self._send()
             except Exception:  # noqa: BLE001 -- the worker is shutting down: the step's own outcome decides
@@ -262,7 +263,7 @@ class _Heartbeats:
 
     def carry(self, details: dict[str, Any]) -> None:
         """Send ``details`` as the attempt's last heartbeat, after the one in flight if any, before it fails.
-        The SDK sends at most one heartbeat per 0.8 of the timeout, holding a later one back, and hands the
+        The SDK sends at most one heartbeat per throttle interval, holding a later one back, and hands the
         last one's details to Temporal with the attempt's failure (``last_heartbeat_details``), where the
         retry reads them: the attempt need not wait for them to go out."""
         self.details = (details,)
@@ -524,6 +525,9 @@ async def serve(
             max_concurrent_activities=settings.max_activities,
             max_concurrent_local_activities=settings.threads - settings.max_activities,
             max_concurrent_workflow_tasks=settings.max_workflow_tasks,
+            # The SDK sends one heartbeat per 0.8 of the timeout at most, holding the others back: a live worker's
+            # pause of a fifth of the timeout at the wrong moment had Temporal run a step still running elsewhere.
+            max_heartbeat_throttle_interval=timedelta(seconds=_BEAT_SECONDS),
         ):
             outage = timeouts.Outage(_log, f"worker {name}")
             while True:
