@@ -4,7 +4,11 @@ The baseline, measured in the same run, is a trivial rule in plain Python (every
 tool is on an allow-list), the floor any policy engine pays. The machines are shared and
 noisy, so the ratio matters more than the absolute time.
 
-Run: ``make bench`` (or ``python bench/check.py [--rounds N]``).
+With ``--previous SRC`` (a checkout's ``src`` folder of an earlier plangate), a fresh plan's check + policy is
+also timed by that tree and by this one in alternating processes, and their ratio printed: on a machine whose
+speed changes from one hour to the next, that ratio, not the absolute figure, says what changed.
+
+Run: ``make bench`` (or ``python bench/check.py [--rounds N] [--previous SRC [--alternate N]]``).
 """
 
 from __future__ import annotations
@@ -12,7 +16,9 @@ from __future__ import annotations
 import argparse
 import gc
 import itertools
+import os
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -112,10 +118,32 @@ def parts(
     ]
 
 
+def against_previous(previous: str, alternate: int, rounds: int, batch: int) -> tuple[float, float]:
+    """A fresh plan's check + policy (us, medians) by an earlier tree and by this one, in alternating processes
+    (so both see the same machine), printed with their ratio."""
+    this = str(ROOT / "src")
+    times: dict[str, list[float]] = {"previous": [], "this": []}
+    for _ in range(alternate):
+        for label, src in (("previous", previous), ("this", this)):
+            env = {**os.environ, "PYTHONPATH": src}
+            command = [sys.executable, __file__, "--fresh-only", "--rounds", str(rounds), "--batch", str(batch)]
+            done = subprocess.run(command, env=env, capture_output=True, text=True, check=True)
+            times[label].append(float(done.stdout.split()[-1]))
+    old, new = statistics.median(times["previous"]), statistics.median(times["this"])
+    print(f"\ncheck + policy of a fresh 10-step plan, {alternate} alternating processes of each tree (us, medians)")
+    print(f"  previous tree ({previous}) {old:9.2f} us")
+    print(f"  this tree {'':{len(previous) + 5}} {new:9.2f} us")
+    print(f"  -> this tree takes {new / old:.2f}x the previous one's time")
+    return old, new
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--rounds", type=int, default=30, help="timed rounds (the median is reported)")
     parser.add_argument("--batch", type=int, default=200, help="calls per round")
+    parser.add_argument("--previous", metavar="SRC", help="an earlier plangate's src folder, timed alongside")
+    parser.add_argument("--alternate", type=int, default=5, help="with --previous: processes of each tree")
+    parser.add_argument("--fresh-only", action="store_true", help=argparse.SUPPRESS)  # one figure, for --previous
     args = parser.parse_args()
 
     catalogue = Catalogue.from_module(ROOT / "examples" / "business.py")
@@ -138,6 +166,10 @@ def main() -> int:
     def fresh_text() -> str:
         return ten_step_plan(next(variants)).canonical_json()
 
+    if args.fresh_only:
+        per_call_us(full, fresh, 2, args.batch)  # warm up
+        print(f"{statistics.median(per_call_us(full, fresh, args.rounds, args.batch)):.3f}")
+        return 0
     cases: list[tuple[str, Callable[[object], object], Callable[[], object]]] = [
         ("check + policy (a freshly parsed Plan)", full, fresh),
         ("parse + check + policy (JSON text)", full, fresh_text),
@@ -161,6 +193,8 @@ def main() -> int:
         print(f"  {name:50} {part:9.2f} us  {part / cold:5.0%} of the whole")
     verdict = "meets" if cold < TARGET_US else "MISSES"
     print(f"target: median under {TARGET_US:.0f} us for check + policy of a fresh 10-step plan: {verdict} it")
+    if args.previous:
+        against_previous(args.previous, args.alternate, args.rounds, args.batch)
     return 0
 
 

@@ -1,4 +1,4 @@
-"""bench/engine.py --previous: two trees on the same chain in alternating processes, both measured, both printed."""
+"""bench/engine.py and bench/check.py --previous: two trees in alternating processes, both measured, both printed."""
 
 from __future__ import annotations
 
@@ -47,3 +47,19 @@ def test_the_split_of_a_step_s_time_adds_up_and_counts_the_wal_pages_a_commit_wr
     assert commit > 0 and other > 0
     assert pages >= 3  # a step's commit writes its step row, its events and the plan's seal: pages of each
     assert rest > 0  # the engine's own Python is never free
+
+
+def test_the_checker_s_comparison_with_a_previous_tree_prints_both_and_their_ratio(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """bench/check.py --previous: a fresh plan's check + policy by each tree, in alternating processes."""
+    spec = importlib.util.spec_from_file_location("check_bench", ROOT / "bench" / "check.py")
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    old, new = bench.against_previous(str(ROOT / "src"), alternate=1, rounds=2, batch=5)
+    out = capsys.readouterr().out
+    assert old > 0 and new > 0
+    assert "1 alternating processes of each tree" in out
+    assert re.search(r"previous tree \(.*\) +\d+\.\d\d us", out) and re.search(r"this tree +\d+\.\d\d us", out)
+    assert re.search(r"-> this tree takes \d+\.\d\dx the previous one's time", out)
