@@ -30,7 +30,6 @@ import contextlib
 import functools
 import hashlib
 import json
-import re
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
@@ -39,13 +38,24 @@ from typing import Any, Literal, TypeVar
 
 from pydantic import ValidationError
 
-from plangate import _aio, _input, _storeback, approval, lifecycle, metrics, names, provenance, references, tracing
+from plangate import (
+    _aio,
+    _reactturn,
+    _storeback,
+    approval,
+    lifecycle,
+    metrics,
+    names,
+    provenance,
+    references,
+    tracing,
+)
 from plangate._clock import Clock, SystemClock, iso, parse_iso
 from plangate._reactstate import Act, Mode, ReActResult, ReActStep, RunState, unsettled
 from plangate.costs import PriceTable
 from plangate.engine import Unconfirmed
-from plangate.errors import LeaseLostError, ParamsError, RefusedInputError, StateError, StoreLostError
-from plangate.models import Message, Model, ModelError, ModelRequest, ModelResponse, ToolCall, ToolSpec, Usage
+from plangate.errors import LeaseLostError, ParamsError, StateError, StoreLostError
+from plangate.models import Message, Model, ModelError, ModelRequest, ModelResponse, ToolSpec, Usage
 from plangate.plan import Plan, canonical
 from plangate.planner import prompt
 from plangate.policy import Policy, SinkHit
@@ -56,21 +66,6 @@ from plangate.tracing import Traces
 from plangate.violations import Violation
 
 T = TypeVar("T")
-
-_ACTION = re.compile(r"^\s*Action\s*:\s*(?P<tool>[A-Za-z_][\w.\-]*)\s*(?P<rest>.*)$", re.MULTILINE | re.DOTALL)
-_ACTION_INPUT = re.compile(r"^\s*Action Input\s*:\s*(?P<input>.*)$", re.MULTILINE | re.DOTALL)
-_FINAL = re.compile(r"Final Answer\s*:\s*(?P<answer>.*)", re.DOTALL)
-_THOUGHT = re.compile(r"Thought\s*:\s*(?P<thought>.*?)(?=\n\s*(?:Action|Final Answer)\s*:|\Z)", re.DOTALL)
-
-
-@dataclass(frozen=True, kw_only=True)
-class _Turn:
-    """A model's turn read: its thought, and the calls it asks for, its final answer, or what is wrong."""
-
-    thought: str = ""
-    calls: tuple[ToolCall, ...] = ()  # in text mode one call, with no id
-    answer: str | None = None
-    problem: str | None = None
 
 
 @dataclass
@@ -292,7 +287,7 @@ class ReActAgent:
         return reason + (f"; {left} more tool call(s) of the last turn were not run" if left else "")
 
     def _interpret(self, state: RunState, number: int, response: ModelResponse) -> ReActStep:
-        turn = self._parse(response)
+        turn = _reactturn.read(response, self.mode, self.catalogue)
         thought, answer, problem = turn.thought, turn.answer, turn.problem
         state.transcript.append(Message(role="assistant", content=response.text, tool_calls=response.tool_calls))
         if answer is not None:
@@ -623,32 +618,6 @@ class ReActAgent:
         self._ledger(state, at, response.usage, response.seconds)
         return response
 
-    def _parse(self, response: ModelResponse) -> _Turn:
-        if self.mode == "native":
-            text = response.text.strip()
-            if response.tool_calls:
-                return _Turn(thought=text, calls=response.tool_calls)
-            return _Turn(answer=text) if text else _Turn(problem="an empty answer")
-        text = response.text
-        thought_match = _THOUGHT.search(text)
-        thought = thought_match.group("thought").strip() if thought_match else ""
-        final = _FINAL.search(text)
-        action = _ACTION.search(text)
-        if final and (not action or final.start() < action.start()):
-            return _Turn(thought=thought, answer=final.group("answer").strip())
-        if not action:
-            what = "an empty answer" if not text.strip() else "no 'Action:' or 'Final Answer:' line"
-            return _Turn(thought=thought, problem=what)
-        name = action.group("tool")
-        rest = action.group("rest").strip()
-        given = _ACTION_INPUT.search(text)
-        raw = given.group("input").strip() if given and not rest else rest
-        try:
-            arguments = _arguments(raw, self.catalogue.get(name))
-        except ValueError as exc:
-            return _Turn(thought=thought, problem=f"cannot read the input of {name}: {exc}")
-        return _Turn(thought=thought, calls=(ToolCall(id="", name=name, arguments=arguments),))
-
     # -- records ---------------------------------------------------------------------------
     def _stop(self, state: RunState, number: int, reason: str) -> ReActStep:
         state.status, state.reason = "stopped", reason
@@ -817,31 +786,6 @@ class ReActAgent:
 
 def _run_attributes(state: RunState, model: str) -> dict[str, Any]:
     return {"plangate.plan_id": state.run_id, "plangate.mode": "react", "plangate.react.model": model}
-
-
-def _arguments(raw: str, tool: Tool | None) -> dict[str, Any]:
-    """``tool[input]``, a JSON object of named arguments, or plain text for the single parameter."""
-    if raw.startswith("[") and raw.endswith("]"):
-        raw = raw[1:-1]
-    raw = raw.strip()
-    if raw.startswith("{"):
-        try:
-            value = _input.loads_strict(raw, what="the input")
-        except RefusedInputError as exc:
-            if exc.rule == "not-json":
-                raise ValueError(f"not a JSON object: {exc.detail}") from None
-            raise ValueError(str(exc)) from None
-        if not isinstance(value, dict):
-            raise ValueError("give a JSON object of named arguments")
-        return value
-    if tool is None:
-        return {"input": raw}
-    required = tool.params_schema.get("required", [])
-    if len(required) != 1:
-        raise ValueError(
-            f"{tool.name} takes {len(required)} required parameters ({', '.join(required)}): give a JSON object"
-        )
-    return {required[0]: raw.strip("'\"")}
 
 
 def _step(action: dict[str, Any]) -> Any:
