@@ -820,6 +820,34 @@ def carried_on(catalogue: Catalogue, rolling: Policy, db: str, plan_id: str) -> 
         assert store.verify_audit().ok
 
 
+def test_rollbacks_set_aside_do_not_hide_one_to_carry_on(any_db: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The look for rollbacks to carry on takes the 8 oldest. Eight that cannot be carried on (rows made to say
+    ``compensating`` outside plangate: the log proves no rollback) were refused and set aside, and taken again
+    at every look, so a rollback the policy began after them, given up at a drain, was never found."""
+    refused = submit(any_db, ["count"], 8)
+    with closing(open_store(any_db)) as store, store.transaction():
+        for plan_id in refused:
+            store.command("UPDATE plans SET status = 'compensating' WHERE id = ?", (plan_id,))
+    rt, plan_id = rolled_back_on_halt(any_db, [charge, undo, fails], "charge", "fails")
+    rt.close()
+    catalogue, rolling = Catalogue([charge, undo, fails]), Policy.from_yaml(ROLLING)
+    with drained_mid_undo(catalogue, rolling, any_db):
+        pass
+    UNDO_GATE.set()
+    monkeypatch.setattr(worker_module, "ROLLBACK_POLL", 0.05)
+    w = Worker(catalogue, db=any_db, policy=rolling, concurrency=8)
+    serving = threading.Thread(target=w.serve, kwargs={"poll": 0.05}, daemon=True)
+    serving.start()
+    try:
+        with closing(open_store(any_db)) as store:
+            until("the rollback carried on", lambda: store.get_plan(plan_id).status == "compensated", limit=20)  # type: ignore[union-attr]
+    finally:
+        w.stop()
+        serving.join(20)
+        w.close()
+    assert sorted(w.refused) == sorted(set(w.refused)) and len(w.refused) == 8, w.refused  # each said once
+
+
 def test_a_rollback_the_policy_begins_as_the_drain_ends_is_left_for_the_next_worker(
     any_db: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

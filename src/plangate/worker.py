@@ -61,13 +61,19 @@ ASIDE_SECONDS = (1.0, 60.0)
 before it is claimed again: the first wait, doubled each time it fails again, up to the second."""
 ROLLBACK_POLL = 5.0
 """How often a worker looks for rollbacks the policy began whose runner stopped (at most, in seconds)."""
-_CUT_OFF_ROLLBACKS = (
-    "SELECT id FROM plans WHERE kind = 'plan' AND status = 'compensating'"
-    " AND (lease_owner IS NULL OR (lease_owner LIKE 'policy:%' AND lease_until < ?)) ORDER BY created_at, id LIMIT 8"
-)
-"""The rollbacks the policy began (its runner is named for it) whose lease ran out, and those whose lease was given
-back (at a drain: the name is gone with it). The owner's name only picks them: each is proven the policy's from the
-audit log (:meth:`Runtime.carry_on_rollback`)."""
+
+
+def _cut_off_rollbacks(skipped: int) -> str:
+    """The rollbacks the policy began (its runner is named for it) whose lease ran out, and those whose lease was
+    given back (at a drain: the name is gone with it), the oldest few, ``skipped`` ids left out (those set aside:
+    else a few that cannot be carried on would be taken at every look, and hide the rest). The owner's name only
+    picks them: each is proven the policy's from the audit log (:meth:`Runtime.carry_on_rollback`)."""
+    excluded = f" AND id NOT IN ({', '.join('?' for _ in range(skipped))})" if skipped else ""
+    return (
+        "SELECT id FROM plans WHERE kind = 'plan' AND status = 'compensating'"
+        f" AND (lease_owner IS NULL OR (lease_owner LIKE 'policy:%' AND lease_until < ?)){excluded}"
+        " ORDER BY created_at, id LIMIT 8"
+    )
 
 
 @dataclass
@@ -370,18 +376,18 @@ class Worker:
         if now < self._rollbacks_due or (not idle and now < self._rollbacks_due + 60.0 - ROLLBACK_POLL):
             return
         self._rollbacks_due = now + ROLLBACK_POLL
+        aside = self._left_aside()
         try:
-            rows = self._claiming().query(_CUT_OFF_ROLLBACKS, (iso(self.clock.now()),))
+            rows = self._claiming().query(_cut_off_rollbacks(len(aside)), (iso(self.clock.now()), *aside))
         except Exception as exc:  # noqa: BLE001 - a store out of reach: the next claim says so, and waits it out
             _log.debug("looking for rollbacks to carry on failed: %s", exc)
             return
-        aside = set(self._left_aside())
         for (plan_id,) in rows:
             owner = self._policy_runner(self.policy)  # the lease its drain gives back
             with self._cond:
                 if len(self._running) >= self.concurrency or self._stopping.is_set():
                     return
-                if plan_id not in aside and plan_id not in self._running:
+                if plan_id not in self._running:
                     self._start(plan_id, owner, functools.partial(self._roll_back, plan_id, owner))
 
     @staticmethod
