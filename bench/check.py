@@ -16,15 +16,16 @@ from __future__ import annotations
 import argparse
 import gc
 import itertools
-import os
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/trees.py, beside this file, however it is loaded
+
+import trees
 from plangate import Catalogue, Plan, Policy, _overrides, check
 from plangate.graph import PlanGraph
 
@@ -121,14 +122,11 @@ def parts(
 def against_previous(previous: str, alternate: int, rounds: int, batch: int) -> tuple[float, float]:
     """A fresh plan's check + policy (us, medians) by an earlier tree and by this one, in alternating processes
     (so both see the same machine), printed with their ratio."""
-    this = str(ROOT / "src")
-    times: dict[str, list[float]] = {"previous": [], "this": []}
-    for _ in range(alternate):
-        for label, src in (("previous", previous), ("this", this)):
-            env = {**os.environ, "PYTHONPATH": src}
-            command = [sys.executable, __file__, "--fresh-only", "--rounds", str(rounds), "--batch", str(batch)]
-            done = subprocess.run(command, env=env, capture_output=True, text=True, check=True)
-            times[label].append(float(done.stdout.split()[-1]))
+    command = [sys.executable, __file__, "--fresh-only", "--rounds", str(rounds), "--batch", str(batch)]
+    times = {
+        label: [float(words[-1]) for words in runs]
+        for label, runs in trees.alternating(previous, alternate, command).items()
+    }
     old, new = statistics.median(times["previous"]), statistics.median(times["this"])
     print(f"\ncheck + policy of a fresh 10-step plan, {alternate} alternating processes of each tree (us, medians)")
     print(f"  previous tree ({previous}) {old:9.2f} us")

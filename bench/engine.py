@@ -23,7 +23,6 @@ Run: ``make bench`` or ``python bench/engine.py [--repeat N] [--quick] [--previo
 from __future__ import annotations
 
 import argparse
-import os
 import sqlite3
 import statistics
 import subprocess
@@ -35,9 +34,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/throughput.py, beside this file, however it is loaded
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # throughput.py and trees.py, beside this file
 
 import throughput
+import trees
 from plangate import Catalogue, tool
 from plangate.runtime import Runtime
 
@@ -205,17 +205,10 @@ _SPLIT = (
 
 def against_previous(previous: str, rounds: int, repeat: int, n: int = 100) -> None:
     """This tree and an earlier one on the same chain, in alternating processes (so both see the same machine)."""
-    this = str(Path(__file__).resolve().parents[1] / "src")
     script = _ONE_CHAIN.format(bench=str(Path(__file__).resolve().parent), n=n, repeat=repeat)
-    wall: dict[str, list[float]] = {"previous": [], "this": []}
-    cpu: dict[str, list[float]] = {"previous": [], "this": []}
-    for _ in range(rounds):
-        for label, src in (("previous", previous), ("this", this)):
-            env = {**os.environ, "PYTHONPATH": src}
-            done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True)
-            seconds, busy = done.stdout.split()[-2:]
-            wall[label].append(float(seconds))
-            cpu[label].append(float(busy))
+    chains = trees.alternating(previous, rounds, [sys.executable, "-c", script])
+    wall = {label: [float(words[-2]) for words in runs] for label, runs in chains.items()}
+    cpu = {label: [float(words[-1]) for words in runs] for label, runs in chains.items()}
     print(f"\n{n}-step chain, synchronous=normal, {rounds} alternating rounds of {repeat} runs (ms/step)")
     print(f"  previous tree: {previous}")
     for name, samples in (("wall time", wall), ("CPU time", cpu)):
@@ -228,13 +221,9 @@ def against_previous(previous: str, rounds: int, repeat: int, n: int = 100) -> N
             f" (best: {best_new / best_old:.2f}x)"
         )
     print("  (CPU time: of the whole process, all its threads; steadier than wall time on a shared machine)")
-    split: dict[str, list[tuple[float, ...]]] = {"previous": [], "this": []}
     script = _SPLIT.format(bench=str(Path(__file__).resolve().parent), n=n, repeat=repeat)
-    for _ in range(max(rounds // 3, 1)):
-        for label, src in (("previous", previous), ("this", this)):
-            env = {**os.environ, "PYTHONPATH": src}
-            done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True)
-            split[label].append(tuple(float(value) for value in done.stdout.split()[-4:]))
+    printed = trees.alternating(previous, max(rounds // 3, 1), [sys.executable, "-c", script])
+    split = {label: [tuple(float(value) for value in words[-4:]) for words in runs] for label, runs in printed.items()}
     print("  where a step's wall time goes: each statement timed, SQLite's checkpoints held off (ms/step, medians):")
     print("                   commit  (WAL pages)  other statements  the rest (Python)   total")
     totals: dict[str, tuple[float, float]] = {}  # per tree: (the statements, the whole step)
@@ -254,7 +243,6 @@ def against_previous(previous: str, rounds: int, repeat: int, n: int = 100) -> N
 
 def postgres(repeat: int, quick: bool = False) -> None:
     """Per-step overhead on PostgreSQL, and plans per second through workers (bench/throughput.py)."""
-    import subprocess
 
     from plangate.testing import fresh_database, postgres_cluster
 
