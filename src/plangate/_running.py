@@ -127,6 +127,10 @@ class Running(RollingBack):
             if leased and plan.lease_owner not in (owner, claimant):
                 raise LeaseLostError(f"{owner} no longer holds its claim on plan {plan_id}: it does not start")
             held = plan.lease_owner if leased else None
+            if proved is not None and proved[0] == (plan, version, self.store.newest_event(plan.id)):
+                body, told, policy, recheck = proved[1]  # nothing of the plan changed since: the proof holds
+            else:
+                body, told, policy, recheck = self._right_to_run(plan, version)
             recorded: tuple[tuple[int, ...], tuple[int, ...]] = ((), ())
 
             def refusing() -> None:  # before the plan leaves ``running``: what the run knew is recorded first
@@ -136,10 +140,6 @@ class Running(RollingBack):
                     engine = Engine(store=self.store, catalogue=self._catalogue(), clock=self.clock, policy=policy)
                     recorded = engine.record_known(plan.id, version.version, body, rows, known, actor=actor)
 
-            if proved is not None and proved[0] == (plan, version, self.store.newest_event(plan.id)):
-                body, told, policy, recheck = proved[1]  # nothing of the plan changed since: the proof holds
-            else:
-                body, told, policy, recheck = self._right_to_run(plan, version)
             recheck = self._held_by_register(body.category, recheck) if recheck else self._held_since(body, version)
             if recheck is not None:
                 plan, version, refusal = self._apply_recheck(plan, version, recheck, policy, refusing)
