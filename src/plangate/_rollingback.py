@@ -53,16 +53,7 @@ class RollingBack(RuntimeCore):
         _aio.refuse_in_loop("Runtime.carry_on_rollback", "runtime.acompensate")
         with self.store.snapshot():
             plan, version = self._current(plan_id)
-            told = ledger.story(self.store, plan, "be rolled back")
-        began = [event for event in told.events if event.kind == "compensation.started"]
-        if plan.status != "compensating" or not began:
-            raise StateError(f"plan {plan_id} is {plan.status}: it has no rollback to carry on")
-        actor, policy = began[-1].actor, self._policy_now(version)
-        if not actor.startswith("policy:") or policy is None or policy.compensation.on_halt != "auto":
-            raise GovernanceError(
-                f"the rollback of plan {plan_id} was begun by {actor}, and the policy in force does not roll back "
-                "on its own: a person runs it again (plangate compensate)"
-            )
+            actor = self._policys_rollback(plan, version, ledger.story(self.store, plan, "be rolled back"))
         reason = "the policy's rollback, carried on after its runner stopped"
         return self._roll_back(plan_id, actor=actor, reason=reason, by_person=False, owner=owner, stop=stop)
 
@@ -88,6 +79,8 @@ class RollingBack(RuntimeCore):
             allowed = ("halted", "compensation_incomplete", "compensating")  # compensating: one that died
             person = actor if by_person else None
             told = self._check_after_halt(plan, version, person, doing="compensate", allowed=allowed, category=category)
+            if person is None and plan.status != "halted":  # proven again under the lock: a person may have taken
+                self._policys_rollback(plan, version, told)  # it over since the caller's proof, and left it
             plan = lifecycle.move(
                 self.store,
                 plan,
@@ -116,6 +109,25 @@ class RollingBack(RuntimeCore):
         )
         with keeper:
             return rollback.run()
+
+    def _policys_rollback(self, plan: PlanRow, version: VersionRow, told: ledger.PlanLedger) -> str:
+        """Who began the rollback the policy may carry on (``policy:NAME``), as the audit log says; else a refusal.
+        A rollback a person began (or took over, or left incomplete) is theirs to run again, and so is one the
+        policy in force no longer begins on its own."""
+        began = [event.actor for event in told.events if event.kind == "compensation.started"]
+        if not began:
+            raise StateError(f"plan {plan.id} is {plan.status}: it has no rollback to carry on")
+        policy, rollback = self._policy_now(version), f"the rollback of plan {plan.id} ({plan.status})"
+        if not began[-1].startswith("policy:"):
+            raise GovernanceError(f"{rollback} was begun by {began[-1]}: theirs to run again (plangate compensate)")
+        if policy is None or policy.compensation.on_halt != "auto":
+            raise GovernanceError(
+                f"{rollback} was begun by {began[-1]}, and the policy in force does not roll back on its own: a "
+                "person runs it again (plangate compensate)"
+            )
+        if plan.status != "compensating":
+            raise StateError(f"plan {plan.id} is {plan.status}: it has no rollback to carry on")
+        return began[-1]
 
     def _check_after_halt(
         self,

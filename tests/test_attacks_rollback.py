@@ -1,0 +1,144 @@
+"""The policy's rollbacks cut off, carried on: a person's rollback never taken over by the policy, two runners on
+one rollback given back, a begin whose answer was lost, and a runner that failed mid-rollback.
+
+The policy rolls back halted plans on its own (``compensation.on_halt: auto``); a worker carries on a rollback
+it began whose runner stopped (:meth:`Runtime.carry_on_rollback`). Each undo runs at most once, and a rollback
+a person began or left is theirs."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import closing
+from typing import Any
+
+import pytest
+
+from plangate import Catalogue, tool
+from plangate.errors import GovernanceError, LeaseLostError, StateError
+from plangate.policy import Policy
+from plangate.runtime import Runtime
+from plangate.store import open_store
+from tests.helpers import ROLLING, rolled_back_on_halt
+
+REFUNDS: list[str] = []
+REFUSING: list[str] = []  # while it holds a reason, the bank refuses each refund with it
+
+
+@tool(effect="write", compensate="refund")
+def charge(n: int) -> dict[str, str]:
+    """A charge, undone by refund."""
+    return {"charge_id": f"c{n}"}
+
+
+@tool(effect="write", idempotent=True)
+def refund(charge_id: str) -> str:
+    """Refund a charge (under the undo's idempotency key)."""
+    REFUNDS.append(charge_id)
+    if REFUSING:
+        raise RuntimeError(REFUSING[0])
+    return f"refunded {charge_id}"
+
+
+@tool(effect="write")
+def fails(n: int) -> int:
+    """Always fails: the plan halts."""
+    raise RuntimeError("no")
+
+
+TOOLS = [charge, refund, fails]
+
+
+@pytest.fixture(autouse=True)
+def fresh() -> Iterator[None]:
+    REFUNDS.clear()
+    REFUSING.clear()
+    yield
+    REFUNDS.clear()
+    REFUSING.clear()
+
+
+def given_back(db: str) -> str:
+    """A plan whose run halted and whose rollback the policy began, its lease given back before any undo (as a
+    worker's drain's end gives it back): ``compensating`` with no lease, for the next worker to carry on."""
+    rt, plan_id = rolled_back_on_halt(db, TOOLS, "charge", "fails")
+    with closing(rt), pytest.raises(LeaseLostError, match="drain ended"):
+        rt.drive(rt.start(plan_id, actor="worker:w"), stop=_set())
+    with closing(open_store(db)) as store:
+        row = store.get_plan(plan_id)
+        assert row is not None and (row.status, row.lease_owner) == ("compensating", None)
+    assert REFUNDS == []
+    return plan_id
+
+
+def _set() -> threading.Event:
+    event = threading.Event()
+    event.set()
+    return event
+
+
+def _runtime(db: str) -> Runtime:
+    return Runtime(Catalogue(TOOLS), Policy.from_yaml(ROLLING), db=db)
+
+
+def _began(db: str, plan_id: str) -> list[str]:
+    with closing(open_store(db)) as store:
+        return [e.actor for e in store.events(plan_id) if e.kind == "compensation.started"]
+
+
+def test_a_rollback_a_person_took_over_and_left_is_not_carried_on_by_the_policy(
+    any_db: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker read the policy's rollback given back at a drain, and proved from the log that the policy began
+    it; before its begin, a person took the rollback over and left it incomplete (the bank refused the refund:
+    theirs to deal with now). The worker's begin only asked for a plan nobody holds, so it began the policy's
+    rollback over the person's, on a plan left ``compensation_incomplete``, and refunded again. Whose rollback
+    it is is now proven under the lock of the begin itself."""
+    plan_id = given_back(any_db)
+    roll_back = Runtime._roll_back
+
+    def a_person_first(self: Runtime, plan_id: str, **kwargs: Any) -> Any:
+        if not kwargs["by_person"]:  # between the worker's proof and its begin
+            REFUSING.append("the bank refused the refund")
+            with closing(_runtime(any_db)) as person:
+                assert person.compensate(plan_id, actor="dave", reason="by hand").status == "compensation_incomplete"
+            REFUSING.clear()
+        return roll_back(self, plan_id, **kwargs)
+
+    monkeypatch.setattr(Runtime, "_roll_back", a_person_first)
+    with closing(_runtime(any_db)) as rt:
+        with pytest.raises(GovernanceError, match=r"begun by dave.*plangate compensate"):
+            rt.carry_on_rollback(plan_id)
+        assert rt.get(plan_id).status == "compensation_incomplete"
+    assert REFUNDS == ["c1"], "the policy refunded again over the person's rollback"
+    assert _began(any_db, plan_id) == ["policy:rolling", "dave"]
+
+
+def test_two_runners_carrying_on_a_rollback_given_back_undo_once(any_db: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two workers both find the policy's rollback with no lease and both prove it the policy's before either
+    begins: one carries it on, the other is refused at its begin, and the charge is refunded once."""
+    plan_id = given_back(any_db)
+    roll_back, both = Runtime._roll_back, threading.Barrier(2, timeout=30)
+
+    def together(self: Runtime, plan_id: str, **kwargs: Any) -> Any:
+        both.wait()
+        return roll_back(self, plan_id, **kwargs)
+
+    monkeypatch.setattr(Runtime, "_roll_back", together)
+    ended: list[object] = []
+
+    def carry_on() -> None:
+        with closing(_runtime(any_db)) as rt:
+            try:
+                ended.append(rt.carry_on_rollback(plan_id).status)
+            except StateError as refused:
+                ended.append(refused)
+
+    runners = [threading.Thread(target=carry_on) for _ in range(2)]
+    for runner in runners:
+        runner.start()
+    for runner in runners:
+        runner.join(60)
+    assert "compensated" in ended and len(ended) == 2, ended
+    assert REFUNDS == ["c1"]
+    assert _began(any_db, plan_id) == ["policy:rolling"] * 2
