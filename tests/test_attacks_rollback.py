@@ -15,10 +15,12 @@ from typing import Any
 import pytest
 
 from plangate import Catalogue, tool
-from plangate.errors import GovernanceError, LeaseLostError, StateError
+from plangate import worker as worker_module
+from plangate.errors import GovernanceError, LeaseLostError, StateError, StoreError
 from plangate.policy import Policy
 from plangate.runtime import Runtime
 from plangate.store import open_store
+from plangate.worker import Worker
 from tests.helpers import ROLLING, rolled_back_on_halt
 
 REFUNDS: list[str] = []
@@ -142,3 +144,36 @@ def test_two_runners_carrying_on_a_rollback_given_back_undo_once(any_db: str, mo
     assert "compensated" in ended and len(ended) == 2, ended
     assert REFUNDS == ["c1"]
     assert _began(any_db, plan_id) == ["policy:rolling"] * 2
+
+
+def test_a_worker_whose_rollback_failed_gives_its_lease_back(any_db: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The run halts and the policy's rollback begins on the worker's runner thread; the store refuses the
+    undo's start (a database locked past its wait) and the rollback fails. The worker gave back only the run's
+    lease, which the rollback had taken the place of: the rollback's was held until it ran out, after the
+    worker's drain had returned (a process that exits then leaves it to nobody). It is given back now, and the
+    next look carries the rollback on at once."""
+    rt, plan_id = rolled_back_on_halt(any_db, TOOLS, "charge", "fails")
+    rt.close()
+    put_step, refused = type(rt.store).put_step, []
+
+    def locked_once(self: Any, row: Any) -> None:
+        if row.step_id < 0 and not refused:
+            refused.append(row.step_id)
+            raise StoreError("database is locked")
+        put_step(self, row)
+
+    monkeypatch.setattr(type(rt.store), "put_step", locked_once)
+    with closing(Worker(Catalogue(TOOLS), db=any_db, policy=Policy.from_yaml(ROLLING))) as w:
+        w.serve(drain=True, poll=0.05)
+    assert refused == [-1] and any("database is locked" in why for why in w.failed), w.failed
+    with closing(open_store(any_db)) as store:
+        row = store.get_plan(plan_id)
+        assert row is not None and (row.status, row.lease_owner) == ("compensating", None), row
+    monkeypatch.setattr(worker_module, "ASIDE_SECONDS", (0.0, 0.0))
+    with closing(Worker(Catalogue(TOOLS), db=any_db, policy=Policy.from_yaml(ROLLING))) as w:
+        w.serve(drain=True, poll=0.05)
+    with closing(open_store(any_db)) as store:
+        row = store.get_plan(plan_id)
+        assert row is not None and (row.status, row.lease_owner) == ("compensated", None), row
+        assert store.verify_audit().ok
+    assert REFUNDS == ["c1"]

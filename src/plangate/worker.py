@@ -491,9 +491,13 @@ class Worker:
             if self._running.get(plan_id) != owner:  # the drain gave it up already: its lease is released
                 self._dropped(runtime)  # nor is its connection kept: the worker is closing
                 return
+            rolling = self._rolling.get(plan_id)
         try:
-            if not ran:  # a run that came to its end or a halt gave the lease up in its last transaction
-                (runtime.store if runtime is not None else self._claiming()).release(plan_id, owner)
+            if not ran:  # a run that came to its end or a halt gave the lease up in its last transaction; one that
+                # failed gives back the policy's rollback too, if it began: else held until it ran out, by nobody
+                store = runtime.store if runtime is not None else self._claiming()
+                for lease in (owner, rolling) if rolling is not None else (owner,):
+                    store.release(plan_id, lease)
         except Exception as exc:  # noqa: BLE001 - the lease then expires by itself; the connection is dropped
             _log.warning("plan %s: releasing the lease failed: %s", plan_id, exc)
             runtime = self._dropped(runtime)
