@@ -21,6 +21,7 @@ from plangate.policy import Policy
 from plangate.runtime import Runtime
 from plangate.store import open_store
 from plangate.worker import Worker
+from tests import outage
 from tests.helpers import ROLLING, rolled_back_on_halt
 
 REFUNDS: list[str] = []
@@ -173,6 +174,40 @@ def test_a_worker_whose_rollback_failed_gives_its_lease_back(any_db: str, monkey
     with closing(Worker(Catalogue(TOOLS), db=any_db, policy=Policy.from_yaml(ROLLING))) as w:
         w.serve(drain=True, poll=0.05)
     with closing(open_store(any_db)) as store:
+        row = store.get_plan(plan_id)
+        assert row is not None and (row.status, row.lease_owner) == ("compensated", None), row
+        assert store.verify_audit().ok
+    assert REFUNDS == ["c1"]
+
+
+@pytest.fixture
+def quick_outage(pg_db: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    yield from outage.quick_retries(pg_db, monkeypatch)
+
+
+def test_the_policys_rollback_whose_begin_lost_its_answer_is_carried_on(
+    pg_db: str, quick_outage: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The run halts, and the policy's rollback begins: its commit goes through as its answer is lost. The begin
+    tried again once the store was back (under a lease of a new name) found the plan under the first try's, live,
+    and refused as if another runner held it: the caller got a StateError, and the rollback waited, begun, under a
+    lease nobody renewed, until it ran out. The begin is tried again under the same lease now, and finds it its
+    own: the rollback is carried on, and the charge refunded once."""
+    outage.cut_armed_commits(monkeypatch)
+    rt, plan_id = rolled_back_on_halt(pg_db, TOOLS, "charge", "fails")
+    roll_back, armed = Runtime._roll_back, []
+
+    def its_answer_lost(self: Runtime, plan_id: str, **kwargs: Any) -> Any:
+        if not armed:  # the first begin's commit goes through, its answer lost
+            armed.append(plan_id)
+            outage.ARMED["thread"] = threading.get_ident()
+        return roll_back(self, plan_id, **kwargs)
+
+    monkeypatch.setattr(Runtime, "_roll_back", its_answer_lost)
+    with closing(rt):
+        result = rt.execute(plan_id)
+    assert result.status == "halted" and armed == [plan_id] and "thread" not in outage.ARMED
+    with closing(open_store(pg_db)) as store:
         row = store.get_plan(plan_id)
         assert row is not None and (row.status, row.lease_owner) == ("compensated", None), row
         assert store.verify_audit().ok

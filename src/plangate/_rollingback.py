@@ -78,7 +78,10 @@ class RollingBack(RuntimeCore):
             not_react(plan)
             allowed = ("halted", "compensation_incomplete", "compensating")  # compensating: one that died
             person = actor if by_person else None
-            told = self._check_after_halt(plan, version, person, doing="compensate", allowed=allowed, category=category)
+            # the plan under this very lease: its begin went through as the answer was lost, and is tried again
+            told = self._check_after_halt(
+                plan, version, person, doing="compensate", allowed=allowed, category=category, mine=owner
+            )
             if person is None and plan.status != "halted":  # proven again under the lock: a person may have taken
                 self._policys_rollback(plan, version, told)  # it over since the caller's proof, and left it
             plan = lifecycle.move(
@@ -138,13 +141,14 @@ class RollingBack(RuntimeCore):
         doing: str,
         allowed: tuple[str, ...],
         category: str | None,
+        mine: str | None = None,
     ) -> ledger.PlanLedger:
-        """Settling, rolling back or closing: a halted plan no run holds, of the category the caller's right was
-        checked on, a person who may decide (None: the policy's own rollback), and rows that agree with the audit
-        log; the plan's story, with those rows."""
+        """Settling, rolling back or closing: a halted plan no run holds (but the caller's own lease, ``mine``), of
+        the category the caller's right was checked on, a person who may decide (None: the policy's own rollback),
+        and rows that agree with the audit log; the plan's story, with those rows."""
         as_checked(plan, category, doing)
         recovery.refuse_closed(self.store, plan.id, plan.status, AFTER_HALT[doing])
-        lifecycle.require_idle(plan, self._now(), "closing it" if doing == "close" else f"to {doing} a step")
+        lifecycle.require_idle(plan, self._now(), "closing it" if doing == "close" else f"to {doing} a step", mine)
         if plan.status not in allowed:
             what = " can be closed" if doing == "close" else "'s steps can be settled or undone"
             raise StateError(f"plan {plan.id} is {plan.status}; only a halted plan{what}")
