@@ -49,6 +49,20 @@ def fails(n: int) -> int:
     raise RuntimeError("no")
 
 
+@tool(effect="write", compensate="refund_by_wire")
+def charge_by_card(n: int) -> dict[str, str]:
+    """A charge, undone by a wire transfer back (not idempotent)."""
+    return {"charge_id": f"w{n}"}
+
+
+@tool(effect="write")
+def refund_by_wire(charge_id: str) -> str:
+    """Wire the money back; the store goes away while the wire is sent (it is sent)."""
+    REFUNDS.append(charge_id)
+    outage.cut_every_connection()
+    return f"wired {charge_id}"
+
+
 TOOLS = [charge, refund, fails]
 
 
@@ -212,3 +226,21 @@ def test_the_policys_rollback_whose_begin_lost_its_answer_is_carried_on(
         assert row is not None and (row.status, row.lease_owner) == ("compensated", None), row
         assert store.verify_audit().ok
     assert REFUNDS == ["c1"]
+
+
+def test_a_rollback_cut_off_from_its_store_mid_undo_never_sends_a_wire_twice(pg_db: str, quick_outage: None) -> None:
+    """The policy's rollback sends a wire back (not idempotent) and the store goes away as it does, before its
+    outcome is recorded. Once the store is back the rollback is carried on at once, under its own lease, where it
+    was left under that lease until it ran out: the wire, started with no outcome on record, may have gone, and is
+    left for a person to settle, never sent again."""
+    rt, plan_id = rolled_back_on_halt(pg_db, [charge_by_card, refund_by_wire, fails], "charge_by_card", "fails")
+    with closing(rt):
+        assert rt.execute(plan_id).status == "halted"
+    assert REFUNDS == ["w1"]
+    with closing(open_store(pg_db)) as store:
+        row = store.get_plan(plan_id)
+        assert row is not None and (row.status, row.lease_owner) == ("compensation_incomplete", None), row
+        assert store.steps(plan_id)[-1].status == "started"
+        (finished,) = [e for e in store.events(plan_id) if e.kind == "compensation.finished"]
+        assert "--undo" in finished.data["failed"][0][1], finished.data
+        assert store.verify_audit().ok
