@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from plangate import Catalogue, tool
+from plangate import Catalogue, lifecycle, tool
 from plangate import worker as worker_module
 from plangate.errors import GovernanceError, LeaseLostError, StateError, StoreError
 from plangate.policy import Policy
@@ -159,6 +159,18 @@ def test_two_runners_carrying_on_a_rollback_given_back_undo_once(any_db: str, mo
     assert "compensated" in ended and len(ended) == 2, ended
     assert REFUNDS == ["c1"]
     assert _began(any_db, plan_id) == ["policy:rolling"] * 2
+
+
+def test_carrying_on_under_the_name_of_a_live_rollbacks_lease_is_refused(any_db: str) -> None:
+    """Only a begin whose answer was lost finds the plan under its own lease and begins again: a caller that
+    names the lease of a rollback still running (its fences would pass the running one's) is refused."""
+    plan_id = given_back(any_db)
+    live = lifecycle.runner("policy:rolling")
+    with closing(open_store(any_db)) as store, store.transaction():
+        store.command("UPDATE plans SET lease_owner = ?, lease_until = '2999-01-01T00:00:00.000000Z'", (live,))
+    with closing(_runtime(any_db)) as rt, pytest.raises(StateError, match="must wait until it stops"):
+        rt.carry_on_rollback(plan_id, owner=live)
+    assert REFUNDS == []
 
 
 def test_a_worker_whose_rollback_failed_gives_its_lease_back(any_db: str, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -67,9 +67,11 @@ class RollingBack(RuntimeCore):
         category: str | None = None,
         owner: str | None = None,
         stop: threading.Event | None = None,
+        ours: bool = False,
     ) -> CompensationResult:
         """Begin (or take over) the rollback under the lease ``owner`` and run it. ``stop``: its runner's drain
-        ended, which gave that lease back first; a rollback begun after it gives the lease back at once."""
+        ended, which gave that lease back first; a rollback begun after it gives the lease back at once. ``ours``:
+        a plan under ``owner`` is this caller's, whose begin went through as its answer was lost (begun again)."""
         if not _input.check_text(reason, "reason", what="rollback").strip():
             raise UsageError("say why the plan is rolled back")
         owner = owner or lifecycle.runner(actor)
@@ -78,9 +80,9 @@ class RollingBack(RuntimeCore):
             not_react(plan)
             allowed = ("halted", "compensation_incomplete", "compensating")  # compensating: one that died
             person = actor if by_person else None
-            # the plan under this very lease: its begin went through as the answer was lost, and is tried again
+            mine = owner if ours else None
             told = self._check_after_halt(
-                plan, version, person, doing="compensate", allowed=allowed, category=category, mine=owner
+                plan, version, person, doing="compensate", allowed=allowed, category=category, mine=mine
             )
             if person is None and plan.status != "halted":  # proven again under the lock: a person may have taken
                 self._policys_rollback(plan, version, told)  # it over since the caller's proof, and left it

@@ -341,6 +341,7 @@ class Running(RollingBack):
                 by_person=False,
                 owner=owner,
                 stop=stop,
+                ours=True,
             )
 
         try:
