@@ -57,9 +57,10 @@ def charge_by_card(n: int) -> dict[str, str]:
 
 @tool(effect="write")
 def refund_by_wire(charge_id: str) -> str:
-    """Wire the money back; the store goes away while the wire is sent (it is sent)."""
+    """Wire the money back; under :func:`quick_outage`, the store goes away while the wire is sent (it is sent)."""
     REFUNDS.append(charge_id)
-    outage.cut_every_connection()
+    if outage.DB:
+        outage.cut_every_connection()
     return f"wired {charge_id}"
 
 
@@ -171,6 +172,38 @@ def test_carrying_on_under_the_name_of_a_live_rollbacks_lease_is_refused(any_db:
     with closing(_runtime(any_db)) as rt, pytest.raises(StateError, match="must wait until it stops"):
         rt.carry_on_rollback(plan_id, owner=live)
     assert REFUNDS == []
+
+
+def test_a_worker_never_sends_again_a_wire_whose_rollback_was_killed_mid_call(
+    any_db: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The process running the policy's rollback is killed after the wire back went out, before its outcome was
+    recorded, and its lease is given back. The worker that carries the rollback on finds the wire started with
+    no outcome, its tool not idempotent: it may have gone, so it is left for a person to settle, not sent again."""
+    rt, plan_id = rolled_back_on_halt(any_db, [charge_by_card, refund_by_wire, fails], "charge_by_card", "fails")
+    put_step = type(rt.store).put_step
+
+    def killed(self: Any, row: Any) -> None:
+        if row.step_id < 0 and row.status == "succeeded":
+            raise SystemExit("killed")
+        put_step(self, row)
+
+    with closing(rt), monkeypatch.context() as patched:
+        patched.setattr(type(rt.store), "put_step", killed)
+        with pytest.raises(SystemExit):
+            rt.execute(plan_id)
+    with closing(open_store(any_db)) as store, store.transaction():
+        store.command("UPDATE plans SET lease_owner = NULL, lease_until = NULL WHERE id = ?", (plan_id,))
+    catalogue = Catalogue([charge_by_card, refund_by_wire, fails])
+    with closing(Worker(catalogue, db=any_db, policy=Policy.from_yaml(ROLLING))) as w:
+        w.serve(drain=True, poll=0.05)
+    assert REFUNDS == ["w1"], "the wire was sent again"
+    with closing(open_store(any_db)) as store:
+        row = store.get_plan(plan_id)
+        assert row is not None and (row.status, row.lease_owner) == ("compensation_incomplete", None), row
+        (finished,) = [e for e in store.events(plan_id) if e.kind == "compensation.finished"]
+        assert "plangate settle" in finished.data["failed"][0][1] and "--undo" in finished.data["failed"][0][1]
+        assert store.verify_audit().ok
 
 
 def test_a_worker_whose_rollback_failed_gives_its_lease_back(any_db: str, monkeypatch: pytest.MonkeyPatch) -> None:
