@@ -367,11 +367,11 @@ class Worker:
 
     # -- rollbacks the policy began, cut off -----------------------------------------------
     def _carry_on_rollbacks(self, *, idle: bool) -> None:
-        """Carry on the rollbacks the policy began whose runner stopped, once their lease ran out: looked for
-        when the worker claimed nothing (``idle``), every ROLLBACK_POLL seconds at most, and by a busy worker
-        once a minute; a few at a time, each on a runner thread within the concurrency, like a plan's run, so
-        that claims go on meanwhile and the drain gives it up at its deadline. A person's rollback is left to
-        them."""
+        """Carry on the rollbacks the policy began whose runner stopped, once their lease ran out or was given back
+        (a drain's end, a run that failed): looked for when the worker claimed nothing (``idle``), every
+        ROLLBACK_POLL seconds at most, and by a busy worker once a minute; a few at a time, each on a runner thread
+        within the concurrency, like a plan's run, so that claims go on meanwhile and the drain gives it up at its
+        deadline. A person's rollback is left to them."""
         now = time.monotonic()
         if now < self._rollbacks_due or (not idle and now < self._rollbacks_due + 60.0 - ROLLBACK_POLL):
             return
