@@ -53,16 +53,7 @@ class RollingBack(RuntimeCore):
         _aio.refuse_in_loop("Runtime.carry_on_rollback", "runtime.acompensate")
         with self.store.snapshot():
             plan, version = self._current(plan_id)
-            told = ledger.story(self.store, plan, "be rolled back")
-        began = [event for event in told.events if event.kind == "compensation.started"]
-        if plan.status != "compensating" or not began:
-            raise StateError(f"plan {plan_id} is {plan.status}: it has no rollback to carry on")
-        actor, policy = began[-1].actor, self._policy_now(version)
-        if not actor.startswith("policy:") or policy is None or policy.compensation.on_halt != "auto":
-            raise GovernanceError(
-                f"the rollback of plan {plan_id} was begun by {actor}, and the policy in force does not roll back "
-                "on its own: a person runs it again (plangate compensate)"
-            )
+            actor = self._policys_rollback(plan, version, ledger.story(self.store, plan, "be rolled back"))
         reason = "the policy's rollback, carried on after its runner stopped"
         return self._roll_back(plan_id, actor=actor, reason=reason, by_person=False, owner=owner, stop=stop)
 
@@ -76,9 +67,11 @@ class RollingBack(RuntimeCore):
         category: str | None = None,
         owner: str | None = None,
         stop: threading.Event | None = None,
+        ours: bool = False,
     ) -> CompensationResult:
         """Begin (or take over) the rollback under the lease ``owner`` and run it. ``stop``: its runner's drain
-        ended, which gave that lease back first; a rollback begun after it gives the lease back at once."""
+        ended, which gave that lease back first; a rollback begun after it gives the lease back at once. ``ours``:
+        a plan under ``owner`` is this caller's, whose begin went through as its answer was lost (begun again)."""
         if not _input.check_text(reason, "reason", what="rollback").strip():
             raise UsageError("say why the plan is rolled back")
         owner = owner or lifecycle.runner(actor)
@@ -87,7 +80,12 @@ class RollingBack(RuntimeCore):
             not_react(plan)
             allowed = ("halted", "compensation_incomplete", "compensating")  # compensating: one that died
             person = actor if by_person else None
-            told = self._check_after_halt(plan, version, person, doing="compensate", allowed=allowed, category=category)
+            mine = owner if ours else None
+            told = self._check_after_halt(
+                plan, version, person, doing="compensate", allowed=allowed, category=category, mine=mine
+            )
+            if person is None and plan.status != "halted":  # proven again under the lock: a person may have taken
+                self._policys_rollback(plan, version, told)  # it over since the caller's proof, and left it
             plan = lifecycle.move(
                 self.store,
                 plan,
@@ -117,6 +115,25 @@ class RollingBack(RuntimeCore):
         with keeper:
             return rollback.run()
 
+    def _policys_rollback(self, plan: PlanRow, version: VersionRow, told: ledger.PlanLedger) -> str:
+        """Who began the rollback the policy may carry on (``policy:NAME``), as the audit log says; else a refusal.
+        A rollback a person began (or took over, or left incomplete) is theirs to run again, and so is one the
+        policy in force no longer begins on its own."""
+        began = [event.actor for event in told.events if event.kind == "compensation.started"]
+        if not began:
+            raise StateError(f"plan {plan.id} is {plan.status}: it has no rollback to carry on")
+        policy, rollback = self._policy_now(version), f"the rollback of plan {plan.id} ({plan.status})"
+        if not began[-1].startswith("policy:"):
+            raise GovernanceError(f"{rollback} was begun by {began[-1]}: theirs to run again (plangate compensate)")
+        if policy is None or policy.compensation.on_halt != "auto":
+            raise GovernanceError(
+                f"{rollback} was begun by {began[-1]}, and the policy in force does not roll back on its own: a "
+                "person runs it again (plangate compensate)"
+            )
+        if plan.status != "compensating":
+            raise StateError(f"plan {plan.id} is {plan.status}: it has no rollback to carry on")
+        return began[-1]
+
     def _check_after_halt(
         self,
         plan: PlanRow,
@@ -126,13 +143,14 @@ class RollingBack(RuntimeCore):
         doing: str,
         allowed: tuple[str, ...],
         category: str | None,
+        mine: str | None = None,
     ) -> ledger.PlanLedger:
-        """Settling, rolling back or closing: a halted plan no run holds, of the category the caller's right was
-        checked on, a person who may decide (None: the policy's own rollback), and rows that agree with the audit
-        log; the plan's story, with those rows."""
+        """Settling, rolling back or closing: a halted plan no run holds (but the caller's own lease, ``mine``), of
+        the category the caller's right was checked on, a person who may decide (None: the policy's own rollback),
+        and rows that agree with the audit log; the plan's story, with those rows."""
         as_checked(plan, category, doing)
         recovery.refuse_closed(self.store, plan.id, plan.status, AFTER_HALT[doing])
-        lifecycle.require_idle(plan, self._now(), "closing it" if doing == "close" else f"to {doing} a step")
+        lifecycle.require_idle(plan, self._now(), "closing it" if doing == "close" else f"to {doing} a step", mine)
         if plan.status not in allowed:
             what = " can be closed" if doing == "close" else "'s steps can be settled or undone"
             raise StateError(f"plan {plan.id} is {plan.status}; only a halted plan{what}")

@@ -330,6 +330,8 @@ class Running(RollingBack):
         )
         if unknown:
             return result
+        # One lease for every try: a begin whose commit went through as its answer was lost is the next try's own
+        owner = rollback_owner or lifecycle.runner(f"policy:{policy.name}")
 
         def roll_back() -> object:
             return self._roll_back(
@@ -337,8 +339,9 @@ class Running(RollingBack):
                 actor=f"policy:{policy.name}",
                 reason="the policy rolls back halted plans",
                 by_person=False,
-                owner=rollback_owner,
+                owner=owner,
                 stop=stop,
+                ours=True,
             )
 
         try:

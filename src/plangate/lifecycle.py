@@ -233,9 +233,9 @@ def hold(store: Store, plan: PlanRow, at: str) -> None:
         raise StateError(_changed(store, plan))
 
 
-def require_idle(plan: PlanRow, now: str, doing: str) -> None:
-    """Refuse ``doing`` while a runner holds the plan."""
-    if plan.status in ("running", "compensating") and lease_is_live(plan, now):
+def require_idle(plan: PlanRow, now: str, doing: str, mine: str | None = None) -> None:
+    """Refuse ``doing`` while a runner holds the plan (``mine``: a lease of the caller's own, not another's)."""
+    if plan.status in ("running", "compensating") and plan.lease_owner != mine and lease_is_live(plan, now):
         raise StateError(f"plan {plan.id} is {plan.status} under {plan.lease_owner}: {doing} must wait until it stops")
 
 

@@ -367,11 +367,11 @@ class Worker:
 
     # -- rollbacks the policy began, cut off -----------------------------------------------
     def _carry_on_rollbacks(self, *, idle: bool) -> None:
-        """Carry on the rollbacks the policy began whose runner stopped, once their lease ran out: looked for
-        when the worker claimed nothing (``idle``), every ROLLBACK_POLL seconds at most, and by a busy worker
-        once a minute; a few at a time, each on a runner thread within the concurrency, like a plan's run, so
-        that claims go on meanwhile and the drain gives it up at its deadline. A person's rollback is left to
-        them."""
+        """Carry on the rollbacks the policy began whose runner stopped, once their lease ran out or was given back
+        (a drain's end, a run that failed): looked for when the worker claimed nothing (``idle``), every
+        ROLLBACK_POLL seconds at most, and by a busy worker once a minute; a few at a time, each on a runner thread
+        within the concurrency, like a plan's run, so that claims go on meanwhile and the drain gives it up at its
+        deadline. A person's rollback is left to them."""
         now = time.monotonic()
         if now < self._rollbacks_due or (not idle and now < self._rollbacks_due + 60.0 - ROLLBACK_POLL):
             return
@@ -491,9 +491,13 @@ class Worker:
             if self._running.get(plan_id) != owner:  # the drain gave it up already: its lease is released
                 self._dropped(runtime)  # nor is its connection kept: the worker is closing
                 return
+            rolling = self._rolling.get(plan_id)
         try:
-            if not ran:  # a run that came to its end or a halt gave the lease up in its last transaction
-                (runtime.store if runtime is not None else self._claiming()).release(plan_id, owner)
+            if not ran:  # a run that came to its end or a halt gave the lease up in its last transaction; one that
+                # failed gives back the policy's rollback too, if it began: else held until it ran out, by nobody
+                store = runtime.store if runtime is not None else self._claiming()
+                for lease in (owner, rolling) if rolling is not None else (owner,):
+                    store.release(plan_id, lease)
         except Exception as exc:  # noqa: BLE001 - the lease then expires by itself; the connection is dropped
             _log.warning("plan %s: releasing the lease failed: %s", plan_id, exc)
             runtime = self._dropped(runtime)
