@@ -127,6 +127,7 @@ class Running(RollingBack):
             if leased and plan.lease_owner not in (owner, claimant):
                 raise LeaseLostError(f"{owner} no longer holds its claim on plan {plan_id}: it does not start")
             held = plan.lease_owner if leased else None
+            lifecycle.refuse_held(plan, self._now(), held)  # before the check now in force sends it back or halts it
             if proved is not None and proved[0] == (plan, version, self.store.newest_event(plan.id)):
                 body, told, policy, recheck = proved[1]  # nothing of the plan changed since: the proof holds
             else:
@@ -147,7 +148,7 @@ class Running(RollingBack):
                 refusing()
                 refusal = f"plan {plan.id} may not run: it does not pass ({drift.first_violation(version.check)})"
             if refusal is not None and plan.status == "running":
-                self._halt_cut_off(plan, refusal, held)
+                self._halt_cut_off(plan, refusal)
             taken_over = plan.status == "running"  # its runner died (or gave its lease back) mid-run
             if refusal is None:
                 resumed = bool(told.steps)
@@ -167,14 +168,12 @@ class Running(RollingBack):
         failed = ledger.unhalted(told.events) if taken_over else ()
         return Claim(plan=plan, body=body, policy=policy, owner=claimant, actor=actor, rows=told.rows, failed=failed)
 
-    def _halt_cut_off(self, plan: PlanRow, refusal: str, claimed_by: str | None) -> None:
-        """A run cut off (its runner died, or gave its lease back at a drain) that the tools or the policy
-        now in force refuse to go on with halts for a person, who may settle its steps, edit, close or
-        resume it. Left ``running``, every worker would claim it again for ever, and no person could
-        act on it. A run another runner still holds is not touched: only the lease's holder ends it."""
+    def _halt_cut_off(self, plan: PlanRow, refusal: str) -> None:
+        """A run cut off (its runner died, or gave its lease back at a drain, or its store went away) that the
+        tools or the policy now in force refuse to go on with halts for a person, who may settle its steps, edit,
+        close or resume it. Left ``running``, every worker would claim it again for ever, and no person could
+        act on it. (A run another runner still holds never gets here: :func:`lifecycle.refuse_held`.)"""
         now = self._now()
-        if lifecycle.lease_is_live(plan, now) and (claimed_by is None or plan.lease_owner != claimed_by):
-            return
         lifecycle.move(self.store, plan, "halted", actor="checker", at=now, kind="run.refused", data={"error": refusal})
 
     def _right_to_run(self, plan: PlanRow, version: VersionRow) -> _Proof:
