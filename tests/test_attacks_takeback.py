@@ -181,6 +181,15 @@ def test_a_refused_take_back_says_an_overrun_it_recorded_is_for_a_person_to_sett
         assert rt.store.steps(plan_id)[1].status == "outcome_unknown"
         assert "step 1, known from before the store went away, is recorded as of unknown outcome" in str(said), said
         assert "a person settles it" in str(said), said
+        rt.approve(plan_id, "ben", rt.get(plan_id).hash)  # the person the register now asks for
+        halted = rt.execute(plan_id)
+        assert halted.status == "halted" and (halted.error or "").startswith("outcome unknown"), halted
+        rt.settle(plan_id, 1, done=True, actor="ben", output="shipped", note="it left the warehouse")
+        result = rt.resume(plan_id)
+        assert result.status == "succeeded" and result.outputs == {1: "shipped", 2: "shipped"}, result
+        assert CALLS == [1]  # shipped once: the refusal, the approval and the resumes never called it again
+        assert rt.store.verify_audit().ok
+        assert rt.replay(plan_id).ok, rt.replay(plan_id)
     finally:
         rt.close()
 
@@ -199,6 +208,7 @@ def test_a_refused_take_back_whose_answer_was_lost_after_it_recorded_a_failure_i
         assert rt.get(plan_id).status == "pending_approval"
         assert rt.store.steps(plan_id)[1].status == "failed"
         assert rt.store.verify_audit().ok
+        assert rt.replay(plan_id).ok, rt.replay(plan_id)
     finally:
         rt.close()
 
@@ -256,5 +266,6 @@ def test_a_refusal_whose_answer_was_lost_is_still_the_refusal_once_a_person_sett
         assert CALLS == [1], "the booking was cancelled by the policy's rollback"
         assert rt.get(record.id).status == "halted"
         assert rt.store.verify_audit().ok
+        assert rt.replay(record.id).ok, rt.replay(record.id)
     finally:
         rt.close()
