@@ -104,16 +104,17 @@ def test_a_resume_under_a_changed_register_does_not_send_a_live_run_back_for_app
 
 def the_refusals_commit_cut(monkeypatch: pytest.MonkeyPatch, then: Callable[[str], None] = lambda _: None) -> None:
     """The take-back's first claim (its refusal) commits and its connection breaks before the answer comes;
-    ``then`` is done with the plan's id before the next try."""
+    ``then`` is done with the plan's id before the next try, once."""
     outage.cut_armed_commits(monkeypatch)
     start = Runtime.start
 
     def the_refusal_cut(self: Runtime, plan_id: str, **kwargs: Any) -> Any:
-        if kwargs.get("known") is not None and "armed" in DURING:  # the next try
-            then(plan_id)
         if kwargs.get("known") is not None and "armed" not in DURING:  # the take-back's first claim
             DURING["armed"] = plan_id
             outage.ARMED["thread"] = threading.get_ident()
+        elif kwargs.get("known") is not None and "then" not in DURING:  # the next try
+            DURING["then"] = plan_id
+            then(plan_id)
         return start(self, plan_id, **kwargs)
 
     monkeypatch.setattr(Runtime, "start", the_refusal_cut)
