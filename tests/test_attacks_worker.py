@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from plangate import Catalogue, RunContext, _calls, story, timeouts, tool
-from plangate.errors import GovernanceError
+from plangate.errors import GovernanceError, StateError
 from plangate.plan import Plan
 from plangate.results import RunResult
 from plangate.runtime import Runtime
@@ -280,7 +280,8 @@ def test_a_cut_off_run_refused_and_halted_resumes_once_the_tools_pass_again(tmp_
 
 def test_a_refused_start_leaves_a_run_another_runner_holds_alone(tmp_path: Path) -> None:
     """Only the lease's holder ends a run: a start under tools that refuse the plan, while a live runner
-    holds it, is refused, and the plan stays that runner's, running."""
+    holds it, is refused as any second runner is, before the check now in force acts on it, and the plan
+    stays that runner's, running."""
     from plangate import lifecycle
 
     db, plan_id = _cut_off(tmp_path)
@@ -302,7 +303,7 @@ def test_a_refused_start_leaves_a_run_another_runner_holds_alone(tmp_path: Path)
                 kind="run.resumed",
                 data={"steps": 1},
             )
-        with pytest.raises(GovernanceError, match="no longer passes"):  # past the check of a live lease
+        with pytest.raises(StateError, match="already running under"):
             rt.start(plan_id, actor="someone")
         row = rt.store.get_plan(plan_id)
         assert row is not None and row.status == "running" and row.lease_owner == holder

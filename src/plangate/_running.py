@@ -127,18 +127,21 @@ class Running(RollingBack):
             if leased and plan.lease_owner not in (owner, claimant):
                 raise LeaseLostError(f"{owner} no longer holds its claim on plan {plan_id}: it does not start")
             held = plan.lease_owner if leased else None
+            lifecycle.refuse_held(plan, self._now(), held)  # before the check now in force sends it back or halts it
             if proved is not None and proved[0] == (plan, version, self.store.newest_event(plan.id)):
                 body, told, policy, recheck = proved[1]  # nothing of the plan changed since: the proof holds
             else:
                 body, told, policy, recheck = self._right_to_run(plan, version)
-            recorded: tuple[tuple[int, ...], tuple[int, ...]] = ((), ())
+            recorded = ""  # what became of the outcomes the run knew, for the refusal to say
 
             def refusing() -> None:  # before the plan leaves ``running``: what the run knew is recorded first
                 nonlocal recorded
                 rows = told.rows
                 if known is not None and known.outcomes and rows is not None and held and plan.status == "running":
                     engine = Engine(store=self.store, catalogue=self._catalogue(), clock=self.clock, policy=policy)
-                    recorded = engine.record_known(plan.id, version.version, body, rows, known, actor=actor)
+                    recorded = known.refused(
+                        *engine.record_known(plan.id, version.version, body, rows, known, actor=actor)
+                    )
 
             recheck = self._held_by_register(body.category, recheck) if recheck else self._held_since(body, version)
             if recheck is not None:
@@ -147,7 +150,7 @@ class Running(RollingBack):
                 refusing()
                 refusal = f"plan {plan.id} may not run: it does not pass ({drift.first_violation(version.check)})"
             if refusal is not None and plan.status == "running":
-                self._halt_cut_off(plan, refusal, held)
+                self._halt_cut_off(plan, refusal)
             taken_over = plan.status == "running"  # its runner died (or gave its lease back) mid-run
             if refusal is None:
                 resumed = bool(told.steps)
@@ -163,18 +166,16 @@ class Running(RollingBack):
                     data={"steps": len(body.steps), "hash": version.hash},
                 )
         if refusal is not None:
-            raise GovernanceError(refusal + _recorded_before(*recorded))
+            raise GovernanceError(refusal + recorded)
         failed = ledger.unhalted(told.events) if taken_over else ()
         return Claim(plan=plan, body=body, policy=policy, owner=claimant, actor=actor, rows=told.rows, failed=failed)
 
-    def _halt_cut_off(self, plan: PlanRow, refusal: str, claimed_by: str | None) -> None:
-        """A run cut off (its runner died, or gave its lease back at a drain) that the tools or the policy
-        now in force refuse to go on with halts for a person, who may settle its steps, edit, close or
-        resume it. Left ``running``, every worker would claim it again for ever, and no person could
-        act on it. A run another runner still holds is not touched: only the lease's holder ends it."""
+    def _halt_cut_off(self, plan: PlanRow, refusal: str) -> None:
+        """A run cut off (its runner died, or gave its lease back at a drain, or its store went away) that the
+        tools or the policy now in force refuse to go on with halts for a person, who may settle its steps, edit,
+        close or resume it. Left ``running``, every worker would claim it again for ever, and no person could
+        act on it. (A run another runner still holds never gets here: :func:`lifecycle.refuse_held`.)"""
         now = self._now()
-        if lifecycle.lease_is_live(plan, now) and (claimed_by is None or plan.lease_owner != claimed_by):
-            return
         lifecycle.move(self.store, plan, "halted", actor="checker", at=now, kind="run.refused", data={"error": refusal})
 
     def _right_to_run(self, plan: PlanRow, version: VersionRow) -> _Proof:
@@ -287,16 +288,16 @@ class Running(RollingBack):
         or the plan ended. A plan found ended with every outcome the run knew on record (its last commit went
         through, only the answer was lost) gives back its result as recorded; else nothing is written, and the
         error says what became of the outcomes: they are that runner's to decide, by the usual rules. A plan
-        whose newest event is a refusal by governance, with those outcomes on record, was refused by an earlier
-        try whose answer was lost: that is still the refusal (read as the run's own end, a plan halted so got
-        the policy's rollback, which a refused plan never gets: it halts for a person)."""
+        whose newest move is a refusal by governance was refused by an earlier try whose answer was lost (or by
+        whoever claimed it since): that is still the refusal (read as the run's own end, a plan halted so got
+        the policy's rollback, which a refused plan never gets: it halts for a person), whatever the outcomes it
+        recorded (a failure, one of unknown outcome) or left (their tools are gone)."""
         rows = self.store.steps(plan_id)
-        if cut.known.recorded_in(rows):
-            refusal = _refusal(plan_id, list(self.store.events(plan_id)))
-            if refusal is not None:
-                raise GovernanceError(refusal + _recorded_before(tuple(cut.known.steps), ())) from cut
-            if (ended := self.ended(plan_id)) is not None:
-                return ended
+        refusal = _refusal(plan_id, list(self.store.events(plan_id)))
+        if refusal is not None:
+            raise GovernanceError(refusal + cut.known.refused(rows)) from cut
+        if cut.known.recorded_in(rows) and (ended := self.ended(plan_id)) is not None:
+            return ended
         raise LeaseLostError(f"plan {plan_id}'s store is back, but {refused}: {cut.known.told(rows)}") from cut
 
     def _when_back(
@@ -408,40 +409,19 @@ class Running(RollingBack):
         return recorded_result(plan.id, plan.version, body, self.store.steps(plan.id), plan.status, flows=flows)
 
 
-def _recorded_before(recorded: tuple[int, ...], left: tuple[int, ...]) -> str:
-    """What a refused take-back recorded of what its run knew (and left: their tools are gone), for the
-    refusal's message."""
-    said = ""
-    if recorded:
-        said += f"; {_outcomes(recorded)}, known from before the store went away, {_be(recorded)} recorded"
-    if left:
-        said += (
-            f"; {_outcomes(left)}, known from before the store went away, {_be(left)} not recorded (the tools are "
-            "gone): the next run of the plan decides them by the usual rules"
-        )
-    return said
-
-
 def _back_for_approval(plan_id: str, reason: str) -> str:
     return f"plan {plan_id} may not run: {reason}; it is back for approval"
 
 
 def _refusal(plan_id: str, events: Sequence[Event]) -> str | None:
     """What the checker's refusal of a claim said (it halted a cut-off run, or sent the plan back for approval),
-    where that refusal is the plan's newest event; else None."""
-    last = events[-1] if events else None
-    if last is None or last.actor != "checker":
+    where that refusal is the plan's newest move (a person's settlement, or another check, may come after it);
+    else None."""
+    moved = next((event for event in reversed(events) if "transition" in event.data), None)
+    if moved is None or moved.actor != "checker":
         return None
-    if last.kind == "run.refused":
-        return str(last.data.get("error"))
-    if last.kind == "plan.pending_approval":
-        return _back_for_approval(plan_id, str(last.data.get("reason")))
+    if moved.kind == "run.refused":
+        return str(moved.data.get("error"))
+    if moved.kind == "plan.pending_approval":
+        return _back_for_approval(plan_id, str(moved.data.get("reason")))
     return None
-
-
-def _outcomes(steps: tuple[int, ...]) -> str:
-    return f"the outcome of step {steps[0]}" if len(steps) == 1 else f"the outcomes of steps {list(steps)}"
-
-
-def _be(steps: tuple[int, ...]) -> str:
-    return "is" if len(steps) == 1 else "are"

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import heapq
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, replace
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, Literal
@@ -65,6 +65,32 @@ class Unconfirmed:
             return f"the outcomes this run knew (steps {self.steps}) were recorded before the store went away"
         return self.unrecorded()
 
+    def refused(self, rows: Mapping[int, StepRow], gone: Collection[int] = ()) -> str:
+        """What became of these outcomes where governance refused the take-back (:meth:`Engine.record_known`), as
+        the step records say, for the refusal's message: each recorded as the run knew it, at the attempt that
+        answered; or recorded as of unknown outcome, for a person to settle; or still that attempt's start, not
+        recorded (``gone``: its tool is gone from the tools in force); or decided without it (another runner ran
+        the step again, or a person settled it)."""
+        said: dict[str, list[int]] = {}
+        for attempt, outcome in self.outcomes:
+            row = rows.get(outcome.step_id)
+            if row is None or row.attempt != attempt:
+                what = "not recorded: another runner took the step over"
+            elif row.status == "outcome_unknown":
+                what = "recorded as of unknown outcome: a person settles it"
+            elif _as_known(row, outcome):
+                what = "recorded"
+            elif row.status != "started":
+                what = "not recorded: a person settled the step"
+            else:
+                gone_too = " (the tools are gone)" if outcome.step_id in gone else ""
+                what = f"not recorded{gone_too}: the next run of the plan decides them by the usual rules"
+            said.setdefault(what, []).append(outcome.step_id)
+        return "".join(
+            f"; {_outcomes(steps)}, known from before the store went away, {_be(steps)} {what}"
+            for what, steps in said.items()
+        )
+
     def unrecorded(self) -> str:
         """That these outcomes are not recorded, and what happens to them next."""
         if not self.outcomes:
@@ -77,6 +103,21 @@ class Unconfirmed:
 
 def _done_at(row: StepRow | None, attempt: int) -> bool:
     return row is not None and row.attempt == attempt and row.status in DONE
+
+
+def _as_known(row: StepRow, outcome: Outcome) -> bool:
+    """Whether the step's record is ``outcome``, as the engine records it (not a person's settlement)."""
+    if outcome.ok:
+        return row.status == "succeeded" and row.output == outcome.output
+    return row.status in ("failed", "failed_optional") and row.error == outcome.error
+
+
+def _outcomes(steps: list[int]) -> str:
+    return f"the outcome of step {steps[0]}" if len(steps) == 1 else f"the outcomes of steps {steps}"
+
+
+def _be(steps: list[int]) -> str:
+    return "is" if len(steps) == 1 else "are"
 
 
 class RunRecords:
@@ -130,7 +171,9 @@ class RunRecords:
             if row is not None and row.status in DONE:
                 self._recorded(row)
 
-    def record_known(self, rows: Mapping[int, StepRow], known: Unconfirmed) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    def record_known(
+        self, rows: Mapping[int, StepRow], known: Unconfirmed
+    ) -> tuple[dict[int, StepRow], tuple[int, ...]]:
         """:meth:`Engine.record_known`: the known outcomes recorded as :meth:`_load` and the loop record them."""
         self.rows, self.carried = dict(rows), known.by_step
         self._tick()
@@ -147,7 +190,7 @@ class RunRecords:
         for outcome in answered:
             self._record_call(outcome)
         self._record_finished()
-        return tuple(sorted(outcome.step_id for outcome in answered)), tuple(left)
+        return self.rows, tuple(left)
 
     def _load(self) -> None:
         """Load what earlier runs recorded; decide what an unknown outcome means."""

@@ -116,15 +116,15 @@ class Engine:
 
     def record_known(
         self, plan_id: str, version: int, plan: Plan, rows: Mapping[int, StepRow], known: Unconfirmed, *, actor: str
-    ) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    ) -> tuple[dict[int, StepRow], tuple[int, ...]]:
         """Record, in the caller's open transaction, the outcomes a run cut off from its store knew (``known``),
         where the run may not go on: its take-back's claim was refused by the tools or the policy now in force.
         What a tool answered is a fact, whatever may run next; left ``started``, a payment plangate knew was
         made would wait for a person to settle it. Each is recorded as the run would have (signed, a known
         overrun or broken call of a tool that is not idempotent as of unknown outcome), only where the step's
         record is still the answering attempt's ``started`` one, with no retry: nothing is called or started.
-        A step whose tool is gone from the catalogue is left as it is. The steps recorded come back, and those
-        whose outcomes were left so."""
+        A step whose tool is gone from the catalogue is left as it is. The step rows as recorded come back, and
+        the steps whose outcomes were left so (:meth:`Unconfirmed.refused` says what became of each)."""
         return _Run(self, plan_id, version, plan, actor).record_known(rows, known)
 
     def stepper(

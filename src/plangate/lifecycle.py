@@ -201,16 +201,23 @@ def claim(
     ``leased``: the lease the claimer already holds (a worker's, on the plans of its batch), which the
     run's lease takes the place of; any other live lease is another runner's, whatever its name.
     """
-    live = plan.lease_owner != leased and lease_is_live(plan, at)
-    if plan.status == "running" and live:
-        raise StateError(f"plan {plan.id} is already running under {plan.lease_owner} (lease until {plan.lease_until})")
-    if plan.status == "approved" and live:
-        raise StateError(f"plan {plan.id} is being started by {plan.lease_owner} (lease until {plan.lease_until})")
+    refuse_held(plan, at, leased)
     if plan.status in ("succeeded", "compensating", "compensated", "compensation_incomplete", "closed"):
         raise StateError(f"plan {plan.id} has already run: it is {plan.status}")
     if plan.status not in ("approved", "halted", "running"):
         raise StateError(f"plan {plan.id} is {plan.status}, not approved")
     return move(store, plan, "running", actor=actor, at=at, kind=kind, data=data, lease=(owner, until))
+
+
+def refuse_held(plan: PlanRow, at: str, leased: str | None = None) -> None:
+    """Refuse to act on a plan another runner holds under a live lease (running it, or starting it): a claim, and
+    anything a claim would do to the plan first (send it back for approval, halt it), is that runner's alone.
+    ``leased``: the lease the caller holds itself (see :func:`claim`)."""
+    live = plan.lease_owner != leased and lease_is_live(plan, at)
+    if plan.status == "running" and live:
+        raise StateError(f"plan {plan.id} is already running under {plan.lease_owner} (lease until {plan.lease_until})")
+    if plan.status == "approved" and live:
+        raise StateError(f"plan {plan.id} is being started by {plan.lease_owner} (lease until {plan.lease_until})")
 
 
 def hold(store: Store, plan: PlanRow, at: str) -> None:
