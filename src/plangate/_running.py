@@ -415,9 +415,10 @@ def _back_for_approval(plan_id: str, reason: str) -> str:
 
 def _refusal(plan_id: str, events: Sequence[Event]) -> str | None:
     """What the checker's refusal of a claim said (it halted a cut-off run, or sent the plan back for approval),
-    where that refusal is the plan's newest move (a person's settlement, or another check, may come after it);
-    else None."""
-    moved = next((event for event in reversed(events) if "transition" in event.data), None)
+    where that refusal is the plan's newest move into or out of ``running``: no run claimed the plan or ended
+    since (a person's settlement, edit or approval may have come after it; the check of an edit, a move of the
+    checker's too, is no refusal of a claim); else None."""
+    moved = next((event for event in reversed(events) if "running" in _moved(event)), None)
     if moved is None or moved.actor != "checker":
         return None
     if moved.kind == "run.refused":
@@ -425,3 +426,9 @@ def _refusal(plan_id: str, events: Sequence[Event]) -> str | None:
     if moved.kind == "plan.pending_approval":
         return _back_for_approval(plan_id, str(moved.data.get("reason")))
     return None
+
+
+def _moved(event: Event) -> tuple[object, object]:
+    """The statuses an event moved its plan from and to (none: it is no move)."""
+    transition = event.data.get("transition")
+    return (transition.get("from"), transition.get("to")) if isinstance(transition, dict) else (None, None)
