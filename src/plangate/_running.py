@@ -359,8 +359,16 @@ class Running(RollingBack):
                     Unconfirmed(),
                 )
 
-            self._when_back(roll_back, gave_up, stop)
+            # a try whose end went through as its answer was lost: ended under its lease, not begun again
+            self._when_back(lambda: self._rollback_ended(plan_id, owner) or roll_back(), gave_up, stop)
         return result
+
+    def _rollback_ended(self, plan_id: str, owner: str) -> bool:
+        """Whether the plan's newest rollback was begun under the lease ``owner`` and has ended since."""
+        began = next((e for e in reversed(list(self.store.events(plan_id))) if e.kind == "compensation.started"), None)
+        plan = self.store.get_plan(plan_id)
+        ended = plan is not None and plan.status in ("compensated", "compensation_incomplete")
+        return ended and began is not None and _moved(began)[2] == owner
 
     def _apply_recheck(
         self,
@@ -418,7 +426,7 @@ def _refusal(plan_id: str, events: Sequence[Event]) -> str | None:
     where that refusal is the plan's newest move into or out of ``running``: no run claimed the plan or ended
     since (a person's settlement, edit or approval may have come after it; the check of an edit, a move of the
     checker's too, is no refusal of a claim); else None."""
-    moved = next((event for event in reversed(events) if "running" in _moved(event)), None)
+    moved = next((event for event in reversed(events) if "running" in _moved(event)[:2]), None)
     if moved is None or moved.actor != "checker":
         return None
     if moved.kind == "run.refused":
@@ -428,7 +436,9 @@ def _refusal(plan_id: str, events: Sequence[Event]) -> str | None:
     return None
 
 
-def _moved(event: Event) -> tuple[object, object]:
-    """The statuses an event moved its plan from and to (none: it is no move)."""
+def _moved(event: Event) -> tuple[object, object, object]:
+    """The statuses an event moved its plan from and to, and the lease it moved it under (none: it is no move)."""
     transition = event.data.get("transition")
-    return (transition.get("from"), transition.get("to")) if isinstance(transition, dict) else (None, None)
+    if not isinstance(transition, dict):
+        return None, None, None
+    return transition.get("from"), transition.get("to"), transition.get("lease")
