@@ -64,8 +64,7 @@ class Running(RollingBack):
         recovery.refuse_closed(self.store, plan.id, plan.status, "be executed")
         if plan.status in ("succeeded", "halted"):
             return self._recorded(plan, version)
-        if plan.status == "running" and lifecycle.lease_is_live(plan, self._now()):
-            raise StateError(f"plan {plan.id} is already running under {plan.lease_owner}")
+        lifecycle.refuse_held(plan, self._now())
         if plan.status not in ("approved", "running"):
             needs = self._record_of(plan, version).needs
             why = f": it needs approval by {' and by '.join(needs)}" if needs and plan.status != "rejected" else ""
