@@ -289,3 +289,33 @@ def test_a_rollback_cut_off_from_its_store_mid_undo_never_sends_a_wire_twice(pg_
         (finished,) = [e for e in store.events(plan_id) if e.kind == "compensation.finished"]
         assert "--undo" in finished.data["failed"][0][1], finished.data
         assert store.verify_audit().ok
+
+
+def test_the_policys_rollback_whose_end_lost_its_answer_gives_the_run_its_result(
+    pg_db: str, quick_outage: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The run halts and the policy's rollback refunds the charge; the commit that ends the rollback goes through
+    as its answer is lost. The rollback tried again once the store was back found the plan ``compensated`` and
+    refused to begin ("only a halted plan's steps can be settled or undone"): the caller got that StateError for a
+    run that had halted and been rolled back in full. It is found ended under its own lease, and the run's halted
+    result comes back; nothing is undone twice, nothing begun again."""
+    outage.cut_armed_commits(monkeypatch)
+    rt, plan_id = rolled_back_on_halt(pg_db, TOOLS, "charge", "fails")
+    move, armed = lifecycle.move, []
+
+    def its_answer_lost(store: Any, plan: Any, to: Any, **kwargs: Any) -> Any:
+        if kwargs.get("kind") == "compensation.finished" and not armed:  # the rollback's end commits, unanswered
+            armed.append(plan.id)
+            outage.ARMED["thread"] = threading.get_ident()
+        return move(store, plan, to, **kwargs)
+
+    monkeypatch.setattr(lifecycle, "move", its_answer_lost)
+    with closing(rt):
+        result = rt.execute(plan_id)
+    assert result.status == "halted" and armed == [plan_id] and "thread" not in outage.ARMED
+    assert REFUNDS == ["c1"]
+    assert _began(pg_db, plan_id) == ["policy:rolling"]
+    with closing(open_store(pg_db)) as store:
+        row = store.get_plan(plan_id)
+        assert row is not None and (row.status, row.lease_owner) == ("compensated", None), row
+        assert store.verify_audit().ok

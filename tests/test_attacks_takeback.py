@@ -270,3 +270,33 @@ def test_a_refusal_whose_answer_was_lost_is_still_the_refusal_once_a_person_sett
         assert rt.replay(record.id).ok, rt.replay(record.id)
     finally:
         rt.close()
+
+
+def test_a_refusal_whose_answer_was_lost_is_still_the_refusal_once_a_person_edited_the_plan_since(
+    cut: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The refused take-back records the payment's failure and sends the plan back for approval; its answer is
+    lost. Before the next try, the requester corrects the plan (a new version, checked: it waits for the person the
+    register asks for). The next try read the edit's check, a move of the checker's, as the refusal, and said
+    "plan ... may not run: None". It is the take-back's refusal, with its reason, and the failure on record."""
+
+    def edited_by_the_requester(plan_id: str) -> None:
+        with closing(Runtime(Catalogue([decline, ship_slowly, filed]), HELD, db=cut)) as other:
+            corrected = plan(
+                {"id": 1, "tool": "decline", "params": {"amount": 4}},
+                {"id": 2, "tool": "filed", "params": {"n": "${1}"}},
+            )
+            assert other.edit(plan_id, corrected, "ann").status == "pending_approval"
+
+    the_refusals_commit_cut(monkeypatch, edited_by_the_requester)
+    said, rt, plan_id = refused_take_back(cut, "decline")
+    try:
+        assert "thread" not in outage.ARMED  # the refusal's commit was cut
+        assert "None" not in str(said) and "the auto-approval register has held category 'ops'" in str(said), said
+        assert "step 1, known from before the store went away, is recorded" in str(said), said
+        assert rt.get(plan_id).version == 2 and rt.get(plan_id).status == "pending_approval"
+        assert CALLS == [1]
+        assert rt.store.verify_audit().ok
+        assert rt.replay(plan_id).ok, rt.replay(plan_id)
+    finally:
+        rt.close()

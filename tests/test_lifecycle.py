@@ -568,6 +568,27 @@ def test_a_second_click_on_execute_is_refused_and_runs_nothing(tmp_path: Path) -
     assert rt.drive(claim).ok and EFFECTS == ["pay 3.0 on 42"]
 
 
+def test_a_plan_held_by_a_runner_on_another_machine_is_refused_with_when_it_may_run(db: str) -> None:
+    """A runner on another machine claimed the plan and died (a pod killed): its lease is live until it runs out,
+    for nobody here can tell that runner is gone. A person's execute or resume is refused, and is told until when
+    the lease holds and what then: execute said only "already running under ...", and neither said what to do."""
+    rt, plan_id = approved(db)
+    rt.start(plan_id, actor="bob")
+    gone = "worker:w#0a1b2c3d@elsewhere/1/2:77"
+    sql(
+        db,
+        "UPDATE plans SET lease_owner = ?, lease_until = '2999-01-01T00:00:00.000000Z' WHERE id = ?",
+        (gone, plan_id),
+    )
+    for attempt in (rt.execute, rt.resume):
+        with pytest.raises(StateError) as refused:
+            attempt(plan_id)
+        said = str(refused.value)
+        assert f"already running under {gone} (lease until 2999-01-01T00:00:00.000000Z)" in said, said
+        assert "if its runner stopped, it may be resumed once that lease has run out" in said, said
+    assert EFFECTS == []
+
+
 def test_the_loser_of_two_runs_exits_4_on_the_command_line(tmp_path: Path) -> None:
     from click.testing import CliRunner
 

@@ -64,8 +64,7 @@ class Running(RollingBack):
         recovery.refuse_closed(self.store, plan.id, plan.status, "be executed")
         if plan.status in ("succeeded", "halted"):
             return self._recorded(plan, version)
-        if plan.status == "running" and lifecycle.lease_is_live(plan, self._now()):
-            raise StateError(f"plan {plan.id} is already running under {plan.lease_owner}")
+        lifecycle.refuse_held(plan, self._now())
         if plan.status not in ("approved", "running"):
             needs = self._record_of(plan, version).needs
             why = f": it needs approval by {' and by '.join(needs)}" if needs and plan.status != "rejected" else ""
@@ -359,8 +358,16 @@ class Running(RollingBack):
                     Unconfirmed(),
                 )
 
-            self._when_back(roll_back, gave_up, stop)
+            # a try whose end went through as its answer was lost: ended under its lease, not begun again
+            self._when_back(lambda: self._rollback_ended(plan_id, owner) or roll_back(), gave_up, stop)
         return result
+
+    def _rollback_ended(self, plan_id: str, owner: str) -> bool:
+        """Whether the plan's newest rollback was begun under the lease ``owner`` and has ended since."""
+        began = next((e for e in reversed(list(self.store.events(plan_id))) if e.kind == "compensation.started"), None)
+        plan = self.store.get_plan(plan_id)
+        ended = plan is not None and plan.status in ("compensated", "compensation_incomplete")
+        return ended and began is not None and _moved(began)[2] == owner
 
     def _apply_recheck(
         self,
@@ -415,9 +422,10 @@ def _back_for_approval(plan_id: str, reason: str) -> str:
 
 def _refusal(plan_id: str, events: Sequence[Event]) -> str | None:
     """What the checker's refusal of a claim said (it halted a cut-off run, or sent the plan back for approval),
-    where that refusal is the plan's newest move (a person's settlement, or another check, may come after it);
-    else None."""
-    moved = next((event for event in reversed(events) if "transition" in event.data), None)
+    where that refusal is the plan's newest move into or out of ``running``: no run claimed the plan or ended
+    since (a person's settlement, edit or approval may have come after it; the check of an edit, a move of the
+    checker's too, is no refusal of a claim); else None."""
+    moved = next((event for event in reversed(events) if "running" in _moved(event)[:2]), None)
     if moved is None or moved.actor != "checker":
         return None
     if moved.kind == "run.refused":
@@ -425,3 +433,11 @@ def _refusal(plan_id: str, events: Sequence[Event]) -> str | None:
     if moved.kind == "plan.pending_approval":
         return _back_for_approval(plan_id, str(moved.data.get("reason")))
     return None
+
+
+def _moved(event: Event) -> tuple[object, object, object]:
+    """The statuses an event moved its plan from and to, and the lease it moved it under (none: it is no move)."""
+    transition = event.data.get("transition")
+    if not isinstance(transition, dict):
+        return None, None, None
+    return transition.get("from"), transition.get("to"), transition.get("lease")

@@ -212,12 +212,16 @@ def claim(
 def refuse_held(plan: PlanRow, at: str, leased: str | None = None) -> None:
     """Refuse to act on a plan another runner holds under a live lease (running it, or starting it): a claim, and
     anything a claim would do to the plan first (send it back for approval, halt it), is that runner's alone.
-    ``leased``: the lease the caller holds itself (see :func:`claim`)."""
-    live = plan.lease_owner != leased and lease_is_live(plan, at)
-    if plan.status == "running" and live:
-        raise StateError(f"plan {plan.id} is already running under {plan.lease_owner} (lease until {plan.lease_until})")
-    if plan.status == "approved" and live:
-        raise StateError(f"plan {plan.id} is being started by {plan.lease_owner} (lease until {plan.lease_until})")
+    ``leased``: the lease the caller holds itself (see :func:`claim`). A runner on another machine may be gone, and
+    only its lease's end says so: the refusal says when that is, and what may be done then."""
+    if plan.status not in ("running", "approved") or plan.lease_owner == leased or not lease_is_live(plan, at):
+        return
+    doing = "is already running under" if plan.status == "running" else "is being started by"
+    then = "resumed" if plan.status == "running" else "run"
+    raise StateError(
+        f"plan {plan.id} {doing} {plan.lease_owner} (lease until {plan.lease_until}): if its runner stopped, it may "
+        f"be {then} once that lease has run out"
+    )
 
 
 def hold(store: Store, plan: PlanRow, at: str) -> None:
