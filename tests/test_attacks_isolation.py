@@ -1,0 +1,201 @@
+"""Plans a worker runs side by side, against tools that try to reach past their own call: an error or an
+output that cannot be read (its ``__str__`` or ``__hash__`` raises, or hangs), context variables left on a
+reused thread for the next plan's call, a pool that cannot start a thread, and a tool that changes its
+parameters or its output after it returned."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from plangate import Catalogue, RunContext, tool
+from plangate.results import RunResult
+from plangate.store import open_store
+from plangate.tools import Tool
+from plangate.worker import Worker
+from tests.helpers import until
+from tests.test_attacks_worker import approved, died, serve
+
+__all__ = ["died"]  # a fixture, used by name
+
+made: list[tuple[str, int]] = []
+RELEASE = threading.Event()  # what a hanging __str__ or __hash__ waits for; set when each test ends
+ARMED = threading.Event()  # set once a tool returned: its output's key then misbehaves
+
+
+@pytest.fixture(autouse=True)
+def released() -> Iterator[None]:
+    made.clear()
+    RELEASE.clear()
+    ARMED.clear()
+    yield
+    RELEASE.set()
+
+
+class UnprintableError(Exception):
+    """An exception whose message cannot be read."""
+
+    def __str__(self) -> str:
+        raise RuntimeError("no message for you")
+
+
+class StallingError(Exception):
+    """An exception whose message takes for ever to read."""
+
+    def __str__(self) -> str:
+        RELEASE.wait()
+        return "read at last"
+
+
+class Opaque:
+    """An output no JSON can hold."""
+
+
+class Turncoat(str):
+    """A key that hashes as a string until its tool returned, then raises (or hangs, when ``stalls``)."""
+
+    stalls = False
+
+    def __hash__(self) -> int:
+        if ARMED.is_set():
+            if not self.stalls:
+                raise RuntimeError("no hash for you")
+            RELEASE.wait()
+        return str.__hash__(self)
+
+
+class Stalled(Turncoat):
+    stalls = True
+
+
+def _counted(ctx: RunContext) -> None:
+    made.append((ctx.plan_id, ctx.step_id))
+
+
+@tool(name="unprintable")
+def unprintable(n: int, ctx: RunContext) -> int:
+    """Raise what cannot be said."""
+    _counted(ctx)
+    raise UnprintableError
+
+
+@tool(name="opaque")
+def opaque(n: int, ctx: RunContext) -> Any:
+    """Return what cannot be recorded."""
+    _counted(ctx)
+    return Opaque()
+
+
+@tool(name="turncoat")
+def turncoat(n: int, ctx: RunContext) -> dict:  # type: ignore[type-arg]
+    """Return a mapping whose key turns once returned."""
+    _counted(ctx)
+    returned = {Turncoat("k"): n}
+    ARMED.set()  # the key turns once the mapping is made: the tool returns it
+    return returned
+
+
+@tool(name="unprintable_async")
+async def unprintable_async(n: int, ctx: RunContext) -> int:
+    """Raise what cannot be said, from the event loop."""
+    _counted(ctx)
+    await asyncio.sleep(0)
+    raise UnprintableError
+
+
+@tool(name="opaque_async")
+async def opaque_async(n: int, ctx: RunContext) -> Any:
+    """Return what cannot be recorded, from the event loop."""
+    _counted(ctx)
+    await asyncio.sleep(0)
+    return Opaque()
+
+
+@tool(name="stalling", timeout=0.3)
+def stalling(n: int, ctx: RunContext) -> int:
+    """Raise what takes for ever to say."""
+    _counted(ctx)
+    raise StallingError
+
+
+@tool(name="stalled", timeout=0.3)
+def stalled(n: int, ctx: RunContext) -> dict:  # type: ignore[type-arg]
+    """Return a mapping whose key takes for ever to hash once returned."""
+    _counted(ctx)
+    returned = {Stalled("k"): n}
+    ARMED.set()
+    return returned
+
+
+@tool
+def fine(n: int) -> int:
+    """Nothing to it."""
+    return n
+
+
+BAD = [unprintable, opaque, turncoat, unprintable_async, opaque_async, stalling, stalled]
+SAYS = {
+    "unprintable": "UnprintableError",
+    "opaque": "could not be read",
+    "turncoat": "could not be read",
+    "unprintable_async": "UnprintableError",
+    "opaque_async": "could not be read",
+    "stalling": "timed out",
+    "stalled": "timed out",
+}
+
+
+def run_beside(tmp_path: Path, bad: Tool, steps: list[dict[str, Any]], died: list[str]) -> tuple[str, list[RunResult]]:
+    """A plan of ``steps`` and two plans of ``fine`` served by one worker at concurrency 2, until it drains."""
+    db = f"sqlite:///{tmp_path}/plangate.db"
+    catalogue = Catalogue([bad, fine])
+    plan_id = approved(db, catalogue, steps)
+    fines = [[{"id": 1, "tool": "fine", "params": {"n": n}, "rationale": "r"}] for n in (1, 2)]
+    others = [approved(db, catalogue, body) for body in fines]
+    w = Worker(catalogue, db=db, concurrency=2, drain_timeout=1.0)
+    results: list[RunResult] = []
+    thread = serve(w, results)
+    until("the worker drained, or the step ran again", lambda: not thread.is_alive() or len(made) > 1, limit=30)
+    w.stop()
+    thread.join(30)
+    w.close()
+    assert not thread.is_alive() and not died, died[:3]
+    assert sorted(r.plan_id for r in results if r.status == "succeeded") == sorted(others), "the others ran"
+    return plan_id, results
+
+
+@pytest.mark.parametrize("bad", BAD, ids=[t.name for t in BAD])
+@pytest.mark.parametrize("beside", [False, True], ids=["alone", "beside-another-step"])
+def test_an_error_or_output_that_cannot_be_read_halts_only_its_own_plan(
+    tmp_path: Path, bad: Tool, beside: bool, died: list[str]
+) -> None:
+    """Read on the call's own thread, within its limit: a failure of its step, said, and the plan halts.
+
+    Before, the error's text and the output's JSON were read by the engine after the call: what raised there
+    ended the run with the step started and no outcome (the worker set the plan aside, resumed it, and called
+    the tool again, or left it for a person as of unknown outcome), and what hung there held the run, its
+    lease and a slot of the worker's for ever, beyond any time limit.
+    """
+    steps = [{"id": 1, "tool": bad.name, "params": {"n": 1}, "rationale": "r"}]
+    if beside:
+        steps.append({"id": 2, "tool": "fine", "params": {"n": 2}, "rationale": "r"})
+    plan_id, results = run_beside(tmp_path, bad, steps, died)
+    store = open_store(f"sqlite:///{tmp_path}/plangate.db")
+    try:
+        row = store.get_plan(plan_id)
+        assert row is not None and row.status == "halted" and row.lease_owner is None, row
+        assert made == [(plan_id, 1)]
+        (ended,) = [r for r in results if r.plan_id == plan_id]
+        assert ended.status == "halted" and ended.failed_step == 1
+        assert SAYS[bad.name] in (ended.error or ""), ended.error
+        events = list(store.events(plan_id))
+        assert "run.resumed" not in [e.kind for e in events]
+        assert [e.kind for e in events if e.step_id == 1] == ["step.started", "step.failed"]
+        assert store.verify_audit().ok
+    finally:
+        store.close()
