@@ -6,6 +6,7 @@ parameters or its output after it returned."""
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,10 +16,11 @@ import pytest
 
 from plangate import Catalogue, RunContext, tool
 from plangate.results import RunResult
+from plangate.runtime import Runtime
 from plangate.store import open_store
 from plangate.tools import Tool
 from plangate.worker import Worker
-from tests.helpers import until
+from tests.helpers import plan, until
 from tests.test_attacks_worker import approved, died, serve
 
 __all__ = ["died"]  # a fixture, used by name
@@ -199,3 +201,48 @@ def test_an_error_or_output_that_cannot_be_read_halts_only_its_own_plan(
         assert store.verify_audit().ok
     finally:
         store.close()
+
+
+# -- context variables: what a call sets, no later call sees ------------------------------------------
+KEY: contextvars.ContextVar[str] = contextvars.ContextVar("KEY", default="nobody's")
+read: list[tuple[str, str]] = []
+
+
+@tool(name="keyed")
+def keyed(n: int, ctx: RunContext) -> int:
+    """Read the key a library keeps in a context variable, then leave this call's own there."""
+    read.append((ctx.idempotency_key, KEY.get()))
+    KEY.set(ctx.idempotency_key)
+    return n
+
+
+@tool(name="keyed_async")
+async def keyed_async(n: int, ctx: RunContext) -> int:
+    """The same, from the event loop."""
+    return keyed.fn(n=n, ctx=ctx)
+
+
+def test_a_call_sees_the_context_its_run_began_in_never_what_another_call_left(tmp_path: Path) -> None:
+    """Each call runs in a copy of the context its run began in, inline, on a pool thread or on the loop.
+
+    Before, a sync call on a pool thread ran in whatever that thread's context held: not the caller's, but
+    the context variables the last call on that thread had set, another plan's idempotency key among them
+    (a library that keeps its request's key there sent the next plan's payment under it); and a call made
+    inline saw what the step before it had set.
+    """
+    read.clear()
+    rt = Runtime(Catalogue([keyed, keyed_async]), db=f"sqlite:///{tmp_path}/plangate.db")
+    side_by_side = [
+        {"id": i, "tool": name, "params": {"n": i}} for i, name in enumerate(["keyed"] * 3 + ["keyed_async"], 1)
+    ]
+    chained = [{"id": 1, "tool": "keyed", "params": {"n": 1}}, {"id": 2, "tool": "keyed", "params": {"n": "${1}"}}]
+    token = KEY.set("the caller's")
+    try:
+        for steps in (side_by_side, side_by_side, chained):
+            record = rt.submit(plan(*steps), "alice")
+            rt.approve(record.id, "reviewer", record.hash)
+            assert rt.execute(record.id).status == "succeeded"
+    finally:
+        KEY.reset(token)
+        rt.close()
+    assert len(read) == 10 and {seen for _, seen in read} == {"the caller's"}, read

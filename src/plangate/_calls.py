@@ -11,13 +11,14 @@ the run it would end the run unrecorded, and a worker's runner with it.
 What came back is read where the call ran, within its limit (:func:`answered`): an error's text or an
 output's JSON is the tool's code too (``__str__``, ``__hash__``, ``__eq__``), and read by the engine after
 the call, one that raised ended the run with the step started and no outcome, and one that hung held the run
-and its lease for ever.
+and its lease for ever. Each call runs in a context of its own, copied from its run's.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextvars
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -104,7 +105,7 @@ def answered(step: Step, tool: Tool, fn: Fn, kwargs: dict[str, Any]) -> Outcome:
     """
     start = time.perf_counter()
     try:
-        value = fn(**kwargs)
+        value = contextvars.copy_context().run(fn, **kwargs)
     except BaseException as exc:  # noqa: BLE001 - a tool's failure is recorded, never raised through
         return raised(step.id, exc, start)
     return checked(step, tool, value, start)

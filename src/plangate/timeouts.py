@@ -130,7 +130,8 @@ class Outage:
 
 
 class Threads(Executor):
-    """Daemon threads for sync tools, started as needed and reused when idle.
+    """Daemon threads for sync tools, started as needed and reused when idle; each call runs in a copy of
+    the context it was submitted from.
 
     A call that never returns keeps its thread; a new one takes the next call, and nothing
     waits for the lost one: not the run, not ``shutdown``, not the process at exit (it would
@@ -154,7 +155,9 @@ class Threads(Executor):
         if self._pid != os.getpid():  # a forked child has none of its parent's threads
             self._fresh()
         future: Future[T] = Future()
-        self._jobs.put((future, lambda: fn(*args, **kwargs)))
+        # In a copy of the caller's context, as asyncio.to_thread: a thread's own would carry what the last
+        # call on it set (another run's context variables) and none of the caller's.
+        self._jobs.put((future, functools.partial(contextvars.copy_context().run, fn, *args, **kwargs)))
         if not self._idle.acquire(blocking=False):
             self._count += 1
             threading.Thread(target=self._work, name=f"{self._name}-{self._count}", daemon=True).start()
@@ -273,12 +276,11 @@ class Watch:
                 self._cond.notify()
 
     def _start(self, body: Callable[[], object]) -> None:
-        context = contextvars.copy_context()  # the tools see the caller's context variables, as before
-        shared("plangate-run").submit(functools.partial(self._thread, context, body))
+        shared("plangate-run").submit(self._thread, body)  # in a copy of the caller's context (Threads.submit)
 
-    def _thread(self, context: contextvars.Context, body: Callable[[], object]) -> None:
+    def _thread(self, body: Callable[[], object]) -> None:
         try:
-            result = context.run(body)
+            result = body()
         except Abandoned:
             return
         except BaseException as exc:  # noqa: BLE001 - raised again in the caller's thread
