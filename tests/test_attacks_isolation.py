@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from plangate import Catalogue, RunContext, tool
+from plangate import Catalogue, RunContext, timeouts, tool
 from plangate.results import RunResult
 from plangate.runtime import Runtime
 from plangate.store import open_store
@@ -246,3 +246,52 @@ def test_a_call_sees_the_context_its_run_began_in_never_what_another_call_left(t
         KEY.reset(token)
         rt.close()
     assert len(read) == 10 and {seen for _, seen in read} == {"the caller's"}, read
+
+
+# -- a pool that cannot start a thread ----------------------------------------------------------------
+def test_a_call_no_thread_could_be_started_for_is_never_made_later(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before, the call stayed in the pool's queue while its caller was told it failed: the next thread
+    started took it and made it, a call nobody waited for or recorded."""
+    pool = timeouts.Threads("t")
+    calls: list[str] = []
+    start = threading.Thread.start
+    monkeypatch.setattr(threading.Thread, "start", _refused)
+    with pytest.raises(RuntimeError, match="can't start new thread"):
+        pool.submit(calls.append, "refused")
+    monkeypatch.setattr(threading.Thread, "start", start)
+    pool.submit(calls.append, "made").result(timeout=30)
+    assert calls == ["made"]
+    pool.shutdown()
+
+
+def _refused(thread: threading.Thread) -> None:
+    raise RuntimeError("can't start new thread")
+
+
+def test_a_step_no_thread_could_be_started_for_fails_as_not_called(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The process out of threads: the steps waiting for one fail, saying they were not called, and the
+    plan halts with its run recorded (``resume`` calls them once threads can be had). Before, the run
+    ended with the error, its steps started and no outcome: a tool that is not idempotent was then left
+    for a person as of unknown outcome, though it was never called."""
+    monkeypatch.setattr(timeouts, "_SHARED", {})  # pools of their own: no idle thread to take the call
+    start = threading.Thread.start
+
+    def refused_for_steps(thread: threading.Thread) -> None:
+        (_refused if thread.name.startswith("plangate-step") else start)(thread)
+
+    monkeypatch.setattr(threading.Thread, "start", refused_for_steps)
+    rt = Runtime(Catalogue([keyed]), db=f"sqlite:///{tmp_path}/plangate.db")
+    try:
+        record = rt.submit(plan(*[{"id": i, "tool": "keyed", "params": {"n": i}} for i in (1, 2)]), "alice")
+        rt.approve(record.id, "reviewer", record.hash)
+        read.clear()
+        result = rt.execute(record.id)
+        assert result.status == "halted" and "not called" in (result.error or ""), result.error
+        assert rt.store.verify_audit().ok
+        monkeypatch.setattr(threading.Thread, "start", start)
+        assert rt.resume(record.id).status == "succeeded"
+        assert sorted(key for key, _ in read) == [f"{record.id}:1", f"{record.id}:2"], "each called once"
+    finally:
+        rt.close()

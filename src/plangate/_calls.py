@@ -71,10 +71,10 @@ def bounded(
     """A call on a thread of ``pool``, waited for up to its limit (no event loop, no watch)."""
     start = time.perf_counter()
     fn = fn or tool.fn
-    if tool.is_async:
-        future = pool.submit(asyncio.run, answered_async(step, tool, fn, kwargs))
-    else:
-        future = pool.submit(answered, step, tool, fn, kwargs)
+    try:
+        future = pool.submit(_answered_on_a_loop if tool.is_async else answered, step, tool, fn, kwargs)
+    except RuntimeError as exc:
+        return not_called(step.id, exc, start)
     try:
         outcome: Outcome = future.result(timeout=seconds)
     except concurrent.futures.TimeoutError:
@@ -91,7 +91,10 @@ async def on_loop(
     if tool.is_async:
         future: asyncio.Future[Outcome] = asyncio.ensure_future(answered_async(step, tool, fn, kwargs))
     else:
-        future = asyncio.get_running_loop().run_in_executor(pool, answered, step, tool, fn, kwargs)
+        try:
+            future = asyncio.get_running_loop().run_in_executor(pool, answered, step, tool, fn, kwargs)
+        except RuntimeError as exc:
+            return not_called(step.id, exc, start)
     done, _ = await asyncio.wait((future,), timeout=seconds)  # a cancellation here is the run's: raised
     if not done:
         future.cancel()  # not waited for: an async tool that ignores it must not hold the run
@@ -133,6 +136,18 @@ def timed_out(step_id: int, seconds: float, start: float) -> Outcome:
         timed_out=seconds,
         error=f"timed out: the call took longer than its limit of {seconds:g} s",
     )
+
+
+def _answered_on_a_loop(step: Step, tool: Tool, fn: Fn, kwargs: dict[str, Any]) -> Outcome:
+    """:func:`answered_async` on an event loop of its own (a thread of the pool has none)."""
+    return asyncio.run(answered_async(step, tool, fn, kwargs))
+
+
+def not_called(step_id: int, exc: RuntimeError, start: float) -> Outcome:
+    """The pool took no call (no thread could be started for it): the tool was not called, so the step may
+    run again under the usual rules, never read as of unknown outcome."""
+    error = f"not called: no thread could be had to call the tool on ({exc})"
+    return Outcome(step_id=step_id, ok=False, error=error, ms=_ms(start), retryable=True)
 
 
 def raised(step_id: int, exc: BaseException, start: float) -> Outcome:

@@ -160,8 +160,13 @@ class Threads(Executor):
         self._jobs.put((future, functools.partial(contextvars.copy_context().run, fn, *args, **kwargs)))
         if not self._idle.acquire(blocking=False):
             self._count += 1
-            threading.Thread(target=self._work, name=f"{self._name}-{self._count}", daemon=True).start()
-        return future
+            try:
+                threading.Thread(target=self._work, name=f"{self._name}-{self._count}", daemon=True).start()
+            except RuntimeError:  # no thread to be had (the process is out of them)
+                self._count -= 1
+                if future.cancel():  # left queued, the next thread started would make the call, awaited by none
+                    raise
+        return future  # (a thread that came free meanwhile took it)
 
     def _work(self) -> None:
         while (job := self._jobs.get()) is not None:
