@@ -295,3 +295,106 @@ def test_a_step_no_thread_could_be_started_for_fails_as_not_called(
         assert sorted(key for key, _ in read) == [f"{record.id}:1", f"{record.id}:2"], "each called once"
     finally:
         rt.close()
+
+
+# -- what a tool holds on to after it returned --------------------------------------------------------
+LENT: dict[str, list[int]] = {}
+
+
+@tool(name="lends")
+def lends(n: int) -> dict[str, list[int]]:
+    """Return a mapping it keeps."""
+    LENT["items"] = [n]
+    return LENT
+
+
+@tool(name="spoils")
+def spoils(items: list[int]) -> list[int]:
+    """Change what step 1 returned, after it was recorded, and its own parameters."""
+    LENT["items"].append(666)
+    items.append(666)
+    return [len(items)]
+
+
+@tool(name="sums")
+def sums(first: list[int], again: list[int]) -> list[int]:
+    """Read step 1's output again."""
+    return first + again
+
+
+def test_a_tool_that_changes_its_parameters_or_a_returned_output_changes_nothing_recorded(tmp_path: Path) -> None:
+    """Not a fault, proven: an output is recorded as the JSON it was read into when the call returned, and a
+    call's parameters are validated from JSON into objects of their own, so what a tool changes afterwards is
+    its own copy. Step 3 reads step 1's output as the log has it."""
+    rt = Runtime(Catalogue([lends, spoils, sums]), db=f"sqlite:///{tmp_path}/plangate.db")
+    try:
+        record = rt.submit(
+            plan(
+                {"id": 1, "tool": "lends", "params": {"n": 1}},
+                {"id": 2, "tool": "spoils", "params": {"items": "${1.items}"}},
+                {"id": 3, "tool": "sums", "params": {"first": "${1.items}", "again": "${1.items}"}, "after": [2]},
+            ),
+            "alice",
+        )
+        rt.approve(record.id, "reviewer", record.hash)
+        result = rt.execute(record.id)
+        assert result.outputs == {1: {"items": [1]}, 2: [2], 3: [1, 1]}, result.outputs
+        logged = {(e.kind, e.step_id): e.data for e in rt.store.events(record.id)}
+        assert logged["step.succeeded", 1]["output"] == {"items": [1]}
+        assert logged["step.started", 2]["params"] == {"items": [1]}
+        assert rt.store.verify_audit().ok
+    finally:
+        rt.close()
+
+
+# -- an async tool that blocks its run's event loop ---------------------------------------------------
+GO = threading.Event()
+
+
+@tool(name="blocks")
+async def blocks(n: int, ctx: RunContext) -> int:
+    """Block the event loop (a sync wait inside ``async def``) until the test lets go."""
+    _counted(ctx)
+    GO.wait(60)
+    return n
+
+
+def test_an_async_tool_blocking_its_loop_keeps_its_lease_and_holds_up_no_other_plan(
+    tmp_path: Path, died: list[str]
+) -> None:
+    """Not a fault, proven: each run has an event loop on a thread of its own and its lease is renewed by a
+    timer thread, so a blocked loop holds up its own plan only; the lease (1 s) is renewed while it is blocked,
+    the other plans run meanwhile, and the step is called once."""
+    GO.clear()
+    db = f"sqlite:///{tmp_path}/plangate.db"
+    catalogue = Catalogue([blocks, fine])
+    plan_id = approved(db, catalogue, [{"id": 1, "tool": "blocks", "params": {"n": 1}, "rationale": "r"}])
+    others = [
+        approved(db, catalogue, [{"id": 1, "tool": "fine", "params": {"n": n}, "rationale": "r"}]) for n in (1, 2)
+    ]
+    w = Worker(catalogue, db=db, concurrency=2, drain_timeout=5.0, lease_seconds=1.0)
+    results: list[RunResult] = []
+    thread = serve(w, results)
+    store = open_store(db)
+    try:
+        until("the other plans ran", lambda: {r.plan_id for r in results} == set(others))
+        leases: set[str | None] = set()
+        until("the blocked plan's lease was renewed 4 times", lambda: len(_lease_seen(store, plan_id, leases)) > 4)
+        GO.set()
+        thread.join(30)
+        assert not thread.is_alive() and not died, died[:3]
+        row = store.get_plan(plan_id)
+        assert row is not None and row.status == "succeeded" and made == [(plan_id, 1)]
+        assert "run.resumed" not in [e.kind for e in store.events(plan_id)]
+    finally:
+        GO.set()
+        w.stop()
+        w.close()
+        store.close()
+
+
+def _lease_seen(store: Any, plan_id: str, seen: set[str | None]) -> set[str | None]:
+    row = store.get_plan(plan_id)
+    if row is not None and row.status == "running":
+        seen.add(row.lease_until)
+    return seen
