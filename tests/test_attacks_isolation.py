@@ -398,3 +398,46 @@ def _lease_seen(store: Any, plan_id: str, seen: set[str | None]) -> set[str | No
     if row is not None and row.status == "running":
         seen.add(row.lease_until)
     return seen
+
+
+# -- calls that overran and never return --------------------------------------------------------------
+@tool(name="hangs", effect="write", timeout=0.1)
+def hangs(n: int, ctx: RunContext) -> int:
+    """Send, then hang until the test lets go (at once, once it has)."""
+    _counted(ctx)
+    RELEASE.wait()
+    return n
+
+
+def test_a_tool_whose_calls_never_return_holds_a_bounded_number_of_threads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A thread cannot be stopped: each call that overran keeps one until it returns. Past the bound, the
+    tool's next call is not made (its step fails, saying why) until some return, and other tools go on.
+
+    Before, every call was made on a new thread: a tool that never returns, called by plan after plan in a
+    worker, took a thread each time without end, until the process could start none (for any plan).
+    """
+    monkeypatch.setattr(timeouts, "OVERDUE", timeouts.Overdue(most=2))
+    rt = Runtime(Catalogue([hangs, fine]), db=f"sqlite:///{tmp_path}/plangate.db")
+
+    def run(*steps: dict[str, Any]) -> RunResult:
+        record = rt.submit(plan(*steps), "alice")
+        rt.approve(record.id, "reviewer", record.hash)
+        return rt.execute(record.id)
+
+    try:
+        for n in (1, 2):  # each halts as of unknown outcome, its call left running
+            overran = run({"id": 1, "tool": "hangs", "params": {"n": n}})
+            assert overran.status == "halted" and "timed out" in (overran.error or "")
+        assert len(made) == 2
+        held = run({"id": 1, "tool": "hangs", "params": {"n": 3}})
+        assert held.status == "halted" and len(made) == 2, "not called"
+        assert "not called: 2 calls of 'hangs' overran their limit" in (held.error or ""), held.error
+        assert run({"id": 1, "tool": "fine", "params": {"n": 4}}).status == "succeeded", "other tools go on"
+        RELEASE.set()
+        until("the calls that overran returned", lambda: not timeouts.OVERDUE.overdue("hangs"))
+        assert run({"id": 1, "tool": "hangs", "params": {"n": 5}}).status == "succeeded"
+        assert rt.store.verify_audit().ok
+    finally:
+        rt.close()

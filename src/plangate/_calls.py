@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextvars
+import functools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -59,7 +60,7 @@ def inline(
     """
     call = watch.begin(step.id, seconds)
     try:
-        outcome = answered(step, tool, fn or tool.fn, kwargs)
+        outcome = answered(step, tool, fn or tool.fn, kwargs, seconds)
     finally:
         watch.end(call)  # raises Abandoned when the call overran and the run went on without it
     return outcome
@@ -72,9 +73,9 @@ def bounded(
     start = time.perf_counter()
     fn = fn or tool.fn
     try:
-        future = pool.submit(_answered_on_a_loop if tool.is_async else answered, step, tool, fn, kwargs)
+        future = pool.submit(_answered_on_a_loop if tool.is_async else answered, step, tool, fn, kwargs, seconds)
     except RuntimeError as exc:
-        return not_called(step.id, exc, start)
+        return not_called(step.id, f"no thread could be had to call the tool on ({exc})", start)
     try:
         outcome: Outcome = future.result(timeout=seconds)
     except concurrent.futures.TimeoutError:
@@ -92,9 +93,9 @@ async def on_loop(
         future: asyncio.Future[Outcome] = asyncio.ensure_future(answered_async(step, tool, fn, kwargs))
     else:
         try:
-            future = asyncio.get_running_loop().run_in_executor(pool, answered, step, tool, fn, kwargs)
+            future = asyncio.get_running_loop().run_in_executor(pool, answered, step, tool, fn, kwargs, seconds)
         except RuntimeError as exc:
-            return not_called(step.id, exc, start)
+            return not_called(step.id, f"no thread could be had to call the tool on ({exc})", start)
     done, _ = await asyncio.wait((future,), timeout=seconds)  # a cancellation here is the run's: raised
     if not done:
         future.cancel()  # not waited for: an async tool that ignores it must not hold the run
@@ -102,16 +103,38 @@ async def on_loop(
     return future.result()
 
 
-def answered(step: Step, tool: Tool, fn: Fn, kwargs: dict[str, Any]) -> Outcome:
-    """One sync call and what came back, read on the call's own thread, so within its limit: an error whose
-    text, or an output whose JSON, raises or hangs is the call's failure or overrun, never the run's. The call
-    """
+def answered(step: Step, tool: Tool, fn: Fn, kwargs: dict[str, Any], seconds: float) -> Outcome:
+    """One sync call of up to ``seconds`` and what came back, read on the call's own thread, so within its
+    limit: an error whose text, or an output whose JSON, raises or hangs is the call's failure or overrun,
+    never the run's. The call runs in a copy of this thread's context (as an async tool's task does): what it
+    sets there, no later call sees, of its plan or of another whose call this thread takes next."""
+    return _holding(step, tool, seconds, functools.partial(_answered, step, tool, fn, kwargs))
+
+
+def _answered(step: Step, tool: Tool, fn: Fn, kwargs: dict[str, Any]) -> Outcome:
     start = time.perf_counter()
     try:
         value = contextvars.copy_context().run(fn, **kwargs)
     except BaseException as exc:  # noqa: BLE001 - a tool's failure is recorded, never raised through
         return raised(step.id, exc, start)
     return checked(step, tool, value, start)
+
+
+def _answered_on_a_loop(step: Step, tool: Tool, fn: Fn, kwargs: dict[str, Any], seconds: float) -> Outcome:
+    """:func:`answered_async` on an event loop of its own (a thread of the pool has none)."""
+    return _holding(step, tool, seconds, lambda: asyncio.run(answered_async(step, tool, fn, kwargs)))
+
+
+def _holding(step: Step, tool: Tool, seconds: float, call: Callable[[], Outcome]) -> Outcome:
+    """``call()``, counted among the tool's calls that hold a thread; not made while too many of those overran
+    their limits and never returned (:class:`plangate.timeouts.Overdue`)."""
+    deadline = timeouts.OVERDUE.begin(tool.name, seconds)
+    if isinstance(deadline, str):
+        return not_called(step.id, deadline, time.perf_counter())
+    try:
+        return call()
+    finally:
+        timeouts.OVERDUE.end(tool.name, deadline)
 
 
 async def answered_async(step: Step, tool: Tool, fn: Fn, kwargs: dict[str, Any]) -> Outcome:
@@ -138,16 +161,10 @@ def timed_out(step_id: int, seconds: float, start: float) -> Outcome:
     )
 
 
-def _answered_on_a_loop(step: Step, tool: Tool, fn: Fn, kwargs: dict[str, Any]) -> Outcome:
-    """:func:`answered_async` on an event loop of its own (a thread of the pool has none)."""
-    return asyncio.run(answered_async(step, tool, fn, kwargs))
-
-
-def not_called(step_id: int, exc: RuntimeError, start: float) -> Outcome:
-    """The pool took no call (no thread could be started for it): the tool was not called, so the step may
+def not_called(step_id: int, why: str, start: float) -> Outcome:
+    """The tool was not called (no thread for it, or too many of its calls still hold theirs): the step may
     run again under the usual rules, never read as of unknown outcome."""
-    error = f"not called: no thread could be had to call the tool on ({exc})"
-    return Outcome(step_id=step_id, ok=False, error=error, ms=_ms(start), retryable=True)
+    return Outcome(step_id=step_id, ok=False, error=f"not called: {why}", ms=_ms(start), retryable=True)
 
 
 def raised(step_id: int, exc: BaseException, start: float) -> Outcome:

@@ -196,6 +196,51 @@ class Threads(Executor):
             self._jobs.put(None)
 
 
+class Overdue:
+    """Calls of each tool that run on threads, with their deadlines: one past its deadline overran, and holds
+    its thread until it returns, whether or not anyone waits for it.
+
+    A thread cannot be stopped, so a tool whose calls never return would take a new thread at every call,
+    plan after plan, until the process could start none. Past ``most`` such calls of one tool, its next call
+    is not made (:meth:`begin` says why) until some return; other tools' calls go on.
+    """
+
+    def __init__(self, most: int = 32) -> None:
+        self.most = most
+        self._lock = threading.Lock()
+        self._calls: dict[str, list[float]] = {}  # tool name -> the deadlines of its calls still running
+
+    def begin(self, name: str, seconds: float) -> float | str:
+        """The call's deadline, to give back to :meth:`end` once it returns; or why it may not be made."""
+        now = time.monotonic()
+        with self._lock:
+            running = self._calls.setdefault(name, [])
+            overran = sum(1 for deadline in running if deadline < now)
+            if overran >= self.most:
+                return (
+                    f"{overran} calls of {name!r} overran their limit and still hold their threads; no more are "
+                    "made until they return"
+                )
+            running.append(now + seconds)
+        return now + seconds
+
+    def end(self, name: str, deadline: float) -> None:
+        with self._lock:
+            running = self._calls[name]
+            running.remove(deadline)
+            if not running:
+                del self._calls[name]
+
+    def overdue(self, name: str) -> int:
+        """How many calls of the tool are past their deadline and still running."""
+        now = time.monotonic()
+        with self._lock:
+            return sum(1 for deadline in self._calls.get(name, ()) if deadline < now)
+
+
+OVERDUE = Overdue()
+"""The process's calls on threads (sync tools, and async ones an orchestrator calls on a thread), by tool."""
+
 _SHARED: dict[str, Threads] = {}
 
 
