@@ -16,6 +16,7 @@ from pydantic import AfterValidator, Field
 
 from plangate import Catalogue, Plan, Policy, check, tool
 from plangate.policy import FACTS_KEPT
+from plangate.tools import extract
 
 
 @tool
@@ -138,3 +139,72 @@ def test_the_facts_a_policy_keeps_are_bounded(catalogue: Catalogue, policy: Poli
         nines.step_facts("operator", "lookups", step, tool_)
     assert len(nines.facts_kept) <= FACTS_KEPT
     assert _rules(check(_plan("97"), catalogue, nines, user="bob")) == ["deny:no-nines"]  # past the bound: worked out
+
+
+@tool
+def fetch(name: str) -> dict[str, int]:
+    return {name: 1}
+
+
+@tool
+def shaped(schema: dict[str, Any]) -> Any:
+    return schema
+
+
+declaring = dataclasses.replace(shaped, output_schema_for=extract.output_schema_for)
+"""A tool whose output's shape each step declares, as ``extract``'s does."""
+
+
+def _chars(key: Any) -> int:
+    """The text a remembered key holds (its strings, through tuples)."""
+    if isinstance(key, str):
+        return len(key)
+    return sum(_chars(part) for part in key) if isinstance(key, tuple) else 0
+
+
+def _kept_text(*tools: Any) -> int:
+    return sum(_chars(key) for found in tools for key in [*found._located, *found._kept])
+
+
+def test_long_references_and_parameter_names_are_not_kept(catalogue: Catalogue) -> None:
+    tools = Catalogue([fetch, plain])
+    for number in range(20):
+        path = f"k{number}" + "x" * 5_000
+        step = {"id": 2, "tool": "plain", "params": {"name": f"${{1.{path}}}", "amount": 1}, "rationale": "r"}
+        step["params"]["y" * 5_000 + str(number)] = "${1.total}"  # type: ignore[index]
+        first = {"id": 1, "tool": "fetch", "params": {"name": "a"}, "rationale": "r"}
+        plan = Plan.parse({"task": "t", "category": "c", "steps": [first, step]})
+        found = _rules(check(plan, tools))
+        assert found == ["ref-type", "unknown-param"], found  # worked out each time, as at first
+    assert _kept_text(fetch, plain) < 1_000  # a plan's long text is not held between checks
+
+
+def test_a_shape_a_step_declares_is_not_kept() -> None:
+    tools = Catalogue([declaring, plain])
+    for number in range(20):
+        schema = {"type": "object", "properties": {f"p{number}": {"type": "integer"}}, "description": "d" * 5_000}
+        first = {"id": 1, "tool": "shaped", "params": {"schema": schema}, "rationale": "r"}
+        second = {"id": 2, "tool": "plain", "params": {"name": f"${{1.p{number}}}", "amount": 1}, "rationale": "r"}
+        plan = Plan.parse({"task": "t", "category": "c", "steps": [first, second]})
+        result = check(plan, tools)
+        assert _rules(result) == ["ref-type"]
+        assert "integer" in result.violations[0].message
+    assert not declaring._kept and not plain._kept  # neither the shape nor what follows from it stays
+
+
+@tool(untrusted_output=True)
+def web(url: str) -> str:
+    return url
+
+
+def test_long_parameter_names_are_not_kept_by_the_sink_rules() -> None:
+    sink = {"name": "mail", "tools": ["plain"], "control": True}
+    guarding = Policy.from_data({"version": 1, "name": "sinks", "sinks": [sink]})
+    tools = Catalogue([web, plain])
+    for number in range(20):
+        params = {"name": "a", "amount": 1, "z" * 5_000 + str(number): 1}
+        second = {"id": 2, "tool": "plain", "params": params, "rationale": "r", "condition": '${1} == "go"'}
+        first = {"id": 1, "tool": "web", "params": {"url": "u"}, "rationale": "r"}
+        plan = Plan.parse({"task": "t", "category": "c", "steps": [first, second]})
+        assert _rules(check(plan, tools, guarding)).count("sink:mail") == 3
+    assert sum(_chars(key[1]) for key in guarding.sinks_kept) < 1_000
