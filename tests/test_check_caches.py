@@ -7,9 +7,13 @@ resource, where a rule reads it). Both must give exactly the answers worked out 
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import hashlib
+import pickle
 from typing import Annotated, Any, Literal
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import AfterValidator, Field
@@ -208,3 +212,40 @@ def test_long_parameter_names_are_not_kept_by_the_sink_rules() -> None:
         plan = Plan.parse({"task": "t", "category": "c", "steps": [first, second]})
         assert _rules(check(plan, tools, guarding)).count("sink:mail") == 3
     assert sum(_chars(key[1]) for key in guarding.sinks_kept) < 1_000
+
+
+def test_a_checked_plan_cannot_be_changed_in_place(catalogue: Catalogue, policy: Policy) -> None:
+    plan = Plan.parse(
+        {
+            "task": "t",
+            "category": "lookups",
+            "steps": [
+                {"id": 1, "tool": "get_invoice", "params": {"invoice_id": "42", "tags": {"a": [1]}}, "rationale": "r"},
+                {"id": 2, "tool": "get_invoice", "params": {"invoice_id": "43"}, "rationale": "r", "after": [1]},
+            ],
+        }
+    )
+    assert _rules(check(plan, catalogue)) == ["unknown-param"]  # the analysis and the hash are kept now
+    first, approved = plan.steps[0], plan.hash
+    edits = [
+        lambda: first.params.__setitem__("invoice_id", "${7.id}"),  # a reference the kept analysis never saw
+        lambda: first.params.pop("tags"),
+        lambda: first.params["tags"].update(b=2),  # type: ignore[union-attr]
+        lambda: first.params["tags"]["a"].append("${9}"),  # type: ignore[index,union-attr]
+        lambda: plan.steps.append(first),
+        lambda: plan.steps.__setitem__(1, first),
+        lambda: plan.steps[1].after.append(2),
+        lambda: first.after.append(2),  # a default, as well as a value given
+        lambda: (
+            Plan.parse({**plan.data(), "steps": [{"id": 1, "tool": "t", "rationale": "r"}]}).steps[0].params.update(a=1)
+        ),
+    ]
+    for edit in edits:
+        with pytest.raises(TypeError, match="immutable"):
+            edit()
+    assert plan.hash == approved == hashlib.sha256(plan.canonical_json().encode()).hexdigest()
+    changed = Plan.parse({**plan.data(), "steps": [{**first.model_dump(), "params": {"invoice_id": "${7.id}"}}]})
+    assert _rules(check(changed, catalogue)) == ["ref-missing-step"]  # a change is a new plan, checked afresh
+    assert changed.hash != approved
+    copied = pickle.loads(pickle.dumps(plan))
+    assert copied.hash == approved and copy.deepcopy(plan).hash == approved
