@@ -7,15 +7,20 @@ resource, where a rule reads it). Both must give exactly the answers worked out 
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import hashlib
+import pickle
 from typing import Annotated, Any, Literal
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import AfterValidator, Field
 
 from plangate import Catalogue, Plan, Policy, check, tool
 from plangate.policy import FACTS_KEPT
+from plangate.tools import extract
 
 
 @tool
@@ -138,3 +143,109 @@ def test_the_facts_a_policy_keeps_are_bounded(catalogue: Catalogue, policy: Poli
         nines.step_facts("operator", "lookups", step, tool_)
     assert len(nines.facts_kept) <= FACTS_KEPT
     assert _rules(check(_plan("97"), catalogue, nines, user="bob")) == ["deny:no-nines"]  # past the bound: worked out
+
+
+@tool
+def fetch(name: str) -> dict[str, int]:
+    return {name: 1}
+
+
+@tool
+def shaped(schema: dict[str, Any]) -> Any:
+    return schema
+
+
+declaring = dataclasses.replace(shaped, output_schema_for=extract.output_schema_for)
+"""A tool whose output's shape each step declares, as ``extract``'s does."""
+
+
+def _chars(key: Any) -> int:
+    """The text a remembered key holds (its strings, through tuples)."""
+    if isinstance(key, str):
+        return len(key)
+    return sum(_chars(part) for part in key) if isinstance(key, tuple) else 0
+
+
+def _kept_text(*tools: Any) -> int:
+    return sum(_chars(key) for found in tools for key in [*found._located, *found._kept])
+
+
+def test_long_references_and_parameter_names_are_not_kept(catalogue: Catalogue) -> None:
+    tools = Catalogue([fetch, plain])
+    for number in range(20):
+        path = f"k{number}" + "x" * 5_000
+        step = {"id": 2, "tool": "plain", "params": {"name": f"${{1.{path}}}", "amount": 1}, "rationale": "r"}
+        step["params"]["y" * 5_000 + str(number)] = "${1.total}"  # type: ignore[index]
+        first = {"id": 1, "tool": "fetch", "params": {"name": "a"}, "rationale": "r"}
+        plan = Plan.parse({"task": "t", "category": "c", "steps": [first, step]})
+        found = _rules(check(plan, tools))
+        assert found == ["ref-type", "unknown-param"], found  # worked out each time, as at first
+    assert _kept_text(fetch, plain) < 1_000  # a plan's long text is not held between checks
+
+
+def test_a_shape_a_step_declares_is_not_kept() -> None:
+    tools = Catalogue([declaring, plain])
+    for number in range(20):
+        schema = {"type": "object", "properties": {f"p{number}": {"type": "integer"}}, "description": "d" * 5_000}
+        first = {"id": 1, "tool": "shaped", "params": {"schema": schema}, "rationale": "r"}
+        second = {"id": 2, "tool": "plain", "params": {"name": f"${{1.p{number}}}", "amount": 1}, "rationale": "r"}
+        plan = Plan.parse({"task": "t", "category": "c", "steps": [first, second]})
+        result = check(plan, tools)
+        assert _rules(result) == ["ref-type"]
+        assert "integer" in result.violations[0].message
+    assert not declaring._kept and not plain._kept  # neither the shape nor what follows from it stays
+
+
+@tool(untrusted_output=True)
+def web(url: str) -> str:
+    return url
+
+
+def test_long_parameter_names_are_not_kept_by_the_sink_rules() -> None:
+    sink = {"name": "mail", "tools": ["plain"], "control": True}
+    guarding = Policy.from_data({"version": 1, "name": "sinks", "sinks": [sink]})
+    tools = Catalogue([web, plain])
+    for number in range(20):
+        params = {"name": "a", "amount": 1, "z" * 5_000 + str(number): 1}
+        second = {"id": 2, "tool": "plain", "params": params, "rationale": "r", "condition": '${1} == "go"'}
+        first = {"id": 1, "tool": "web", "params": {"url": "u"}, "rationale": "r"}
+        plan = Plan.parse({"task": "t", "category": "c", "steps": [first, second]})
+        assert _rules(check(plan, tools, guarding)).count("sink:mail") == 3
+    assert sum(_chars(key[1]) for key in guarding.sinks_kept) < 1_000
+
+
+def test_a_checked_plan_cannot_be_changed_in_place(catalogue: Catalogue, policy: Policy) -> None:
+    plan = Plan.parse(
+        {
+            "task": "t",
+            "category": "lookups",
+            "steps": [
+                {"id": 1, "tool": "get_invoice", "params": {"invoice_id": "42", "tags": {"a": [1]}}, "rationale": "r"},
+                {"id": 2, "tool": "get_invoice", "params": {"invoice_id": "43"}, "rationale": "r", "after": [1]},
+            ],
+        }
+    )
+    assert _rules(check(plan, catalogue)) == ["unknown-param"]  # the analysis and the hash are kept now
+    first, approved = plan.steps[0], plan.hash
+    edits = [
+        lambda: first.params.__setitem__("invoice_id", "${7.id}"),  # a reference the kept analysis never saw
+        lambda: first.params.pop("tags"),
+        lambda: first.params["tags"].update(b=2),  # type: ignore[union-attr]
+        lambda: first.params["tags"]["a"].append("${9}"),  # type: ignore[index,union-attr]
+        lambda: plan.steps.append(first),
+        lambda: plan.steps.__setitem__(1, first),
+        lambda: plan.steps[1].after.append(2),
+        lambda: first.after.append(2),  # a default, as well as a value given
+        lambda: (
+            Plan.parse({**plan.data(), "steps": [{"id": 1, "tool": "t", "rationale": "r"}]}).steps[0].params.update(a=1)
+        ),
+    ]
+    for edit in edits:
+        with pytest.raises(TypeError, match="immutable"):
+            edit()
+    assert plan.hash == approved == hashlib.sha256(plan.canonical_json().encode()).hexdigest()
+    changed = Plan.parse({**plan.data(), "steps": [{**first.model_dump(), "params": {"invoice_id": "${7.id}"}}]})
+    assert _rules(check(changed, catalogue)) == ["ref-missing-step"]  # a change is a new plan, checked afresh
+    assert changed.hash != approved
+    copied = pickle.loads(pickle.dumps(plan))
+    assert copied.hash == approved and copy.deepcopy(plan).hash == approved

@@ -76,5 +76,30 @@ class FrozenDict(dict[K, V]):
         return type(self), (dict(self),)
 
 
+class FrozenList(list[T]):
+    """A list that refuses every change: a frozen model's list, as :class:`FrozenDict` is its mapping."""
+
+    _refuse = FrozenDict._refuse
+    __setitem__ = __delitem__ = __iadd__ = __imul__ = append = clear = extend = insert = pop = remove = _refuse
+    reverse = sort = _refuse
+
+    def __reduce__(self) -> tuple[type[FrozenList[T]], tuple[list[T]]]:
+        return type(self), (list(self),)
+
+
+def frozen_json(value: Any) -> Any:
+    """A JSON value whose objects and arrays, at any depth, refuse changes (its strings and numbers are immutable)."""
+    if isinstance(value, dict):
+        nested = {key: frozen_json(item) for key, item in value.items() if isinstance(item, dict | list)}
+        return FrozenDict({**value, **nested} if nested else value)
+    if isinstance(value, list):
+        return FrozenList(frozen_json(item) if isinstance(item, dict | list) else item for item in value)
+    return value
+
+
 ReadOnly = Annotated[dict[K, V], AfterValidator(FrozenDict)]
 """A model field's mapping, frozen once validated (a frozen model's ``dict`` would still take edits in place)."""
+ReadOnlyList = Annotated[list[T], AfterValidator(FrozenList)]
+"""A model field's list, frozen once validated."""
+ReadOnlyJSON = Annotated[dict[str, V], AfterValidator(frozen_json)]
+"""A model field's mapping of JSON values, frozen all the way down once validated."""

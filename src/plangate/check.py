@@ -141,6 +141,8 @@ class _Checker:
     """Whether any step may fail and go on (its output then null): only then is a use of one 'optional'."""
     tools: list[Tool | None] = field(default_factory=list)
     """Each step's tool (None: not in the catalogue), by the step's index."""
+    declared: set[int] = field(default_factory=set)
+    """Steps whose output's shape the step declares: their tools are made for this check, and kept by nothing."""
 
     def flag(self, step: Step, rule: str, message: str) -> None:
         self.out.append(Violation(rule=rule, message=message, step=step.id))
@@ -157,6 +159,7 @@ class _Checker:
         for index, (step, found) in enumerate(zip(self.plan.steps, self.tools, strict=True)):
             if found is not None and found.output_schema_for is not None:  # the step declares its output's shape
                 self.tools[index] = found.for_params(step.params)
+                self.declared.add(step.id)
         for index, step in enumerate(self.plan.steps):
             self.step(index, step)
         self.cycles()
@@ -277,7 +280,7 @@ class _Checker:
             source = self.target(index, step, found.ref, found)
             if source is False:
                 continue
-            if tool is None or self.optional(step, found.ref):
+            if tool is None or found.ref.step in self.declared or self.optional(step, found.ref):
                 self.param_ref(step, tool, found, source)
                 continue
             # Everything else follows from the two tools and the reference: worked out once per tool.
@@ -285,7 +288,8 @@ class _Checker:
                 self.flag(step, rule, message)
 
     def param_ref(self, step: Step, tool: Tool | None, found: references.Found, source: Tool | None) -> None:
-        """A reference from a step whose tool is unknown, or to a step that may fail (its output null)."""
+        """A reference from a step whose tool is unknown, to a step that declares its output's shape (kept by
+        no tool: see :meth:`Tool.for_params`), or to a step that may fail (its output null)."""
         where = f"param {_where(found.loc)!r}"
         located = self.located(step, found.ref, where, source)
         if located is None or tool is None:

@@ -25,7 +25,7 @@ from pydantic import ConfigDict, Field, JsonValue, ValidationError, model_valida
 
 from plangate import _input, expr, references
 from plangate._encode import reused_encoder
-from plangate._frozen import Frozen, cached
+from plangate._frozen import Frozen, FrozenDict, FrozenList, ReadOnlyJSON, ReadOnlyList, cached
 from plangate._jsontypes import JSON_TYPES
 from plangate.errors import ConditionError, PlanError, Problem, RefError, RefusedInputError
 from plangate.tools._tool import NAME, problems
@@ -101,8 +101,8 @@ class Step(Frozen):
         ge=1, le=LIMITS.max_step_id, description="Unique positive integer; other steps refer to it as ${id}."
     )
     tool: str = Field(pattern=f"^{NAME.pattern}$", description="Name of a tool in the catalogue.")
-    params: dict[str, JsonValue] = Field(
-        default_factory=dict,
+    params: ReadOnlyJSON[JsonValue] = Field(
+        default_factory=FrozenDict,
         description="Arguments for the tool. A value that is exactly ${N} or ${N.field.sub} takes step N's "
         "output (or a field of it) with its type; inside a longer string it is inserted as text.",
     )
@@ -122,8 +122,8 @@ class Step(Frozen):
     rollback: str | None = Field(
         default=None, description="How to undo this step, or why it cannot be undone (for the reviewer)."
     )
-    after: list[int] = Field(
-        default_factory=list,
+    after: ReadOnlyList[int] = Field(
+        default_factory=FrozenList,
         max_length=LIMITS.max_steps,
         description="Ids of earlier steps that must finish before this one starts, though it reads nothing "
         "from them (e.g. notify only after the shipment).",
@@ -163,7 +163,7 @@ class Plan(Frozen):
     category: str = Field(
         min_length=1, max_length=100, description="Kind of work (e.g. refunds); the policy decides approval by it."
     )
-    steps: list[Step] = Field(min_length=1, max_length=LIMITS.max_steps, description="The steps, in order.")
+    steps: ReadOnlyList[Step] = Field(min_length=1, max_length=LIMITS.max_steps, description="The steps, in order.")
     answer: str | None = Field(
         default=None,
         min_length=1,

@@ -481,7 +481,7 @@ class Policy(_Rules):
         )
         if found is None and default_sink(tool):
             found = DEFAULT_SINK
-        if len(kept) < FACTS_KEPT:
+        if len(kept) < FACTS_KEPT and len(param) <= REMEMBERED:  # a plan's long names would only fill the memory
             kept[key] = found
         return found
 

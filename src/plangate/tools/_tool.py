@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, PydanticUserError, TypeAdapte
 
 from plangate import _jsontypes as jt
 from plangate import references
+from plangate._patterns import REMEMBERED
 from plangate.errors import ParamsError, Problem, ToolDefinitionError
 from plangate.tools import _docstring
 from plangate.tools._context import RunContext
@@ -96,15 +97,15 @@ class Tool:
         return tuple(self.params_schema.get("properties", {}))
 
     def for_params(self, params: Mapping[str, Any]) -> Tool:
-        """This tool as a step with ``params`` sees it: with the output schema those parameters declare, if any."""
+        """This tool as a step with ``params`` sees it: with the output schema those parameters declare, if any.
+
+        Made afresh for each check, never kept: the schema is the plan's own text, which a tool
+        long in use would otherwise hold, with all it worked out from it, plan after plan.
+        """
         declared = self.output_schema_for(params) if self.output_schema_for is not None else None
         if declared is None:
             return self
-        key = ("for_params", json.dumps(declared, sort_keys=True))
-        return self.kept(key, self._declaring, declared)
-
-    def _declaring(self, output_schema: dict[str, Any]) -> Tool:
-        return replace(self, output_schema=output_schema, output_schema_for=None)
+        return replace(self, output_schema=declared, output_schema_for=None)
 
     def output_at(self, path: tuple[str, ...]) -> jt.Located:
         """What ``path`` leads to in this tool's output schema (remembered for this tool object: a copy made
@@ -120,12 +121,13 @@ class Tool:
         found = self._located.get(key)
         if found is None:
             found = jt.locate(schema, schema, path)
-            if len(self._located) < 4096:
+            if len(self._located) < KEPT and _text_in(path) <= REMEMBERED:
                 self._located[key] = found
         return found
 
     def kept(self, key: Hashable, compute: Callable[..., T], *args: Any) -> T:
-        """``compute(*args)``, remembered under ``key`` for this tool object (at most 4096 answers).
+        """``compute(*args)``, remembered under ``key`` for this tool object (at most ``KEPT`` answers, each
+        under a key of at most ``REMEMBERED`` characters of text: a plan's long names would only fill the memory).
 
         For answers that follow from the tool's declarations and ``key`` alone: a changed tool
         is another object, with nothing kept.
@@ -135,7 +137,7 @@ class Tool:
             answer: T = kept[key]
             return answer
         answer = compute(*args)
-        if len(kept) < 4096:
+        if len(kept) < KEPT and _text_in(key) <= REMEMBERED:
             kept[key] = answer
         return answer
 
@@ -228,6 +230,17 @@ class Tool:
             **({"set_by_policy": list(self.overridden)} if self.overridden else {}),
             **({"inherits_provenance": True} if self.inherits_provenance else {}),
         }
+
+
+KEPT = 4096
+"""The most answers one tool keeps of each kind (see :meth:`Tool.kept`)."""
+
+
+def _text_in(key: object) -> int:
+    """The characters of text a key holds: its strings, through tuples (a tool, a number or a flag: none)."""
+    if isinstance(key, str):
+        return len(key)
+    return sum(_text_in(part) for part in key) if isinstance(key, tuple) else 0
 
 
 _PLAIN_TYPES = {"str": "string", "int": "integer", "float": "number", "bool": "boolean"}
