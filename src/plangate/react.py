@@ -9,7 +9,9 @@ One readable loop (:meth:`ReActAgent.steps` yields a typed record per turn):
    governed and run in order, and each gets its own reply under its call id.
 2. A model's mistake becomes an observation it can read: output that does not parse (a
    bounded number of times), an unknown tool, arguments that do not fit, a call the
-   policy refuses, a tool that fails. Our own bugs propagate.
+   policy refuses, a tool that fails or, safe to repeat, does not answer within its time
+   limit. One that is not idempotent and may have acted unseen stops the run. Our own
+   bugs propagate.
 3. The same action twice in a row is a loop, and ends the run; so does ``max_steps`` (a
    step is one action, so a turn of three calls takes three steps).
 4. Every action goes through the policy (role, scopes, deny rules, sequence rules, limits)
