@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import itertools
+import signal
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -35,6 +37,15 @@ class FixedClock:
 
 def plan(*steps: dict[str, Any], category: str = "ops", task: str = "test") -> dict[str, Any]:
     return {"task": task, "category": category, "steps": [{"rationale": "needed", **s} for s in steps]}
+
+
+def interrupted(held: threading.Event) -> None:
+    """Ctrl-C during a tool's call, made from the call: SIGINT to the main thread (the run's, waiting for the
+    call), then the call hangs until ``held`` is set (its answer, come too late, is awaited by nobody)."""
+    main = threading.main_thread().ident
+    assert main is not None
+    signal.pthread_kill(main, signal.SIGINT)
+    held.wait()
 
 
 def died_during(store: Any, plan_id: str, step_id: int, *also: int, version: int = 1) -> None:

@@ -28,7 +28,7 @@ from plangate.errors import (
 )
 from plangate.lifecycle import LeaseKeeper
 from plangate.runtime import Runtime
-from tests.helpers import FixedClock, died_during, plan, until
+from tests.helpers import FixedClock, died_during, interrupted, plan, until
 
 _COUNTER = iter(range(10**6))
 EFFECTS: list[str] = []
@@ -743,10 +743,13 @@ def test_a_react_run_whose_process_died_mid_action_is_stopped_not_run_again(db: 
     from plangate.models.test import ScriptedModel
     from plangate.react import ReActAgent
 
+    held = threading.Event()
+
     @tool(effect="write", scopes=["refunds:write"], name="pay")
     def dying_pay(invoice_id: str, amount: float) -> str:
         EFFECTS.append(f"pay {amount} on {invoice_id}")
-        raise KeyboardInterrupt  # the process goes down during the call
+        interrupted(held)  # the process goes down during the call
+        return "paid"
 
     script = ['Action: pay {"invoice_id": "42", "amount": 3.0}', "Final Answer: paid"]
     store = open_rt(db=db).store
@@ -755,6 +758,7 @@ def test_a_react_run_whose_process_died_mid_action_is_stopped_not_run_again(db: 
     open_rt(CAT, POLICY, db=db).approve(paused.run_id, "dave", paused.pending_hash or "")
     with pytest.raises(KeyboardInterrupt):
         agent.resume(paused.run_id)
+    held.set()
     gone = "UPDATE plans SET lease_owner = 'gone#0@elsewhere:1', lease_until = '2000-01-01' WHERE id = ?"
     sql(db, gone, (paused.run_id,))
     stopped = agent.resume(paused.run_id)

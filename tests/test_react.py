@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,7 @@ from plangate.react import ReActAgent
 from plangate.runtime import Runtime
 from plangate.store import Store, open_store
 from plangate.tools.basic import calculate, get_current_date, search
-from tests.helpers import FixedClock
+from tests.helpers import FixedClock, interrupted
 
 SENT: list[str] = []
 
@@ -413,12 +414,14 @@ def test_a_run_that_dies_during_a_later_call_of_the_turn_is_stopped_and_runs_not
     store: Store, tmp_path: Path
 ) -> None:
     looked: list[str] = []
+    held = threading.Event()
 
     @tool()
     def look(key: str) -> str:
-        """Look a key up (the process goes down during the call)."""
+        """Look a key up (the process is interrupted during the call, as by Ctrl-C)."""
         looked.append(key)
-        raise KeyboardInterrupt
+        interrupted(held)
+        return "found"
 
     catalogue = Catalogue([send_note, look])
     model = ScriptedModel(
@@ -429,6 +432,7 @@ def test_a_run_that_dies_during_a_later_call_of_the_turn_is_stopped_and_runs_not
     Runtime(catalogue, None, db=store, clock=FixedClock()).approve(paused.run_id, "ben", paused.pending_hash or "")
     with pytest.raises(KeyboardInterrupt):
         react.resume(paused.run_id)
+    held.set()  # its answer, come too late, is recorded nowhere
     with sqlite3.connect(tmp_path / "p.db") as db:
         db.execute(
             "UPDATE plans SET lease_owner = 'gone#0@elsewhere:1', lease_until = '2000-01-01' WHERE id = ?",

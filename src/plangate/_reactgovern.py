@@ -43,7 +43,7 @@ class Governing(ReActBase):
         plan = Plan.model_construct(
             task=state.question,
             category=state.category,
-            steps=[_step(s) for s in [*state.actions, current]],
+            steps=[as_step(s) for s in [*state.actions, current]],
             schema_version=1,
         )
         evaluate = self.policy.evaluate
@@ -199,7 +199,7 @@ class Governing(ReActBase):
         )
 
 
-def _step(action: dict[str, Any]) -> Any:
+def as_step(action: dict[str, Any]) -> Any:
     """An action as a plan's step, for the policy: its arguments are given to the tool as they are, so
     they are written as plan text that means them literally (a ``${`` in them is no reference)."""
     from plangate.plan import Step
