@@ -200,7 +200,7 @@ def find(value: Any, loc: Loc = ()) -> tuple[list[Found], list[tuple[Loc, RefErr
     """Every reference inside a JSON value, and the error of each malformed one, with its location."""
     found: list[Found] = []
     bad: list[tuple[Loc, RefError]] = []
-    if not loc and (isinstance(value, dict) or isinstance(value, Mapping)):  # the usual case: a step's flat parameters
+    if not loc and isinstance(value, dict | Mapping):  # the usual case: a step's flat parameters
         for key, item in value.items():
             if type(item) is str:
                 if "${" in item:
