@@ -71,6 +71,12 @@ def test_references_are_collected() -> None:
         ("(" * 40 + "1" + ")" * 40, "nested deeper"),
         ("not " * 40 + "true", "nested deeper"),
         ("-" * 40 + "1", "nested deeper"),
+        # Other scripts' digits are numbers to Python (Bengali's four, like an 8, is 4): a reviewer reading
+        # "> 800" would approve "> 400", so numbers are written in 0-9 alone, whatever the path that parses them.
+        ("${1.total} > \u09ea00", "unexpected character '\u09ea'"),
+        ("${1.total} > 1\u0660\u0660", "unexpected character '\u0660'"),
+        ("${1.total} > \uff18", "unexpected character '\uff18'"),
+        ("'paid' == ${1.status} and ${1.total} > \u0668", "unexpected character '\u0668'"),
     ],
 )
 def test_refuses_what_does_not_parse(source: str, message: str) -> None:

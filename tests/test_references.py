@@ -21,6 +21,16 @@ def test_malformed_references_are_refused(bad: str) -> None:
         scan(bad)
 
 
+@pytest.mark.parametrize("text", ["${\u0661}", "${\u09ea.total}", "pay ${\uff11}", "${1\u0660}"])
+def test_a_step_number_in_digits_other_than_0_to_9_is_refused(text: str) -> None:
+    """Other scripts' digits read as numbers (Bengali's four, like an 8, is 4): a reviewer could read another step than
+    the one run, so a reference's step number is written in 0-9 alone."""
+    with pytest.raises(RefError, match="malformed reference"):
+        scan(text)
+    found, bad = find({"amount": text})
+    assert not found and bad, (found, bad)
+
+
 def test_whole_value_references_keep_their_type_and_strings_interpolate() -> None:
     params = {
         "amount": "${1.total}",

@@ -36,7 +36,7 @@ MAX_DEPTH = 32
 
 _TOKENS = re.compile(
     r"""\s*(?:(?P<ref>\$\{[^}]*\})
-      | (?P<num>\d+(?:\.\d+)?(?:[eE][+-]?\d+)?)
+      | (?P<num>[0-9]+(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?)  # 0-9 alone: \d takes any script's digits
       | (?P<str>"(?:[^"\\]|\\.)*"|'(?:[^'\\]|\\.)*')
       | (?P<op>==|!=|<=|>=|[<>+\-*/%(),\[\]])
       | (?P<word>[A-Za-z_][A-Za-z0-9_]*)
@@ -125,7 +125,7 @@ def _parse(source: str) -> Condition:
 # literals), then strings, then numbers that no letter, digit, underscore or dot touches, nor an
 # exponent's sign (the 5 of 1e-5 is not a token).
 _LITERALS_IN = re.compile(
-    r"""(\$\{[^}]*\})|("(?:[^"\\]|\\.)*"|'(?:[^'\\]|\\.)*')|(?<![\w.])(?<![eE][+-])(\d+(?:\.\d+)?(?:[eE][+-]?\d+)?)(?![\w.])""",
+    r"""(\$\{[^}]*\})|("(?:[^"\\]|\\.)*"|'(?:[^'\\]|\\.)*')|(?<![\w.])(?<![eE][+-])([0-9]+(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?)(?![\w.])""",
     re.DOTALL,
 )
 _NOT_PLAIN = re.compile(r"[\d\"']")

@@ -18,8 +18,8 @@ from plangate.errors import RefError
 
 # One token of a string: an escaped "$${", a "${...}" group, or a "${" never closed.
 _TOKEN = re.compile(r"\$\$\{|\$\{([^}]*)\}|\$\{")
-_BODY = re.compile(r"(\d{1,9})((?:\.[A-Za-z0-9_-]+)*)")
-_WHOLE = re.compile(r"\$\{(\d{1,9})((?:\.[A-Za-z0-9_-]+)*)\}")
+_BODY = re.compile(r"([0-9]{1,9})((?:\.[A-Za-z0-9_-]+)*)")  # 0-9: other scripts' digits are numbers to \d
+_WHOLE = re.compile(r"\$\{([0-9]{1,9})((?:\.[A-Za-z0-9_-]+)*)\}")
 
 Loc = tuple[str | int, ...]
 _new_tuple = tuple.__new__
@@ -77,7 +77,7 @@ def _any_body(body: str) -> Ref:
     if parsed is None:
         raise RefError(
             f"malformed reference '${{{body}}}': write ${{N}} or ${{N.field}} "
-            "where N is a step id (use $${ for a literal '${')"
+            "where N is a step id in the digits 0-9 (use $${ for a literal '${')"
         )
     return _ref(parsed)
 
