@@ -286,3 +286,37 @@ def test_the_plan_page_refuses_to_render_in_another_sites_frame(server: dict[str
         assert frames[0].locator("#approve").count() == 0
     dave.goto(page)
     expect(dave.locator("body")).to_contain_text("pending approval")
+
+
+TAIL_SEEN = """([pre, word]) => {
+    const node = document.createTreeWalker(pre, NodeFilter.SHOW_TEXT).nextNode();
+    const at = node.data.indexOf(word), range = document.createRange();
+    range.setStart(node, at); range.setEnd(node, at + word.length);
+    const seen = range.getBoundingClientRect(), box = pre.getBoundingClientRect();
+    return seen.left >= box.left && seen.right <= box.right && seen.right <= window.innerWidth;
+}"""
+
+
+def test_a_parameter_s_tail_is_on_the_review_page_without_scrolling(server: dict[str, Any], browser: Browser) -> None:
+    """A value padded past the width of its cell: the reviewer saw the first recipient and not the second."""
+    padded = "ceo@example.com" + " " * 200 + ", drop@attacker.example"
+    plan = {
+        "task": "Tell the customer their refund is on its way",
+        "category": "refunds",
+        "steps": [
+            {"id": 1, "tool": "send_email", "params": {"to": padded, "subject": "Refund", "body": "On its way."},
+             "rationale": "The customer asked."},
+        ],
+    }  # fmt: skip
+    request = urllib.request.Request(
+        f"{server['url']}/api/plans",
+        data=json.dumps(plan).encode(),
+        method="POST",
+        headers={"Authorization": f"Bearer {server['token']}", "Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(request) as reply:
+        plan_id = json.loads(reply.read())["id"]
+    dave = log_in(browser, server, "dave")
+    dave.goto(f"{server['url']}/plans/{plan_id}")
+    pre = dave.locator("#step-1 pre").element_handle()
+    assert dave.evaluate(TAIL_SEEN, [pre, "drop@attacker.example"]), "the second recipient is out of sight"

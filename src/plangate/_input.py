@@ -39,8 +39,10 @@ The rules:
 ``string-too-long``    a string or key over ``max_string`` characters, where one is given
 ``bidi-control``       a bidirectional control (U+202A-U+202E, U+2066-U+2069, U+200E, U+200F, U+061C)
 ``control-character``  a C0 control other than tab, line feed and carriage return; DEL; a C1 control
-``invisible-character`` a format character other than the joiners (zero-width spaces, soft hyphens,
-                       tag characters...), a filler, U+2028 or U+2029 (a line break unseen)
+``invisible-character`` a format character (zero-width spaces, soft hyphens, tag characters...), a
+                       filler, U+2028 or U+2029 (a line break unseen); a joiner (U+200C, U+200D) that is
+                       not between two characters outside ASCII, an emoji selector (U+FE0E, U+FE0F) that
+                       is not right after one
 ``lone-surrogate``     half of a UTF-16 surrogate pair, which no UTF-8 text can hold
 ``yaml-alias``         a YAML anchor or alias (``&name``, ``*name``): the alias bomb's ingredient
 ``not-text``           a value that should be text and is not
@@ -77,13 +79,18 @@ _BIDI = "\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u206
 # characters...) but the two joiners that scripts and emoji need; fillers that draw nothing; line
 # and paragraph separators, which break a line that a reviewer's view may not show.
 _INVISIBLE = (  # Unicode's format characters (Cf, to Unicode 15) and default-ignorable code points, less
-    # the bidi controls (refused as such) and the joiners U+200C, U+200D that scripts and emoji need
+    # the bidi controls (refused as such) and the joiners and emoji selectors (refused out of place, below)
     "\u00ad\u034f\u0600-\u0605\u06dd\u070f\u0890\u0891\u08e2\u115f\u1160\u17b4\u17b5\u180b-\u180f"
-    "\u200b\u2060-\u206f\u3164\ufe00-\ufe0f\ufeff\uffa0\ufff0-\ufffb"
+    "\u200b\u2060-\u206f\u3164\ufe00-\ufe0d\ufeff\uffa0\ufff0-\ufffb"
     "\U000110bd\U000110cd\U00013430-\U0001343f\U0001bca0-\U0001bca3\U0001d173-\U0001d17a\U000e0000-\U000e0fff"
     "\u2028\u2029"  # line breaks a reviewer's view may not show
 )
-_FORBIDDEN = re.compile(f"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f{_BIDI}{_INVISIBLE}\ud800-\udfff]")
+_JOINERS = "\u200c\u200d"  # ZERO WIDTH NON-JOINER and JOINER: Persian, the Indic scripts and emoji need them
+_SELECTORS = "\ufe0e\ufe0f"  # draw the symbol before as text or as an emoji
+_IN_PLACE = _JOINERS + _SELECTORS
+_FORBIDDEN = re.compile(f"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f{_BIDI}{_INVISIBLE}{_IN_PLACE}\ud800-\udfff]")
+# What a joiner joins and a selector selects: a character outside ASCII that is drawn, not a space
+_DRAWN = re.compile(f"[^\x00-\x9f\\s{_BIDI}{_INVISIBLE}{_IN_PLACE}\ud800-\udfff]")
 _INVISIBLE_CHARS = re.compile(f"[{_INVISIBLE}]")
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*")
 _FILE_KINDS = {
@@ -338,9 +345,24 @@ def _check_string(text: str, trail: _Trail, rules: _Rules, *, is_key: bool = Fal
         detail = f"a {'key' if is_key else 'string'} of {len(text)} characters is over the limit of {rules.max_string}"
         raise refuse(rules.what, "string-too-long", detail, _render(rules.root, trail))
     found = _FORBIDDEN.search(text)
+    while found is not None and _in_place(text, found.start()):
+        found = _FORBIDDEN.search(text, found.end())
     if found is not None:
         rule, detail = _character(found.group(), found.start(), "key" if is_key else "text")
         raise refuse(rules.what, rule, detail, _render(rules.root, trail))
+
+
+def _in_place(text: str, at: int) -> bool:
+    """A selector right after a character it can select; a joiner between two it can join (an emoji's
+    selector may come between). Anywhere else they draw nothing, so ``"to\u200d"`` reads as ``"to"``."""
+    char = text[at]
+    if char not in _IN_PLACE:
+        return False
+    after_drawn = at > 0 and _DRAWN.match(text, at - 1) is not None
+    if char in _SELECTORS:
+        return after_drawn
+    after_selector = at > 0 and text[at - 1] in _SELECTORS  # itself in place: the scan is left to right
+    return (after_drawn or after_selector) and _DRAWN.match(text, at + 1) is not None
 
 
 def _character(char: str, index: int, kind: str) -> tuple[str, str]:
@@ -350,6 +372,16 @@ def _character(char: str, index: int, kind: str) -> tuple[str, str]:
         return "bidi-control", (
             f"{code} {name} at character {index} of the {kind}: it can make text display differently "
             "from what it says; remove it"
+        )
+    if char in _JOINERS:
+        return "invisible-character", (
+            f"{code} {unicodedata.name(char)} at character {index} of the {kind} joins nothing: a joiner is kept "
+            "only between two characters outside ASCII (letters of a script, emoji); remove it"
+        )
+    if char in _SELECTORS:
+        return "invisible-character", (
+            f"{code} at character {index} of the {kind} selects nothing: a text or emoji selector is kept only "
+            "right after a character outside ASCII (a symbol, an emoji); remove it"
         )
     if _INVISIBLE_CHARS.match(char):
         return "invisible-character", f"{code} at character {index} of the {kind} shows nothing where it is; remove it"
