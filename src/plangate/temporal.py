@@ -258,7 +258,11 @@ class _Heartbeats:
                 return
 
     def _send(self) -> None:
-        with self.sending:  # the details read under the lock: none sent after carry()'s can be older
+        # The details are read under the lock: none sent after carry()'s can be older. The SDK waits 10 s for the
+        # worker's loop to take a thread's heartbeat, then raises; it still goes out once the loop gets to it, and
+        # the step's go on (were they to stop, Temporal would run the step again beside itself, however long a
+        # heartbeat timeout the worker was given for a busy moment).
+        with self.sending, contextlib.suppress(TimeoutError):
             self.context.run(activity.heartbeat, *self.details)
 
     def carry(self, details: dict[str, Any]) -> None:
