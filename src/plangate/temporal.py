@@ -474,8 +474,12 @@ def workflow_args(claim: Claim, catalogue: Catalogue, settings: Settings = Setti
 
     catalogue = governed(catalogue, claim.policy)
     deps = run_deps(claim.body, lambda name: catalogue[name].effect if name in catalogue else None)
+    # Held to a year: a tool may declare any limit, and a longer budget is beyond a Temporal duration (each of the
+    # workflow's tasks would fail making the timeout, for ever); the engine's own limit still ends the call.
     budgets = {
-        str(s.id): timeouts.budget(catalogue[s.tool], claim.policy) for s in claim.body.steps if s.tool in catalogue
+        str(s.id): min(timeouts.budget(catalogue[s.tool], claim.policy), timeouts.MOST_SECONDS)
+        for s in claim.body.steps
+        if s.tool in catalogue
     }
     return {
         "plan_id": claim.plan.id,
