@@ -258,7 +258,11 @@ class _Heartbeats:
                 return
 
     def _send(self) -> None:
-        with self.sending:  # the details read under the lock: none sent after carry()'s can be older
+        # The details are read under the lock: none sent after carry()'s can be older. The SDK waits 10 s for the
+        # worker's loop to take a thread's heartbeat, then raises; it still goes out once the loop gets to it, and
+        # the step's go on (were they to stop, Temporal would run the step again beside itself, however long a
+        # heartbeat timeout the worker was given for a busy moment).
+        with self.sending, contextlib.suppress(TimeoutError):
             self.context.run(activity.heartbeat, *self.details)
 
     def carry(self, details: dict[str, Any]) -> None:
@@ -470,8 +474,12 @@ def workflow_args(claim: Claim, catalogue: Catalogue, settings: Settings = Setti
 
     catalogue = governed(catalogue, claim.policy)
     deps = run_deps(claim.body, lambda name: catalogue[name].effect if name in catalogue else None)
+    # Held to a year: a tool may declare any limit, and a longer budget is beyond a Temporal duration (each of the
+    # workflow's tasks would fail making the timeout, for ever); the engine's own limit still ends the call.
     budgets = {
-        str(s.id): timeouts.budget(catalogue[s.tool], claim.policy) for s in claim.body.steps if s.tool in catalogue
+        str(s.id): min(timeouts.budget(catalogue[s.tool], claim.policy), timeouts.MOST_SECONDS)
+        for s in claim.body.steps
+        if s.tool in catalogue
     }
     return {
         "plan_id": claim.plan.id,

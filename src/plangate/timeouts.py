@@ -47,15 +47,17 @@ T = TypeVar("T")
 
 
 def call_limit(tool: Tool, policy: Policy | None) -> float:
-    """Seconds one call of ``tool`` may take; never over the policy's ``max_tool_timeout``.
+    """Seconds one call of ``tool`` may take; never over the policy's ``max_tool_timeout``, nor a year.
 
     The checker refuses a plan whose tool declares more than the ceiling, so the cut here
-    only matters for a catalogue changed under a running plan.
+    only matters for a catalogue changed under a running plan. A tool may declare any limit:
+    one beyond a year (:data:`MOST_SECONDS`) is a year, as a wait on a thread cannot be told
+    more (past ``threading.TIMEOUT_MAX`` it raises, after the tool was called).
     """
     limits = policy.limits if policy is not None else None
     seconds = tool.timeout or (limits.tool_timeout if limits else None) or DEFAULT_TIMEOUT
     ceiling = limits.max_tool_timeout if limits else None
-    return min(seconds, ceiling) if ceiling is not None else seconds
+    return min(seconds, MOST_SECONDS, MOST_SECONDS if ceiling is None else ceiling)
 
 
 def retries(tool: Tool, policy: Policy | None) -> int:
