@@ -20,19 +20,39 @@ from plangate.runtime import Runtime
 from plangate.store import Store, open_store
 from tests.helpers import FixedClock
 
-RELEASE = threading.Event()  # what every hung call waits for; set when each test ends
-RETURNED = threading.Event()  # set when a hung call returned at last
 CALLS: list[str] = []
 CAP = 30.0  # a hung call's wait, capped only so that a regression fails instead of hanging the suite
 
 
+class Hang:
+    """What one test's hung calls wait for, and what they set once they return. A call left over from an earlier
+    test holds that test's (taken as the call began): its late return sets nothing of a later test's."""
+
+    def __init__(self) -> None:
+        self.release, self.returned = threading.Event(), threading.Event()
+
+
+NOW = [Hang()]
+
+
 @pytest.fixture(autouse=True)
 def released() -> Iterator[None]:
-    RELEASE.clear()
-    RETURNED.clear()
+    NOW[0] = Hang()
     CALLS.clear()
     yield
-    RELEASE.set()  # the threads left behind return now, and must change nothing
+    NOW[0].release.set()  # the threads left behind return now, and must change nothing
+
+
+def test_a_call_left_over_from_an_earlier_test_sets_nothing_of_this_ones() -> None:
+    """The events a hung call answers to are its own test's: before, one module-wide pair was cleared for each test,
+    and a call the last test let go at its end could set "returned" in the next (seen once in a full run)."""
+    left = threading.Thread(target=_hung, args=("left",))
+    left.start()
+    until_called = NOW[0]
+    NOW[0] = Hang()  # the next test begins
+    until_called.release.set()
+    left.join(CAP)
+    assert until_called.returned.is_set() and not NOW[0].returned.is_set()
 
 
 @pytest.fixture
@@ -41,9 +61,10 @@ def store(tmp_path: Path) -> Store:
 
 
 def _hung(name: str) -> str:
+    hang = NOW[0]  # this test's, taken now
     CALLS.append(name)
-    RELEASE.wait(CAP)
-    RETURNED.set()
+    hang.release.wait(CAP)
+    hang.returned.set()
     return f"{name} done"
 
 
@@ -84,7 +105,7 @@ class UnreadableError(Exception):
 
 class SlowError(Exception):
     def __str__(self) -> str:
-        RELEASE.wait(CAP)
+        NOW[0].release.wait(CAP)
         return "at last"
 
 
@@ -129,7 +150,7 @@ def test_a_hung_call_to_a_tool_safe_to_repeat_is_an_observation_and_the_run_goes
     """A read, sync or async, or an idempotent write (its limit the policy's ``tool_timeout``): let go at its
     limit, the model reads that it did not answer, and may ask again."""
     result, model = _run(store, f"Action: {action}")
-    assert result.status == "answered" and not RETURNED.is_set(), "the run waited for the hung call"
+    assert result.status == "answered" and not NOW[0].returned.is_set(), "the run waited for the hung call"
     assert result.steps[0].observation == f"Error: {action[:-3]} did not answer within 0.2 s (its time limit)"
     assert "did not answer within 0.2 s" in model.requests[1].messages[-1].content
     assert _kinds(store, result.run_id) == ["react.started", "react.action", "react.observation", "react.answered"]
@@ -151,8 +172,8 @@ def test_a_hung_call_to_a_tool_that_is_not_idempotent_stops_the_run_with_its_out
     events = list(store.events(result.run_id))
     assert [e.kind for e in events] == ["react.started", "react.action", "react.stopped"]
     assert unsettled(events) == {1: name}
-    RELEASE.set()
-    assert RETURNED.wait(CAP)
+    NOW[0].release.set()
+    assert NOW[0].returned.wait(CAP)
     with pytest.raises(StateError, match="halted"):
         ReActAgent(ScriptedModel([]), CAT, store, policy=POLICY, clock=FixedClock()).resume(result.run_id)
     assert [name] == CALLS and list(store.events(result.run_id)) == events
@@ -170,8 +191,8 @@ def test_an_approved_action_that_hangs_is_never_called_again_by_a_resume(store: 
     for _ in range(2):
         with pytest.raises(StateError, match="halted"):
             ReActAgent(ScriptedModel(["Final Answer: paid"]), CAT, store, clock=clock).resume(paused.run_id)
-    RELEASE.set()
-    assert RETURNED.wait(CAP) and CALLS == ["pay"]
+    NOW[0].release.set()
+    assert NOW[0].returned.wait(CAP) and CALLS == ["pay"]
 
 
 @pytest.mark.parametrize(

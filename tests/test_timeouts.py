@@ -13,12 +13,12 @@ from typing import Any
 
 import pytest
 
-from plangate import Catalogue, Policy, tool
+from plangate import Catalogue, Policy, timeouts, tool
 from plangate.engine import Engine
 from plangate.errors import PolicyError, ToolDefinitionError
 from plangate.runtime import Runtime
 from plangate.timeouts import DEFAULT_TIMEOUT, Backoff, Threads, call_limit, retries
-from plangate.tools import RunContext
+from plangate.tools import RunContext, Tool
 from tests.helpers import FixedClock, plan
 
 RELEASE = threading.Event()  # what every hung call waits for; set when each test ends
@@ -403,3 +403,27 @@ def test_a_halt_ends_a_retrys_wait_at_once(tmp_path: Path) -> None:
     rows = rt.store.steps(plan_id)
     assert rows[1].status == "failed" and rows[1].attempt == 1, "no attempt after the halt"
     assert rows[2].status == "failed"
+
+
+@pytest.mark.parametrize("first", [0.5, 0.0, 1e-300])
+def test_a_steps_budget_is_its_calls_and_the_waits_between_them_however_many_retries(first: float) -> None:
+    """The budget a Temporal step is given: each call's limit and the backoff before each call again. A tool may
+    declare any number of retries; its budget was summed one retry at a time, so a billion stalled the worker."""
+
+    def declared(retries: int) -> Tool:
+        return tool(idempotent=True, retries=retries, timeout=2.0)(_echo)
+
+    backoff = timeouts.Backoff(first=first, cap=30.0)
+    for again in (0, 1, 2, 5, 7, 70, 200):
+        waits = sum(timeouts.doubled((first, 30.0), n - 1) for n in range(2, again + 2))
+        assert timeouts.budget(declared(again), None, backoff) == pytest.approx(2.0 * (again + 1) + waits)
+    huge = 10**12
+    assert timeouts.budget(declared(huge), None, backoff) == pytest.approx(
+        2.0 * (huge + 1)
+        + sum(timeouts.doubled((first, 30.0), n) for n in range(1, 66))
+        + (huge - 65) * min(first * 2.0**64, 30.0)
+    )
+
+
+def _echo(text: str) -> str:
+    return text

@@ -69,9 +69,21 @@ def retries(tool: Tool, policy: Policy | None) -> int:
 def budget(tool: Tool, policy: Policy | None, backoff: Backoff | None = None) -> float:
     """The most seconds a step's call may take with all its retries and their waits (for an orchestrator)."""
     backoff = backoff or Backoff()
-    tries = retries(tool, policy) + 1
-    waits = sum(doubled((backoff.first, backoff.cap), n - 1) for n in range(2, tries + 1))
-    return call_limit(tool, policy) * tries + waits
+    again = retries(tool, policy)
+    return call_limit(tool, policy) * (again + 1) + _waits((backoff.first, backoff.cap), again)
+
+
+def _waits(waits: tuple[float, float], count: int) -> float:
+    """The waits before ``count`` calls made again in a row (:func:`doubled` after 1, 2, ... failures), summed in
+    at most 65 terms: once a wait reaches its cap (or its exponent its bound) the rest are that wait again. A tool
+    may declare any number of retries: summed one at a time, a billion of them held the worker."""
+    total = 0.0
+    for times in range(1, min(count, 65) + 1):
+        wait = doubled(waits, times)
+        if wait >= waits[1] or times == 65:
+            return total + wait * (count - times + 1)
+        total += wait
+    return total
 
 
 def doubled(waits: tuple[float, float], times: int) -> float:
