@@ -99,3 +99,21 @@ def test_an_answer_after_the_time_limit_is_recorded_nowhere_and_the_calls_beside
     assert wire.execute(wire.plan("echo", "next")).outputs == {
         1: "next " + wire.calls()[-1]["meta"]["plangate/idempotency_key"]
     }
+
+
+def test_a_server_that_dies_under_two_plans_calls_leaves_each_as_its_tool_allows_and_opens_again(
+    wire: Wire,
+) -> None:
+    once, again = wire.plan("die", "pay"), wire.plan("again", "set")
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:  # the server dies once both calls are in
+        halted = list(pool.map(wire.execute, [once, again]))
+    assert [r.status for r in halted] == ["halted", "halted"]
+    assert "outcome unknown" in (halted[0].error or "") and "'die' is not idempotent" in (halted[0].error or "")
+    assert "broke during the call of 'again'" in (halted[1].error or "")
+    resumed = wire.runtime().resume(again, actor="bob")  # idempotent: called again, under the same key
+    assert resumed.status == "succeeded" and resumed.outputs == {1: f"set {again}:1"}, resumed.error
+    still = wire.runtime().resume(once, actor="bob")  # not idempotent: a person settles it
+    assert still.status == "halted" and "outcome unknown" in (still.error or "")
+    keys = [(c["tool"], c["meta"]["plangate/idempotency_key"]) for c in wire.calls()]
+    assert sorted(keys) == sorted([("die", f"{once}:1"), ("again", f"{again}:1"), ("again", f"{again}:1")])
+    assert wire.execute(wire.plan("echo", "next")).status == "succeeded"
