@@ -242,6 +242,25 @@ def test_over_http_calls_of_two_plans_in_flight_at_once_each_get_their_own_answe
     assert [d.outputs for d in done] == [{1: f"{n} {p.id}:1"} for n, p in zip("ab", records, strict=True)]
 
 
+def test_over_http_a_server_that_restarted_is_given_a_new_session_by_the_next_call(tmp_path: Path) -> None:
+    log, port = tmp_path / "calls.jsonl", free_port()
+    url = f"mcp:http://127.0.0.1:{port}/mcp"
+    with serving(port, log):
+        tools = Catalogue.from_spec(url)
+    with tools, serving(port, log):  # the server restarted: it knows the session no more
+        runtime = Runtime(tools, db=f"sqlite:///{tmp_path}/p.db", tools=url)
+        ids = []
+        for note in "ab":
+            record = runtime.submit(plan({"id": 1, "tool": "record", "params": {"note": note}}), requested_by="a")
+            runtime.approve(record.id, "bob", record.hash)
+            ids.append(record.id)
+        refused = runtime.execute(ids[0], actor="bob")  # the server said no: nothing was done
+        assert refused.status == "halted" and "Session not found" in (refused.error or ""), refused.error
+        assert runtime.execute(ids[1], actor="bob").outputs == {1: "recorded b"}  # in a new session
+        assert runtime.resume(ids[0], actor="bob").outputs == {1: "recorded a"}
+    assert [c["note"] for c in calls(log)] == ["b", "a"]
+
+
 @pytest.mark.parametrize(
     ("size", "said"),
     [

@@ -232,7 +232,7 @@ class McpConnection:
         bounded = self._bounded()
         try:
             async with (
-                self._transport(errlog, bounded) as (read, write),
+                self._transport(errlog, bounded, ended) as (read, write),
                 _watched(read, ended) as read,
                 ClientSession(read, write) as session,
             ):
@@ -262,7 +262,7 @@ class McpConnection:
 
     @contextlib.asynccontextmanager
     async def _transport(
-        self, errlog: Any, bounded: AsyncBoundedTransport | LineBound
+        self, errlog: Any, bounded: AsyncBoundedTransport | LineBound, ended: threading.Event
     ) -> AsyncIterator[tuple[Any, Any]]:
         from plangate._bounded import AsyncBoundedTransport
 
@@ -273,7 +273,9 @@ class McpConnection:
 
             timeout = httpx2.Timeout(MCP_DEFAULT_TIMEOUT, read=MCP_DEFAULT_SSE_READ_TIMEOUT)
             async with (
-                httpx2.AsyncClient(transport=bounded, timeout=timeout) as client,
+                httpx2.AsyncClient(
+                    transport=bounded, timeout=timeout, event_hooks={"response": [_gone(ended)]}
+                ) as client,
                 streamable_http_client(self.spec.url, http_client=client, max_sse_event_size=bounded.limit) as streams,
             ):
                 yield streams[0], streams[1]
@@ -323,6 +325,17 @@ def _digest(init: Any, tools: list[Any]) -> str:
 def _ended(held: _Held) -> bool:
     """Whether a session can take no more calls: its server's messages ended, or its holding task did."""
     return held.ended.is_set() or held.task.done()
+
+
+def _gone(ended: threading.Event) -> Any:
+    """An HTTP response hook: a 404 to a request in a session says the server no longer has the session
+    (it restarted, or ended it), and every later call in it would be refused the same way."""
+
+    async def seen(response: Any) -> None:
+        if response.status_code == 404 and "mcp-session-id" in response.request.headers:
+            ended.set()
+
+    return seen
 
 
 @contextlib.asynccontextmanager
