@@ -1,7 +1,8 @@
 """A small MCP server for the tests, run as a subprocess: ``mcpserver.py http PORT LOG`` or ``stdio STATE``.
 
 Over HTTP its tools write each call (arguments and the request's ``_meta``) to LOG, one JSON line
-each; ``record`` has no annotations, so plangate must treat it as a write that is not idempotent.
+each; ``record`` has no annotations, so plangate must treat it as a write that is not idempotent;
+``pair`` answers once a second call of it is in flight, so two plans' calls overlap.
 Over stdio its ``greet`` tool's schema follows the STATE file (``v1`` or ``v2``), so a test can
 change the server's schema between a plan's approval and its run.
 """
@@ -12,6 +13,7 @@ import json
 import sys
 from pathlib import Path
 
+import anyio
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.types import ToolAnnotations
 
@@ -26,6 +28,20 @@ def http(port: int, log: Path) -> None:
         with log.open("a", encoding="utf-8") as out:
             out.write(json.dumps({"note": note, "meta": meta}) + "\n")
         return f"recorded {note}"
+
+    waiting: list[anyio.Event] = []
+
+    @server.tool(annotations=ToolAnnotations(readOnlyHint=True), structured_output=False)
+    async def pair(note: str, ctx: Context) -> str:
+        """Answer once a second call is in flight beside this one: the note and the call's idempotency key."""
+        here = anyio.Event()
+        waiting.append(here)
+        if len(waiting) == 2:
+            for each in waiting:
+                each.set()
+            waiting.clear()
+        await here.wait()
+        return f"{note} {dict(ctx.request_context.meta or {})['plangate/idempotency_key']}"
 
     @server.tool(annotations=ToolAnnotations(readOnlyHint=True))
     def broken(why: str) -> str:

@@ -3,6 +3,8 @@ and a small server of the tests' own (tests/mcpserver.py) over streamable HTTP a
 
 from __future__ import annotations
 
+import concurrent.futures
+import contextlib
 import json
 import shlex
 import socket
@@ -53,18 +55,28 @@ def time_tools() -> Iterator[Catalogue]:
 @pytest.fixture(scope="module")
 def recorder(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
     """The tests' server over streamable HTTP on a free loopback port: its URL and its call log."""
-    log = tmp_path_factory.mktemp("recorder") / "calls.jsonl"
-    log.touch()
+    log, port = tmp_path_factory.mktemp("recorder") / "calls.jsonl", free_port()
+    with serving(port, log):
+        yield f"mcp:http://127.0.0.1:{port}/mcp", log
+
+
+def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+        return int(probe.getsockname()[1])
+
+
+@contextlib.contextmanager
+def serving(port: int, log: Path) -> Iterator[None]:
+    """The tests' server over streamable HTTP on ``port``, once it listens, until the block ends."""
+    log.touch()
     process = subprocess.Popen([sys.executable, str(SERVER), "http", str(port), str(log)], stderr=subprocess.DEVNULL)
     try:
         while True:  # until it listens (or died: then the connection below says why)
             with socket.socket() as attempt:
                 if attempt.connect_ex(("127.0.0.1", port)) == 0 or process.poll() is not None:
                     break
-        yield f"mcp:http://127.0.0.1:{port}/mcp", log
+        yield
     finally:
         process.terminate()
         process.wait(timeout=30)
@@ -211,6 +223,42 @@ def test_http_server_gets_the_idempotency_key_and_a_finished_plan_calls_nothing_
             and "McpToolError" in (halted.error or "")
             and "Error executing tool broken" in halted.error
         )
+
+
+def test_over_http_calls_of_two_plans_in_flight_at_once_each_get_their_own_answer(
+    recorder: tuple[str, Path], tmp_path: Path
+) -> None:
+    url, _ = recorder
+    with Catalogue.from_spec(url) as tools:  # one session, two plans' runtimes, as in a worker
+        runtime = Runtime(tools, db=f"sqlite:///{tmp_path}/p.db", tools=url)
+        records = [
+            runtime.submit(plan({"id": 1, "tool": "pair", "params": {"note": n}}), requested_by="a") for n in "ab"
+        ]
+        for record in records:
+            runtime.approve(record.id, "bob", record.hash)
+        runtimes = [Runtime(tools, db=f"sqlite:///{tmp_path}/p.db", tools=url) for _ in records]
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:  # the server answers neither until both are in
+            done = list(pool.map(lambda r, p: r.execute(p.id, actor="bob"), runtimes, records))
+    assert [d.outputs for d in done] == [{1: f"{n} {p.id}:1"} for n, p in zip("ab", records, strict=True)]
+
+
+def test_over_http_a_server_that_restarted_is_given_a_new_session_by_the_next_call(tmp_path: Path) -> None:
+    log, port = tmp_path / "calls.jsonl", free_port()
+    url = f"mcp:http://127.0.0.1:{port}/mcp"
+    with serving(port, log):
+        tools = Catalogue.from_spec(url)
+    with tools, serving(port, log):  # the server restarted: it knows the session no more
+        runtime = Runtime(tools, db=f"sqlite:///{tmp_path}/p.db", tools=url)
+        ids = []
+        for note in "ab":
+            record = runtime.submit(plan({"id": 1, "tool": "record", "params": {"note": note}}), requested_by="a")
+            runtime.approve(record.id, "bob", record.hash)
+            ids.append(record.id)
+        refused = runtime.execute(ids[0], actor="bob")  # the server said no: nothing was done
+        assert refused.status == "halted" and "Session not found" in (refused.error or ""), refused.error
+        assert runtime.execute(ids[1], actor="bob").outputs == {1: "recorded b"}  # in a new session
+        assert runtime.resume(ids[0], actor="bob").outputs == {1: "recorded a"}
+    assert [c["note"] for c in calls(log)] == ["b", "a"]
 
 
 @pytest.mark.parametrize(

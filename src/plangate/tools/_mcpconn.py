@@ -86,6 +86,7 @@ class _Held:
     init: Any
     stop: asyncio.Event
     task: concurrent.futures.Future[None]
+    ended: threading.Event  # set when the session can take no more calls: the next call opens a new one
     bounded: AsyncBoundedTransport | LineBound  # what reads its answers (HTTP) or lines (stdio), and what it refused
 
 
@@ -153,7 +154,7 @@ class McpConnection:
         except BaseException:
             future.cancel()
             refused = held.bounded.refused
-            if held.task.done() or refused:  # the transport or the session ended: open a new one next time
+            if _ended(held) or refused:  # the transport or the session ended: open a new one next time
                 with self._lock:
                     if self._held is held:
                         self._drop()
@@ -163,7 +164,7 @@ class McpConnection:
 
     def _session(self) -> _Held:
         with self._lock:
-            if self._held is not None and self._held.task.done():
+            if self._held is not None and _ended(self._held):
                 self._drop()
             if self._held is None:
                 self._held = self._open()
@@ -227,14 +228,20 @@ class McpConnection:
         """The task that keeps the session open until told to stop (anyio needs one task for both ends)."""
         from mcp import ClientSession
 
-        stop = asyncio.Event()
+        stop, ended = asyncio.Event(), threading.Event()
         bounded = self._bounded()
         try:
-            async with self._transport(errlog, bounded) as (read, write), ClientSession(read, write) as session:
+            async with (
+                self._transport(errlog, bounded, ended) as (read, write),
+                _watched(read, ended) as read,
+                ClientSession(read, write) as session,
+            ):
                 init = await session.initialize()
                 this = asyncio.current_task()
                 assert this is not None
-                ready.set_result(_Held(session=session, init=init, stop=stop, task=_task_future(this), bounded=bounded))
+                ready.set_result(
+                    _Held(session=session, init=init, stop=stop, task=_task_future(this), ended=ended, bounded=bounded)
+                )
                 await stop.wait()
         except BaseException as exc:
             if not ready.done():
@@ -255,7 +262,7 @@ class McpConnection:
 
     @contextlib.asynccontextmanager
     async def _transport(
-        self, errlog: Any, bounded: AsyncBoundedTransport | LineBound
+        self, errlog: Any, bounded: AsyncBoundedTransport | LineBound, ended: threading.Event
     ) -> AsyncIterator[tuple[Any, Any]]:
         from plangate._bounded import AsyncBoundedTransport
 
@@ -266,7 +273,9 @@ class McpConnection:
 
             timeout = httpx2.Timeout(MCP_DEFAULT_TIMEOUT, read=MCP_DEFAULT_SSE_READ_TIMEOUT)
             async with (
-                httpx2.AsyncClient(transport=bounded, timeout=timeout) as client,
+                httpx2.AsyncClient(
+                    transport=bounded, timeout=timeout, event_hooks={"response": [_gone(ended)]}
+                ) as client,
                 streamable_http_client(self.spec.url, http_client=client, max_sse_event_size=bounded.limit) as streams,
             ):
                 yield streams[0], streams[1]
@@ -311,6 +320,50 @@ def _digest(init: Any, tools: list[Any]) -> str:
         for tool in tools
     ]
     return json.dumps([str(info.name), str(info.version), listed], sort_keys=True, default=str)
+
+
+def _ended(held: _Held) -> bool:
+    """Whether a session can take no more calls: its server's messages ended, or its holding task did."""
+    return held.ended.is_set() or held.task.done()
+
+
+def _gone(ended: threading.Event) -> Any:
+    """An HTTP response hook: a 404 to a request in a session says the server no longer has the session
+    (it restarted, or ended it), and every later call in it would be refused the same way."""
+
+    async def seen(response: Any) -> None:
+        if response.status_code == 404 and "mcp-session-id" in response.request.headers:
+            ended.set()
+
+    return seen
+
+
+@contextlib.asynccontextmanager
+async def _watched(read: Any, ended: threading.Event) -> AsyncIterator[Any]:
+    """The transport's messages, relayed; ``ended`` set as they end (the server exited, its output closed).
+
+    The SDK's session then fails the calls in flight, but goes on as if open: every later call
+    would fail at once, nothing sent, as if the connection broke during it. With ``ended`` set, the
+    next call opens a new session instead.
+    """
+    import anyio
+
+    sink, relayed = anyio.create_memory_object_stream[Any](0)
+
+    async def relay() -> None:
+        try:
+            async for message in read:
+                await sink.send(message)
+        finally:
+            ended.set()  # before the session sees the end: a call it fails finds the session ended
+            sink.close()
+
+    async with read:  # the session closes the stream it reads; this one is the relay's to close
+        with sink, relayed:  # closed however it ends, the relay started or not
+            async with anyio.create_task_group() as tasks:
+                tasks.start_soon(relay)
+                yield relayed
+                tasks.cancel_scope.cancel()
 
 
 def _task_future(task: asyncio.Task[Any]) -> concurrent.futures.Future[None]:
