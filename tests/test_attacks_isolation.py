@@ -21,7 +21,7 @@ from plangate.store import open_store
 from plangate.tools import Tool
 from plangate.worker import Worker
 from tests.helpers import plan, until
-from tests.test_attacks_worker import approved, died, serve
+from tests.test_attacks_worker import approved, died, drained, serve
 
 __all__ = ["died"]  # a fixture, used by name
 
@@ -159,14 +159,7 @@ def run_beside(tmp_path: Path, bad: Tool, steps: list[dict[str, Any]], died: lis
     plan_id = approved(db, catalogue, steps)
     fines = [[{"id": 1, "tool": "fine", "params": {"n": n}, "rationale": "r"}] for n in (1, 2)]
     others = [approved(db, catalogue, body) for body in fines]
-    w = Worker(catalogue, db=db, concurrency=2, drain_timeout=1.0)
-    results: list[RunResult] = []
-    thread = serve(w, results)
-    until("the worker drained, or the step ran again", lambda: not thread.is_alive() or len(made) > 1, limit=30)
-    w.stop()
-    thread.join(30)
-    w.close()
-    assert not thread.is_alive() and not died, died[:3]
+    results = drained(catalogue, db, died, made)
     assert sorted(r.plan_id for r in results if r.status == "succeeded") == sorted(others), "the others ran"
     return plan_id, results
 

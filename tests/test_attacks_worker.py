@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sized
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -121,13 +121,13 @@ def test_an_idempotent_tool_that_raises_a_base_exception_is_called_once_and_the_
         made.clear()
 
 
-def drained(catalogue: Catalogue, db: str, died: list[str]) -> list[RunResult]:
+def drained(catalogue: Catalogue, db: str, died: list[str], calls: Sized = made) -> list[RunResult]:
     """Serve the store's plans with a worker until it drains (or a step runs a second time, which is
-    already wrong); the worker must still be alive. What its runs came back with."""
+    already wrong: ``calls`` holds more than one); the worker must still be alive. What its runs came back with."""
     w = Worker(catalogue, db=db, concurrency=2, drain_timeout=1.0)
     results: list[RunResult] = []
     thread = serve(w, results)
-    until("the worker drained, or the step ran again", lambda: not thread.is_alive() or len(made) > 1, limit=60)
+    until("the worker drained, or the step ran again", lambda: not thread.is_alive() or len(calls) > 1, limit=60)
     w.stop()
     thread.join(30)
     w.close()
