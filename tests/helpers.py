@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import signal
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -40,12 +41,29 @@ def plan(*steps: dict[str, Any], category: str = "ops", task: str = "test") -> d
 
 
 def interrupted(held: threading.Event) -> None:
-    """Ctrl-C during a tool's call, made from the call: SIGINT to the main thread (the run's, waiting for the
-    call), then the call hangs until ``held`` is set (its answer, come too late, is awaited by nobody)."""
+    """Ctrl-C during a tool's call, made from the call (inside :func:`interruptible`): a signal to the main thread
+    (the run's, waiting for the call) that raises KeyboardInterrupt there, then the call hangs until ``held`` is
+    set (its answer, come too late, is awaited by nobody)."""
     main = threading.main_thread().ident
     assert main is not None
-    signal.pthread_kill(main, signal.SIGINT)
+    signal.pthread_kill(main, signal.SIGUSR1)
     held.wait()
+
+
+@contextlib.contextmanager
+def interruptible() -> Iterator[None]:
+    """While it lasts, :func:`interrupted` raises KeyboardInterrupt in the main thread, as Ctrl-C does. Its own
+    signal, not SIGINT: a test that ran a worker's command in this process left SIGINT to a drain's handler, which
+    raises nothing, and the run then waited out the call's whole limit."""
+
+    def raised(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    before = signal.signal(signal.SIGUSR1, raised)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGUSR1, before)
 
 
 def died_during(store: Any, plan_id: str, step_id: int, *also: int, version: int = 1) -> None:

@@ -28,7 +28,7 @@ from plangate.errors import (
 )
 from plangate.lifecycle import LeaseKeeper
 from plangate.runtime import Runtime
-from tests.helpers import FixedClock, died_during, interrupted, plan, until
+from tests.helpers import FixedClock, died_during, interrupted, interruptible, plan, until
 
 _COUNTER = iter(range(10**6))
 EFFECTS: list[str] = []
@@ -756,7 +756,7 @@ def test_a_react_run_whose_process_died_mid_action_is_stopped_not_run_again(db: 
     agent = ReActAgent(ScriptedModel(script), Catalogue([dying_pay, look]), store, policy=POLICY, user="alice")
     paused = agent.run("Refund 3 EUR on invoice 42")
     open_rt(CAT, POLICY, db=db).approve(paused.run_id, "dave", paused.pending_hash or "")
-    with pytest.raises(KeyboardInterrupt):
+    with interruptible(), pytest.raises(KeyboardInterrupt):
         agent.resume(paused.run_id)
     held.set()
     gone = "UPDATE plans SET lease_owner = 'gone#0@elsewhere:1', lease_until = '2000-01-01' WHERE id = ?"

@@ -19,7 +19,7 @@ from plangate.react import ReActAgent
 from plangate.runtime import Runtime
 from plangate.store import Store, open_store
 from plangate.tools.basic import calculate, get_current_date, search
-from tests.helpers import FixedClock, interrupted
+from tests.helpers import FixedClock, interrupted, interruptible
 
 SENT: list[str] = []
 
@@ -430,7 +430,7 @@ def test_a_run_that_dies_during_a_later_call_of_the_turn_is_stopped_and_runs_not
     react = ReActAgent(model, catalogue, store, mode="native", clock=FixedClock(), user="ann")
     paused = react.run("q")
     Runtime(catalogue, None, db=store, clock=FixedClock()).approve(paused.run_id, "ben", paused.pending_hash or "")
-    with pytest.raises(KeyboardInterrupt):
+    with interruptible(), pytest.raises(KeyboardInterrupt):
         react.resume(paused.run_id)
     held.set()  # its answer, come too late, is recorded nowhere
     with sqlite3.connect(tmp_path / "p.db") as db:
