@@ -2,20 +2,17 @@
 
 from __future__ import annotations
 
-import contextlib
 import itertools
-import signal
-import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 
-from plangate import Catalogue, RunContext, tool
+from plangate import Catalogue, RunContext, _calls, tool
 from plangate.errors import LeaseLostError
 from plangate.runtime import Runtime
 from plangate.store import open_store
@@ -40,30 +37,20 @@ def plan(*steps: dict[str, Any], category: str = "ops", task: str = "test") -> d
     return {"task": task, "category": category, "steps": [{"rationale": "needed", **s} for s in steps]}
 
 
-def interrupted(held: threading.Event) -> None:
-    """Ctrl-C during a tool's call, made from the call (inside :func:`interruptible`): a signal to the main thread
-    (the run's, waiting for the call) that raises KeyboardInterrupt there, then the call hangs until ``held`` is
-    set (its answer, come too late, is awaited by nobody)."""
-    main = threading.main_thread().ident
-    assert main is not None
-    signal.pthread_kill(main, signal.SIGUSR1)
-    held.wait()
+def dies_during(monkeypatch: pytest.MonkeyPatch, name: str) -> None:
+    """The process goes down during a call of the tool ``name`` (Ctrl-C, a kill): the call is made, then
+    KeyboardInterrupt rises where the run waits for it, and its answer is recorded nowhere. Other tools' calls
+    are made as ever. (A signal sent to the run's thread from the call did the same, until one left unraised by a
+    handler some earlier test had installed in the process made the run wait out the call's whole limit.)"""
+    made = _calls.bounded
 
-
-@contextlib.contextmanager
-def interruptible() -> Iterator[None]:
-    """While it lasts, :func:`interrupted` raises KeyboardInterrupt in the main thread, as Ctrl-C does. Its own
-    signal, not SIGINT: a test that ran a worker's command in this process left SIGINT to a drain's handler, which
-    raises nothing, and the run then waited out the call's whole limit."""
-
-    def raised(signum: int, frame: object) -> None:
+    def bounded(step: Any, tool: Any, kwargs: dict[str, Any], *rest: Any) -> Any:
+        if tool.name != name:
+            return made(step, tool, kwargs, *rest)
+        tool.fn(**kwargs)
         raise KeyboardInterrupt
 
-    before = signal.signal(signal.SIGUSR1, raised)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGUSR1, before)
+    monkeypatch.setattr(_calls, "bounded", bounded)
 
 
 def died_during(store: Any, plan_id: str, step_id: int, *also: int, version: int = 1) -> None:

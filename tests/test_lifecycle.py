@@ -28,7 +28,7 @@ from plangate.errors import (
 )
 from plangate.lifecycle import LeaseKeeper
 from plangate.runtime import Runtime
-from tests.helpers import FixedClock, died_during, interrupted, interruptible, plan, until
+from tests.helpers import FixedClock, died_during, dies_during, plan, until
 
 _COUNTER = iter(range(10**6))
 EFFECTS: list[str] = []
@@ -739,16 +739,15 @@ def test_a_settled_output_is_shown_beside_the_settlers_name(tmp_path: Path) -> N
     assert progress(rt, rt.get(plan_id))["steps"]["1"]["detail"] == 'settled as done by dave: "paid 3.0"'
 
 
-def test_a_react_run_whose_process_died_mid_action_is_stopped_not_run_again(db: str) -> None:
+def test_a_react_run_whose_process_died_mid_action_is_stopped_not_run_again(
+    db: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from plangate.models.test import ScriptedModel
     from plangate.react import ReActAgent
-
-    held = threading.Event()
 
     @tool(effect="write", scopes=["refunds:write"], name="pay")
     def dying_pay(invoice_id: str, amount: float) -> str:
         EFFECTS.append(f"pay {amount} on {invoice_id}")
-        interrupted(held)  # the process goes down during the call
         return "paid"
 
     script = ['Action: pay {"invoice_id": "42", "amount": 3.0}', "Final Answer: paid"]
@@ -756,9 +755,10 @@ def test_a_react_run_whose_process_died_mid_action_is_stopped_not_run_again(db: 
     agent = ReActAgent(ScriptedModel(script), Catalogue([dying_pay, look]), store, policy=POLICY, user="alice")
     paused = agent.run("Refund 3 EUR on invoice 42")
     open_rt(CAT, POLICY, db=db).approve(paused.run_id, "dave", paused.pending_hash or "")
-    with interruptible(), pytest.raises(KeyboardInterrupt):
+    dies_during(monkeypatch, "pay")  # the process goes down during the call
+    with pytest.raises(KeyboardInterrupt):
         agent.resume(paused.run_id)
-    held.set()
+    monkeypatch.undo()
     gone = "UPDATE plans SET lease_owner = 'gone#0@elsewhere:1', lease_until = '2000-01-01' WHERE id = ?"
     sql(db, gone, (paused.run_id,))
     stopped = agent.resume(paused.run_id)

@@ -2,7 +2,6 @@ from __future__ import annotations
 
 import json
 import sqlite3
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +18,7 @@ from plangate.react import ReActAgent
 from plangate.runtime import Runtime
 from plangate.store import Store, open_store
 from plangate.tools.basic import calculate, get_current_date, search
-from tests.helpers import FixedClock, interrupted, interruptible
+from tests.helpers import FixedClock, dies_during
 
 SENT: list[str] = []
 
@@ -411,16 +410,14 @@ def test_the_same_call_twice_in_a_turn_is_a_loop(store: Store) -> None:
 
 
 def test_a_run_that_dies_during_a_later_call_of_the_turn_is_stopped_and_runs_nothing_again(
-    store: Store, tmp_path: Path
+    store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     looked: list[str] = []
-    held = threading.Event()
 
     @tool()
     def look(key: str) -> str:
-        """Look a key up (the process is interrupted during the call, as by Ctrl-C)."""
+        """Look a key up (the process goes down during the call)."""
         looked.append(key)
-        interrupted(held)
         return "found"
 
     catalogue = Catalogue([send_note, look])
@@ -430,9 +427,10 @@ def test_a_run_that_dies_during_a_later_call_of_the_turn_is_stopped_and_runs_not
     react = ReActAgent(model, catalogue, store, mode="native", clock=FixedClock(), user="ann")
     paused = react.run("q")
     Runtime(catalogue, None, db=store, clock=FixedClock()).approve(paused.run_id, "ben", paused.pending_hash or "")
-    with interruptible(), pytest.raises(KeyboardInterrupt):
+    dies_during(monkeypatch, "look")
+    with pytest.raises(KeyboardInterrupt):
         react.resume(paused.run_id)
-    held.set()  # its answer, come too late, is recorded nowhere
+    monkeypatch.undo()
     with sqlite3.connect(tmp_path / "p.db") as db:
         db.execute(
             "UPDATE plans SET lease_owner = 'gone#0@elsewhere:1', lease_until = '2000-01-01' WHERE id = ?",
