@@ -85,7 +85,7 @@ class RollingBack(RuntimeCore):
                 plan, version, person, doing="compensate", allowed=allowed, category=category, mine=mine
             )
             if person is None and plan.status != "halted":  # proven again under the lock: a person may have taken
-                self._policys_rollback(plan, version, told)  # it over since the caller's proof, and left it
+                actor = self._policys_rollback(plan, version, told)  # it over since the caller's proof, and left it
             plan = lifecycle.move(
                 self.store,
                 plan,
