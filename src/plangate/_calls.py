@@ -75,7 +75,7 @@ def bounded(
     try:
         future = pool.submit(_answered_on_a_loop if tool.is_async else answered, step, tool, fn, kwargs, seconds)
     except RuntimeError as exc:
-        return not_called(step.id, f"no thread could be had to call the tool on ({exc})", start)
+        return _no_thread(step.id, exc, start)
     try:
         outcome: Outcome = future.result(timeout=seconds)
     except concurrent.futures.TimeoutError:
@@ -95,7 +95,7 @@ async def on_loop(
         try:
             future = asyncio.get_running_loop().run_in_executor(pool, answered, step, tool, fn, kwargs, seconds)
         except RuntimeError as exc:
-            return not_called(step.id, f"no thread could be had to call the tool on ({exc})", start)
+            return _no_thread(step.id, exc, start)
     done, _ = await asyncio.wait((future,), timeout=seconds)  # a cancellation here is the run's: raised
     if not done:
         future.cancel()  # not waited for: an async tool that ignores it must not hold the run
@@ -165,6 +165,11 @@ def not_called(step_id: int, why: str, start: float) -> Outcome:
     """The tool was not called (no thread for it, or too many of its calls still hold theirs): the step may
     run again under the usual rules, never read as of unknown outcome."""
     return Outcome(step_id=step_id, ok=False, error=f"not called: {why}", ms=_ms(start), retryable=True)
+
+
+def _no_thread(step_id: int, exc: RuntimeError, start: float) -> Outcome:
+    """The pool could start no thread for the call (the process is out of them): not called."""
+    return not_called(step_id, f"no thread could be had to call the tool on ({exc})", start)
 
 
 def raised(step_id: int, exc: BaseException, start: float) -> Outcome:
